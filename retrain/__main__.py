@@ -1,0 +1,3 @@
+from retrain.cli import main
+
+main()

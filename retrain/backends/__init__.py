@@ -1,0 +1,24 @@
+"""Backends: the contract lives in `base`; concrete backends are imported only when chosen."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from retrain.backends.base import ApiSlots, Backend, NoSlots
+
+if TYPE_CHECKING:
+    from retrain.config import Config
+
+
+def create_backend(cfg: Config, slots: ApiSlots | None = None) -> Backend:
+    """Build the backend named by `[backend].backend`; heavy imports happen only here."""
+    slots = slots or NoSlots()
+    if cfg.backend.backend == "local":
+        from retrain.backends.local import LocalBackend
+
+        return LocalBackend.from_config(cfg)
+    if cfg.backend.backend == "tinker":
+        from retrain.backends.tinker import TinkerBackend
+
+        return TinkerBackend.from_config(cfg, slots)
+    raise ValueError(f"unknown backend {cfg.backend.backend!r}")

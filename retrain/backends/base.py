@@ -1,0 +1,153 @@
+"""The Backend contract: the primitives hosted training APIs expose, and their datatypes.
+
+The trainer drives any backend through these calls; local (torch) and remote (Tinker)
+backends are interchangeable. Nothing here imports torch or an SDK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+TokenIds = list[int]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. Log-probs are returned under this same temperature."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled continuation: tokens up to and including EOS, nothing after."""
+
+    tokens: TokenIds
+    logprobs: list[float]          # log-prob of each sampled token under the sampling distribution
+    finish_reason: str             # "stop" (hit EOS) | "length" (hit max_tokens)
+
+
+@dataclass
+class Datum:
+    """One training sequence, already shifted for next-token prediction.
+
+    `input_tokens[i]` predicts `target_tokens[i]`; `logprobs`, `advantages` and `mask` are
+    aligned to the targets. Prompt positions have mask 0 and advantage 0.
+    """
+
+    input_tokens: TokenIds
+    target_tokens: TokenIds
+    logprobs: list[float]
+    advantages: list[float]
+    mask: list[float]
+
+    def __len__(self) -> int:
+        return len(self.input_tokens)
+
+
+def make_datum(prompt: TokenIds, completion: Completion, advantage: float) -> Datum:
+    """Build the shifted datum for prompt + completion: the one place the shift happens."""
+    tokens = list(prompt) + list(completion.tokens)
+    n_prompt = len(prompt)
+    n_target = len(tokens) - 1
+    pad = n_prompt - 1  # targets before the first completion token belong to the prompt
+    return Datum(
+        input_tokens=tokens[:-1],
+        target_tokens=tokens[1:],
+        logprobs=([0.0] * pad + list(completion.logprobs))[:n_target],
+        advantages=([0.0] * pad + [float(advantage)] * len(completion.tokens))[:n_target],
+        mask=([0.0] * pad + [1.0] * len(completion.tokens))[:n_target],
+    )
+
+
+@dataclass
+class LossConfig:
+    """Which policy loss and its knobs."""
+
+    name: str = "importance_sampling"   # "importance_sampling" | "ppo"
+    clip_eps: float = 0.2
+    clip_eps_high: float = 0.2
+
+
+@dataclass
+class LossOutput:
+    """What forward_backward reports. `logprobs[i]` are the trainer's target log-probs of datum i."""
+
+    loss: float
+    logprobs: list[list[float]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AdamParams:
+    """AdamW hyper-parameters, sent with every optimizer step (schedules live in the trainer)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass
+class OptimOutput:
+    grad_norm: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class BackendError(RuntimeError):
+    """A backend failure the trainer reports and stops on (after checkpointing)."""
+
+
+class BackendOOMError(BackendError):
+    """Out of memory: the trainer retries the step with a smaller batch and tells the controller."""
+
+
+class ApiSlots(Protocol):
+    """A counting semaphore held around each remote API request (`with slots: call()`).
+
+    `wait_s` is the total time spent waiting to acquire, so callers can log it per step.
+    """
+
+    wait_s: float
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class NoSlots:
+    """The semaphore of a standalone run: never waits."""
+
+    wait_s = 0.0
+
+    def __enter__(self) -> NoSlots:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The contract. `tokenizer` is a Hugging Face-style tokenizer for rendering prompts."""
+
+    tokenizer: Any
+
+    def sample(self, prompts: list[TokenIds], n: int,
+               params: SamplingParams) -> list[list[Completion]]: ...
+
+    def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput: ...
+
+    def optim_step(self, adam: AdamParams) -> OptimOutput: ...
+
+    def save_state(self, name: str) -> str: ...
+
+    def load_state(self, ref: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,201 @@
+"""Run files: metrics.jsonl (append + flush per row), atomic JSON state, and their readers.
+
+Readers never fail on a torn last line or garbage lines: they skip and count them, so a
+crash mid-write can never break `status` or resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+STATE_FILE = "state.json"
+CONFIG_FILE = "config.toml"
+MANIFEST_FILE = "manifest.json"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every reader can parse every row."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON via temp file + fsync + rename, so readers see the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(_clean(obj), fh, indent=2, sort_keys=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: str | Path) -> dict | None:
+    """Read a JSON object, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class MetricsRead:
+    """Rows parsed from a metrics file, and how many lines were skipped as torn or garbage."""
+
+    rows: list[dict] = field(default_factory=list)
+    bad_lines: int = 0
+
+
+def read_metrics(path: str | Path) -> MetricsRead:
+    """Parse metrics.jsonl, skipping (and counting) lines that are not JSON objects."""
+    out = MetricsRead()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return out
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            out.bad_lines += 1
+            continue
+        if isinstance(row, dict):
+            out.rows.append(row)
+        else:
+            out.bad_lines += 1
+    return out
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to metrics.jsonl, flushed and fsynced per row."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "ab")
+
+    def write(self, row: dict) -> None:
+        line = json.dumps(_clean(row), separators=(",", ":")).encode() + b"\n"
+        self._fh.write(line)
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
+    """Rewrite metrics.jsonl keeping rows with step <= keep_through_step (resume: no duplicates).
+
+    Returns how many rows were dropped. Torn and garbage lines are dropped too.
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    read = read_metrics(path)
+    kept = [r for r in read.rows if isinstance(r.get("step"), int) and r["step"] <= keep_through_step]
+    dropped = len(read.rows) - len(kept)
+    if dropped == 0 and read.bad_lines == 0:
+        return 0
+    fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        for row in kept:
+            fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return dropped
+
+
+# Run states as written in state.json; `status` adds "stale" (says running, process gone).
+RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
+
+
+@dataclass
+class RunState:
+    """state.json: where a run stands and everything needed to resume it exactly."""
+
+    status: str = "pending"
+    step: int = 0                      # last completed step (0 = none)
+    max_steps: int = 0
+    pid: int = 0
+    host: str = ""
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    data_cursor: dict = field(default_factory=dict)
+    rng: dict = field(default_factory=dict)
+    controller: dict = field(default_factory=dict)
+    checkpoint: str = ""               # backend ref of the last saved state
+    batch_size: int = 0                # batch size of the next step (back-pressure may change it)
+    error: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunState:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def save_state(run_dir: str | Path, state: RunState) -> None:
+    """Atomically write state.json, stamping who wrote it and when."""
+    state.updated_at = time.time()
+    state.pid = state.pid or os.getpid()
+    state.host = state.host or socket.gethostname()
+    write_json_atomic(Path(run_dir) / STATE_FILE, state.to_dict())
+
+
+def load_state(run_dir: str | Path) -> RunState | None:
+    """The run's state.json, or None when absent or unreadable."""
+    d = read_json(Path(run_dir) / STATE_FILE)
+    return RunState.from_dict(d) if d is not None else None
+
+
+def pid_alive(pid: int, host: str = "") -> bool:
+    """Whether a process on this host is alive (a pid from another host counts as unknown=False)."""
+    if pid <= 0 or (host and host != socket.gethostname()):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
