@@ -149,9 +149,8 @@ def test_timeout_returns_false_and_context_manager_raises(tmp_path):
     assert b.acquire(timeout=0.1) is False
     assert 0.09 <= time.monotonic() - t0 < 1.0
     assert b.wait_s >= 0.09
-    with pytest.raises(TimeoutError, match="no API slot"):
-        with b:
-            pass
+    with pytest.raises(TimeoutError, match="no API slot"), b:
+        pass
     a.release()
     with b:
         assert slots_in_use(tmp_path) == 1

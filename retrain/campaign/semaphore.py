@@ -22,6 +22,7 @@ How it stays correct and fair:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -91,10 +92,9 @@ class CountingSemaphore:
         self._held.fd = None
         os.close(fd)
         if self._bell is not None:
-            try:
-                os.write(self._bell, b"!")  # wake the head of the line now, not at its next poll
-            except BlockingIOError:
-                pass  # the pipe is full of rings nobody read yet: the head is awake anyway
+            # A full pipe means rings nobody read yet: the head wakes anyway.
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._bell, b"!")  # wake the head of the line now
 
     def close(self) -> None:
         """Close the doorbell (slots held by threads stay held until released)."""
@@ -141,16 +141,14 @@ class CountingSemaphore:
                     os.close(fd)
 
     def _sleep(self, seconds: float) -> None:
-        """Sleep until a release rings the doorbell or `seconds` pass (a killed holder never rings)."""
+        """Sleep until a release rings the doorbell or `seconds` pass (a killed holder cannot)."""
         if self._bell is None:
             time.sleep(seconds)
             return
         ready, _, _ = select.select([self._bell], [], [], seconds)
         if ready:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 os.read(self._bell, 4096)
-            except BlockingIOError:
-                pass
 
 
 def _open_doorbell(path: Path) -> int | None:
