@@ -104,13 +104,13 @@ def matrix_hash(cfg: Config, specs: list[RunSpec]) -> str:
 
 def safe_name(text: str, fallback: str = "run") -> str:
     """A readable folder name: unsafe characters become '-', no leading dots, bounded length."""
-    cleaned = _UNSAFE.sub("-", text).strip("-.")
+    cleaned = _UNSAFE.sub("-", text).strip("-._+=")
     cleaned = re.sub(r"-{2,}", "-", cleaned)
     if not cleaned:
         return fallback
     if len(cleaned) > MAX_NAME - 12:
         digest = hashlib.sha256(text.encode()).hexdigest()[:6]
-        cleaned = cleaned[: MAX_NAME - 19].rstrip("-.") + "-" + digest
+        cleaned = cleaned[: MAX_NAME - 19].rstrip("-._+=") + "-" + digest
     return cleaned
 
 
