@@ -88,6 +88,8 @@ def normalize(answer: str) -> str:
 
 def as_number(s: str) -> Fraction | None:
     """The exact value of a normalized plain number, fraction or \\frac{a}{b}; else None."""
+    if len(s) > 1000:  # int() refuses over 4300 digits; no real answer is this long
+        return None
     m = _DECIMAL.fullmatch(s)
     if m:
         if m.group(1) and abs(int(m.group(1))) > 400:  # keep Fraction from building huge ints
@@ -349,7 +351,8 @@ class _Worker:
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.results: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="retrain-reward", daemon=True).start()
+        self.thread = threading.Thread(target=self._loop, name="retrain-reward", daemon=True)
+        self.thread.start()
 
     def _loop(self) -> None:
         while (job := self.jobs.get()) is not None:
@@ -371,7 +374,10 @@ class _Worker:
 
 
 class Scorer:
-    """Scores completions one by one in a worker thread, each within `timeout_s`."""
+    """Scores completions one by one in a worker thread, each within `timeout_s`.
+
+    One caller at a time: `score()` is not meant to be called from several threads at once.
+    """
 
     def __init__(self, reward_fn: Callable[[str, Problem], Any], timeout_s: float,
                  reward_is_correctness: bool):
@@ -418,9 +424,12 @@ class Scorer:
         return reward, correct, ""
 
     def close(self) -> None:
+        """Let the worker thread exit (a Scorer is closed when it is garbage collected)."""
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
+
+    __del__ = close
 
 
 def _as_reward(value: Any) -> float | None:

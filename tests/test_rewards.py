@@ -312,3 +312,18 @@ def test_custom_that_hangs_times_out_and_scoring_continues(tmp_path):
 def test_score_length_mismatch_is_a_bug():
     with pytest.raises(ValueError):
         scorer().score(["a"], [])
+
+
+def test_huge_numbers_do_not_break_matching():
+    big = "9" * 5000
+    assert match_reward(f"\\boxed{{{big}}}", big) == 1.0  # equal text, no int() needed
+    assert match_reward(f"\\boxed{{{big}}}", "9") == 0.0
+
+
+def test_scorer_worker_exits_when_closed():
+    s = scorer()
+    s.score(["\\boxed{5}"], [P5])
+    thread = s._worker.thread
+    s.close()
+    thread.join(timeout=2)
+    assert not thread.is_alive()
