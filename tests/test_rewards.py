@@ -142,7 +142,7 @@ def test_math_fallback_without_math_verify(monkeypatch):
     assert math_reward("\\boxed{\\sqrt{4}}", "2") == 0.0  # needs math-verify
 
 
-def test_math_scorer_in_worker_thread():
+def test_math_scorer_in_worker_process():
     s = scorer(type="math")
     out = s.score(["\\boxed{\\frac{10}{2}}", "\\boxed{4}"], [P5, P5])
     assert out.rewards == [1.0, 0.0] and out.correct == [True, False] and out.failures == 0
@@ -289,6 +289,7 @@ def test_custom_that_raises_or_returns_junk_counts_failures(tmp_path):
     assert out.rewards == [0.0, 0.25, 0.0, 0.0, 0.0]
     assert out.failures == 4
     assert "RuntimeError: boom" in out.errors[0]
+    assert len(out.errors) == 4
 
 
 def test_custom_that_hangs_times_out_and_scoring_continues(tmp_path):
@@ -320,10 +321,51 @@ def test_huge_numbers_do_not_break_matching():
     assert match_reward(f"\\boxed{{{big}}}", "9") == 0.0
 
 
-def test_scorer_worker_exits_when_closed():
+def test_scorer_process_stops_when_closed():
     s = scorer()
     s.score(["\\boxed{5}"], [P5])
-    thread = s._worker.thread
+    proc = s._worker.proc
     s.close()
-    thread.join(timeout=2)
-    assert not thread.is_alive()
+    assert proc.poll() is not None
+
+
+def test_math_blowup_holding_the_gil_is_killed_not_waited_for():
+    # sympy expands 9^(9^9) in C without releasing the GIL: a thread deadline cannot stop it.
+    s = scorer(type="math", timeout_s=1.0)
+    start = time.perf_counter()
+    out = s.score(["\\boxed{9^{9^{9}}}", "\\boxed{5}"], [P5, P5])
+    assert out.rewards == [0.0, 1.0] and out.failures == 1
+    assert "timed out" in out.errors[0]
+    assert time.perf_counter() - start < 30
+
+
+def test_custom_that_exits_or_prints_does_not_break_scoring(tmp_path):
+    write(tmp_path / "rude.py", """
+        import os
+        def fn(completion, answer):
+            print("noise on stdout")
+            if completion == "die":
+                os._exit(3)
+            if completion == "bigint":
+                return 10 ** 10 ** 10  # C code holding the GIL for minutes
+            return 1.0
+    """)
+    s = scorer(tmp_path, type="custom", function="rude.py:fn", timeout_s=1.0)
+    out = s.score(["ok", "die", "ok", "bigint", "ok"], [P5] * 5)
+    assert out.rewards == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert out.failures == 2
+    assert "died" in out.errors[0] and "timed out" in out.errors[1]
+
+
+def test_custom_module_imported_in_the_worker_only(tmp_path):
+    marker = tmp_path / "imported"
+    write(tmp_path / "once.py", f"""
+        from pathlib import Path
+        p = Path({str(marker)!r})
+        p.write_text(p.read_text() + "x" if p.exists() else "x")
+        def fn(completion, answer):
+            return 1.0
+    """)
+    s = scorer(tmp_path, type="custom", function="once.py:fn")
+    assert s.score(["a"], [P5]).rewards == [1.0]
+    assert marker.read_text() == "x"  # a heavy module (a reward model) loads once
