@@ -445,10 +445,13 @@ class Scorer:
                 return 0.0, False, _clip(f"restart failed: {exc}")
         request = {"text": text, "prompt": problem.prompt, "answer": problem.answer,
                    "meta": problem.meta}
-        status, reply = self._worker.call(request, self.timeout_s)
-        if status == "ok":
-            reward, correct, error = reply
-            return float(reward), bool(correct), error
+        try:
+            status, reply = self._worker.call(request, self.timeout_s)
+            if status == "ok":
+                reward, correct, error = reply
+                return float(reward), bool(correct), str(error)
+        except Exception:  # a garbled reply: treat the process as broken
+            status = "died"
         self._worker.close()
         self._worker = None
         if status == "timeout":

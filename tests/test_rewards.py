@@ -303,7 +303,7 @@ def test_custom_that_hangs_times_out_and_scoring_continues(tmp_path):
     s = scorer(tmp_path, type="custom", function="slow.py:fn", timeout_s=0.2)
     start = time.perf_counter()
     out = s.score(["ok", "hang", "ok", "hang", "ok"], [P5] * 5)
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < 10.0  # not 2 x 30 s
     assert out.rewards == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert out.failures == 2
     assert "timed out" in out.errors[0]
