@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import typing
@@ -194,7 +195,13 @@ def section_fields(section: str) -> dict[str, dataclasses.Field]:
 
 
 def field_type(section: str, key: str) -> Any:
-    return typing.get_type_hints(SECTIONS[section])[key]
+    """The annotated type of `section.key` (list[str], int, dict, ...)."""
+    return _section_hints(section)[key]
+
+
+@functools.cache
+def _section_hints(section: str) -> dict[str, Any]:
+    return typing.get_type_hints(SECTIONS[section])
 
 
 # ---------------------------------------------------------------------------- errors

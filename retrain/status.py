@@ -401,8 +401,15 @@ def campaign_header(c: CampaignStatus) -> str:
 
 
 def _errors(runs: list[RunStatus]) -> list[str]:
-    return [f"{r.name}: {r.error.splitlines()[0] if r.error else 'failed'}"
-            for r in runs if r.state == "failed"]
+    """One line per failed run: its recorded error, else its exit code."""
+    out = []
+    for r in runs:
+        if r.state != "failed":
+            continue
+        why = r.error.strip().splitlines()[0] if r.error.strip() else (
+            f"exit code {r.exit_code}" if r.exit_code is not None else "no error recorded")
+        out.append(f"{r.name}: {why} ({r.path})")
+    return out
 
 
 def plain_lines(report: StatusReport) -> list[str]:
