@@ -46,7 +46,7 @@ def rich_table(table: Table) -> Any:
     out = RichTable(title=table.title or None, box=box.SIMPLE_HEAD, title_justify="left",
                     pad_edge=False)
     for h in table.headers:
-        out.add_column(h, overflow="fold")
+        out.add_column(h, no_wrap=True, overflow="ellipsis")
     for row in table.rows:
         out.add_row(*[_style(c) for c in row])
     return out

@@ -312,20 +312,36 @@ def show(logdir: str | Path, as_json: bool = False, watch: bool = False,
 
 def watch_status(logdir: str | Path, interval: float = 2.0, iterations: int | None = None,
                  console: Any = None) -> None:
-    """Redraw the status live (rich) until Ctrl-C, or `iterations` redraws (for tests)."""
+    """Redraw the status until Ctrl-C (or `iterations` redraws, for tests): live with rich on
+    a terminal, a fresh plain report every `interval` seconds when piped."""
     from rich.console import Console
-    from rich.live import Live
 
     console = console or Console()
-    done = 0
     try:
-        with Live(rich_view(scan(logdir)), console=console, auto_refresh=False) as live:
-            while iterations is None or done < iterations:
+        if console.is_terminal:
+            _watch_live(logdir, interval, iterations, console)
+        else:
+            done = 0
+            while True:
+                print("\n".join(plain_lines(scan(logdir))) + "\n", flush=True)
+                if iterations is not None and done >= iterations:
+                    break
                 time.sleep(interval)
-                live.update(rich_view(scan(logdir)), refresh=True)
                 done += 1
     except KeyboardInterrupt:
         pass
+
+
+def _watch_live(logdir: str | Path, interval: float, iterations: int | None,
+                console: Any) -> None:
+    from rich.live import Live
+
+    done = 0
+    with Live(rich_view(scan(logdir)), console=console, auto_refresh=False) as live:
+        while iterations is None or done < iterations:
+            time.sleep(interval)
+            live.update(rich_view(scan(logdir)), refresh=True)
+            done += 1
 
 
 def header(report: StatusReport) -> str:

@@ -251,6 +251,12 @@ def test_rich_and_watch(campaign, monkeypatch, capsys):
     assert "grpo_s2" in buf.getvalue()
 
 
+def test_watch_when_piped_prints_plain_reports(campaign, capsys):
+    status.watch_status(campaign, interval=0.01, iterations=1)
+    out = capsys.readouterr().out
+    assert out.count("campaign 'sweep'") == 2 and "\x1b[" not in out
+
+
 def test_watch_and_json_do_not_mix(tmp_path, capsys):
     assert run_app(["status", str(tmp_path), "--watch", "--json"]) == 2
     assert "do not mix" in capsys.readouterr().err
