@@ -526,7 +526,7 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
-    if bp.throttle_margin * bp.increase_margin <= 0 and bp.enabled:
+    if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
     names = [c.name for c in cfg.campaign.conditions if c.name]
     dupes = sorted({n for n in names if names.count(n) > 1})

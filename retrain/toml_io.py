@@ -12,7 +12,7 @@ import tomllib
 from typing import Any
 
 TOMLDecodeError = tomllib.TOMLDecodeError
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def loads(text: str) -> dict:
@@ -35,7 +35,7 @@ def is_tomlable(value: Any) -> bool:
 
 def format_key(key: str) -> str:
     """A bare key when possible, else a quoted one ("algorithm.advantage")."""
-    return key if _BARE_KEY.match(key) else format_string(key)
+    return key if _BARE_KEY.fullmatch(key) else format_string(key)
 
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",

@@ -167,6 +167,11 @@ def test_missing_file_directory_and_unreadable(tmp_path, capsys):
     assert len(out.strip().splitlines()) == 1
     code, out = cli(["explain", str(tmp_path)], capsys)
     assert code == 2 and "is a directory" in out and len(out.strip().splitlines()) == 1
+    for content, words in ((b"", "is empty"), (b"\x00\x89PNG\r\n", "binary file"),
+                           (b"\xc3\x28 = 1", "not UTF-8")):
+        path = write(tmp_path, content, "odd.toml")
+        code, out = cli(["explain", str(path)], capsys)
+        assert code == 2 and words in out and len(out.strip().splitlines()) == 1, out
 
 
 def test_every_problem_reported_at_once(tmp_path, capsys):

@@ -247,3 +247,16 @@ def test_rich_output_path(tmp_path, monkeypatch, capsys, matrix):
     assert run_app(["explain", str(path)]) == 0
     out = capsys.readouterr().out
     assert "grpo_s1" in out and "OK" in out and "warnings" in out
+
+
+@pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign"])
+def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
+    from retrain import templates
+
+    monkeypatch.chdir(tmp_path)
+    r = explain.build_report(templates.write_template(name))
+    assert r.total_steps == sum(p.max_steps for p in r.runs) > 0
+    if name == "quickstart":
+        assert r.completions_per_step == 16 and r.warnings == []
+    if name == "campaign":
+        assert len(r.runs) == 6 and r.effective_parallelism == 2

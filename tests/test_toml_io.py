@@ -67,3 +67,9 @@ def test_is_tomlable_rejects_what_toml_cannot_hold():
     assert not toml_io.is_tomlable("lone \udcff surrogate")
     with pytest.raises(TypeError):
         toml_io.format_value(object())
+
+
+def test_key_with_trailing_newline_is_quoted():
+    # found by hypothesis: `$` in a regex matches before a final newline
+    assert toml_io.format_key("0\n") == '"0\\n"'
+    assert tomllib.loads(toml_io.dumps({"t": {"0\n": 1}})) == {"t": {"0\n": 1}}
