@@ -8,6 +8,7 @@ running sums over a sliding window (O(1) per step). See docs/backpressure.md.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections import deque
 from dataclasses import dataclass
@@ -65,27 +66,6 @@ class UslFit:
         return usl_throughput(p, self.sigma, self.kappa, self.lam)
 
 
-class _Sum:
-    """Neumaier-compensated running sum: adding and later subtracting a value leaves ~no drift."""
-
-    __slots__ = ("s", "c")
-
-    def __init__(self, s: float = 0.0, c: float = 0.0):
-        self.s, self.c = s, c
-
-    def add(self, x: float) -> None:
-        t = self.s + x
-        if abs(self.s) >= abs(x):
-            self.c += (self.s - t) + x
-        else:
-            self.c += (x - t) + self.s
-        self.s = t
-
-    @property
-    def value(self) -> float:
-        return self.s + self.c
-
-
 class UslSums:
     """Sliding-window weighted least squares of y = p/X = a + b p + c p² from running sums.
 
@@ -98,8 +78,10 @@ class UslSums:
     def __init__(self, window: int = WINDOW, center: float = 0.0, scale: float = 1.0):
         self.window, self.center, self.scale = window, float(center), float(scale)
         self.points: deque[tuple[int, float]] = deque()
-        self.w = [_Sum() for _ in range(5)]     # Σ q^k / y²
-        self.v = [_Sum() for _ in range(3)]     # Σ q^k / y
+        # Σ q^k / y² (k = 0..4) then Σ q^k / y (k = 0..2), each as a Neumaier-compensated
+        # (sum, compensation) pair: adding and later subtracting a value leaves ~no drift.
+        self.s = [0.0] * 8
+        self.c = [0.0] * 8
         self.counts: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -121,12 +103,13 @@ class UslSums:
         q = (p - self.center) / self.scale
         v = sign / y
         w = v / y
-        for s in self.w:
-            s.add(w)
-            w *= q
-        for s in self.v:
-            s.add(v)
-            v *= q
+        q2 = q * q
+        s, c = self.s, self.c
+        for i, x in enumerate((w, w * q, w * q2, w * q2 * q, w * q2 * q2, v, v * q, v * q2)):
+            si = s[i]
+            t = si + x
+            c[i] += (si - t) + x if abs(si) >= abs(x) else (x - t) + si
+            s[i] = t
         n = self.counts.get(p, 0) + int(sign)
         if n:
             self.counts[p] = n
@@ -135,7 +118,8 @@ class UslSums:
 
     def sums(self) -> tuple[list[float], list[float]]:
         """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/y²."""
-        return [s.value for s in self.w], [s.value for s in self.v]
+        total = [s + c for s, c in zip(self.s, self.c, strict=True)]
+        return total[:5], total[5:]
 
     def keep_newest(self, k: int) -> None:
         """Forget all but the newest k observations (after the machine changed)."""
@@ -202,7 +186,7 @@ class UslSums:
     def state_dict(self) -> dict:
         return {"center": self.center, "scale": self.scale,
                 "points": [[p, y] for p, y in self.points],
-                "w": [[s.s, s.c] for s in self.w], "v": [[s.s, s.c] for s in self.v]}
+                "sums": [list(sc) for sc in zip(self.s, self.c, strict=True)]}
 
     def load_state_dict(self, d: dict) -> None:
         self.__init__(self.window, float(d["center"]), float(d["scale"]))
@@ -210,9 +194,9 @@ class UslSums:
             self.points.append((int(p), float(y)))
             self.counts[int(p)] = self.counts.get(int(p), 0) + 1
         # Restore the float sums bit for bit so a resumed run takes the very same decisions.
-        self.w = [_Sum(float(s), float(c)) for s, c in d["w"]]
-        self.v = [_Sum(float(s), float(c)) for s, c in d["v"]]
-        if len(self.w) != 5 or len(self.v) != 3 or not self.scale > 0:
+        self.s = [float(s) for s, _ in d["sums"]]
+        self.c = [float(c) for _, c in d["sums"]]
+        if len(self.s) != 8 or not self.scale > 0:
             raise ValueError("malformed sums")
 
 
@@ -248,6 +232,7 @@ def roofline(flops: float | None, bytes_moved: float | None, step_time_s: float,
     vals = (flops, bytes_moved, step_time_s, peak_gflops, peak_bw_gb_s)
     if not all(_positive(v) for v in vals):
         return None
+    flops, bytes_moved, step_time_s = float(flops), float(bytes_moved), float(step_time_s)
     peak_flops = peak_gflops * 1e9          # GFLOP/s -> FLOP/s
     peak_bytes = peak_bw_gb_s * 1e9         # GB/s -> byte/s
     r = Roofline(intensity=flops / bytes_moved, balance=peak_flops / peak_bytes,
@@ -258,8 +243,14 @@ def roofline(flops: float | None, bytes_moved: float | None, step_time_s: float,
 
 
 def _positive(v: object) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v > 0)
+    """A finite number > 0 (numpy scalars included, booleans not)."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        f = float(v)
+    except (OverflowError, ValueError):
+        return False
+    return math.isfinite(f) and f > 0
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -326,7 +317,7 @@ def _throughput(tokens: object, step_time_s: object) -> float | str:
         return f"tokens={tokens!r} is not a positive finite number"
     if not _positive(step_time_s):
         return f"step_time_s={step_time_s!r} is not a positive finite number"
-    x = tokens / step_time_s
+    x = float(tokens) / float(step_time_s)
     if not (X_RANGE[0] <= x <= X_RANGE[1]):
         return f"throughput {x:.3g} tokens/s is outside the plausible {X_RANGE}"
     return x

@@ -31,7 +31,8 @@ FAST = settings(max_examples=150, deadline=None,
 sigmas = st.floats(0.0, 0.9)
 kappas = st.one_of(st.just(0.0), st.floats(1e-7, 1e-2))
 lambdas = st.floats(1.0, 1e5)
-any_float = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10**6))
+any_float = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10**6),
+                      st.just(10**400), st.none(), st.just(True))
 
 
 def step(ctl: BackpressureController, b: int, machine=MACHINE, scale: float = 1.0, **kw):
@@ -399,7 +400,8 @@ def test_no_nan_for_any_input(obs, warm_first):
 
 @pytest.mark.parametrize("tokens,t", [(0, 1.0), (100, 0.0), (-5, 1.0), (100, -1.0),
                                       (math.nan, 1.0), (100, math.inf), (math.inf, 1.0),
-                                      (None, 1.0), ("100", 1.0), (1e300, 1e-300)])
+                                      (None, 1.0), ("100", 1.0), (1e300, 1e-300),
+                                      (10**400, 1.0), (True, 1.0)])
 def test_bad_timings_are_rejected_and_do_not_advance_warmup(tokens, t):
     ctl = BackpressureController(ON, G)
     d = ctl.observe(1, tokens, t)
@@ -460,3 +462,10 @@ def test_foreign_or_broken_state_starts_fresh():
     d = step(fresh, 1)
     assert d.regime == "warmup" and "fresh warm-up" in d.reason
     assert not fresh.load_state_dict({})
+
+
+def test_numpy_scalars_are_numbers():
+    np = pytest.importorskip("numpy")
+    ctl = BackpressureController(ON, G)
+    d = ctl.observe(np.int64(1), np.int64(4800), np.float64(0.5))
+    assert "rejected" not in d.reason and d.batch_size == 2
