@@ -18,7 +18,7 @@ import pytest
 from retrain import runlog
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import load_manifest
-from retrain.campaign.runner import anchor_paths, locate_campaign, log_tail, run_campaign
+from retrain.campaign.runner import locate_campaign, log_tail, run_campaign
 from retrain.config import ConfigError, load_config, loads_config
 from retrain.errors import UserError
 
@@ -433,18 +433,20 @@ def test_executor_seam_takes_any_executor(env):
     assert load_manifest(env / "logs/exp").entry("b_s2").last_step == 3
 
 
-def test_anchor_paths_makes_config_relative_paths_absolute(tmp_path):
-    (tmp_path / "mymodel").mkdir()
-    cfg = loads_config('[data]\nsource = "jsonl"\npath = "data/x.jsonl"\n[reward]\n'
-                       'type = "custom"\nfunction = "rewards/r.py:score"\n[model]\n'
-                       'name = "mymodel"\n')
-    out = anchor_paths(cfg, tmp_path)
-    assert out.data.path == str(tmp_path / "data/x.jsonl")
-    assert out.reward.function == f"{tmp_path}/rewards/r.py:score"
-    assert out.model.name == str(tmp_path / "mymodel")
-    kept = anchor_paths(loads_config('[reward]\ntype = "custom"\nfunction = "pkg.mod:fn"\n'),
-                        tmp_path)
-    assert kept.reward.function == "pkg.mod:fn" and kept.model.name == "smollm2-135m-instruct"
+def test_paths_a_condition_sets_are_anchored_to_the_campaign_toml(env):
+    (env / "data").mkdir()
+    (env / "data" / "x.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    path = _write(env, '[[campaign.conditions]]\nname = "j"\n"data.source" = "jsonl"\n'
+                       '"data.path" = "data/x.jsonl"\n', stagger=0.0)
+    launched: list[ex.Job] = []
+
+    class Fake:
+        def launch(self, job: ex.Job) -> ex.Worker:
+            return _InstantWorker(job, launched)
+
+    assert run_campaign(load_config(path), path, executor=Fake()) == 0
+    job = next(j for j in launched if j.name == "j_s1")
+    assert load_config(job.config_path).data.path == str(env / "data" / "x.jsonl")
 
 
 def test_log_tail_shows_only_the_last_attempt(tmp_path):

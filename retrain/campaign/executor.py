@@ -89,20 +89,22 @@ class LocalExecutor:
 class AdoptedWorker:
     """A worker left running by a runner that was killed: watched by pid, not waited for.
 
-    Its real exit status is unknown, so `poll` derives one from its state.json:
-    0 completed, 143 interrupted (it checkpointed on a signal), 1 anything else.
+    Its real exit status is unknown, so `poll` derives one from its state.json: 0 completed,
+    1 failed, 143 anything else (stopped or killed before it could say; the runner resumes it).
     """
 
-    def __init__(self, pid: int, run_dir: Path):
+    adopted = True
+
+    def __init__(self, pid: int, config_path: Path):
         self.pid = pid
-        self.run_dir = run_dir
+        self.config_path = config_path
 
     def poll(self) -> int | None:
-        if runlog.pid_alive(self.pid):
+        if is_worker_of(self.pid, self.config_path):
             return None
-        state = runlog.load_state(self.run_dir)
+        state = runlog.load_state(self.config_path.parent)
         status = state.status if state is not None else ""
-        return {"completed": 0, "interrupted": 128 + signal.SIGTERM}.get(status, 1)
+        return {"completed": 0, "failed": 1}.get(status, 128 + signal.SIGTERM)
 
     def terminate(self) -> None:
         _signal(self.pid, signal.SIGTERM)
@@ -112,7 +114,8 @@ class AdoptedWorker:
 
 
 def is_worker_of(pid: int, config_path: Path) -> bool:
-    """Whether `pid` is alive and is the worker for `config_path` (guards against pid reuse)."""
+    """Whether `pid` is alive and is the worker for `config_path` (guards against pid reuse;
+    a zombie has an empty command line, so it counts as gone)."""
     if not runlog.pid_alive(pid):
         return False
     cmdline = Path(f"/proc/{pid}/cmdline")

@@ -27,6 +27,7 @@ from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for
 from retrain.campaign.semaphore import ENV_VAR, env_value
 from retrain.config import Config, ConfigError
 from retrain.errors import UserError
+from retrain.launch import anchor_paths
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
 TICK_S = 0.02           # scheduler poll interval
@@ -35,6 +36,7 @@ TAIL_LINES = 15
 SLOTS_DIR = "slots"
 LOCK_FILE = ".runner.lock"
 WORKER_LOG = "worker.log"
+NEXT_CONFIG_FILE = "config.next.toml"
 
 
 @dataclass
@@ -104,20 +106,6 @@ def runner_lock(campaign_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def anchor_paths(run: Config, config_dir: Path) -> Config:
-    """Make paths that are relative to the campaign's TOML absolute (the run's TOML lives
-    elsewhere): data.path, a reward file `x.py:fn`, and a model given as a local folder."""
-    if run.data.path and not Path(run.data.path).expanduser().is_absolute():
-        run.data.path = os.path.normpath(config_dir / run.data.path)
-    module, sep, fn = run.reward.function.rpartition(":")
-    if sep and module.endswith(".py") and not Path(module).expanduser().is_absolute():
-        run.reward.function = f"{os.path.normpath(config_dir / module)}:{fn}"
-    local_model = config_dir / run.model.name
-    if run.model.name and not Path(run.model.name).is_absolute() and local_model.is_dir():
-        run.model.name = str(local_model.resolve())
-    return run
-
-
 # ---------------------------------------------------------------------------- manifest
 
 
@@ -165,6 +153,8 @@ def _merge(old: Manifest, plans: list[PlannedRun], new_hash: str) -> Manifest:
         entry.condition, entry.seed = p.spec.condition, p.spec.seed
         entry.overrides, entry.max_steps = p.spec.overrides, p.config.training.max_steps
         entry.log_dir = p.spec.name
+        if entry.status == "completed" and entry.last_step < entry.max_steps:
+            entry.status = "pending"  # training.max_steps was raised: continue the run
         runs.append(entry)
     old.runs = runs
     old.retired_runs = old.retired_runs + list(by_name.values())
@@ -242,11 +232,12 @@ def _reconcile(m: Manifest, plans: list[PlannedRun]) -> dict[str, ex.Worker]:
             continue
         if entry.status == "running":
             if ex.is_worker_of(entry.pid, plan.config_path):
-                adopted[entry.name] = ex.AdoptedWorker(entry.pid, plan.run_dir)
+                adopted[entry.name] = ex.AdoptedWorker(entry.pid, plan.config_path)
                 continue
             entry.status = "interrupted"
         state = runlog.load_state(plan.run_dir)
-        if entry.status != "completed" and state is not None and state.status == "completed":
+        if (entry.status != "completed" and state is not None and state.status == "completed"
+                and state.step >= entry.max_steps):
             entry.status, entry.exit_code = "completed", 0
             _record_progress(entry, plan.run_dir, final=True)
     return adopted
@@ -305,6 +296,7 @@ class Runner:
         self.stagger = c.stagger_seconds if c.parallel else 0.0
         self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent)}
         self.alive: dict[str, ex.Worker] = {}
+        self.todo: list[RunEntry] = []
         self.stop = _Stop()
         self.t0 = time.monotonic()
 
@@ -313,7 +305,7 @@ class Runner:
         for name in adopted:
             self.say(f"{name}: still running from a previous runner (pid {adopted[name].pid}); "
                      "watching it")
-        todo = [e for e in self.m.runs if self._wants_run(e)]
+        todo = self.todo = [e for e in self.m.runs if self._wants_run(e)]
         gave_up = [e for e in self.m.runs if e.status == "failed" and not self._wants_run(e)]
         done = sum(e.status == "completed" for e in self.m.runs)
         self.say(f"campaign {self.m.campaign}: {len(self.m.runs)} runs, {done} completed, "
@@ -351,15 +343,14 @@ class Runner:
 
     def _launch(self, entry: RunEntry) -> None:
         plan = self.plans[entry.name]
-        plan.run_dir.mkdir(parents=True, exist_ok=True)
-        plan.config_path.write_text(config_mod.dumps_config(plan.config), encoding="utf-8")
+        config_path = write_run_config(plan)
         log_path = plan.run_dir / WORKER_LOG
         entry.attempts += 1
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"\n=== attempt {entry.attempts} of {entry.name} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
         entry.started_at, entry.ended_at, entry.exit_code = time.time(), None, None
-        worker = self.executor.launch(ex.Job(entry.name, plan.config_path, log_path, self.env))
+        worker = self.executor.launch(ex.Job(entry.name, config_path, log_path, self.env))
         entry.status, entry.pid, entry.error = "running", worker.pid, ""
         self.alive[entry.name] = worker
         self._save()
@@ -377,6 +368,10 @@ class Runner:
             state = runlog.load_state(plan.run_dir)
             entry.exit_code, entry.ended_at = code, time.time()
             entry.status = _outcome(code, state, stopping)
+            if getattr(worker, "adopted", False) and code not in (0, 1):
+                entry.status = "interrupted"  # it died with the old runner: resume it
+                if not stopping:
+                    self.todo.append(entry)
             _record_progress(entry, plan.run_dir, final=True)
             if entry.status == "failed":
                 entry.failures += 1
@@ -446,6 +441,29 @@ class Runner:
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
+
+
+def write_run_config(plan: PlannedRun) -> Path:
+    """Write the config file the worker runs, and return its path.
+
+    Normally `<run>/config.toml`. A run that already made progress under a different config
+    (possible after --force) gets `<run>/config.next.toml` instead, so the trainer can compare
+    it with the config.toml it started from and refuse a change that would mix experiments.
+    """
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    target = plan.config_path
+    state = runlog.load_state(plan.run_dir)
+    if state is not None and state.step > 0 and target.exists():
+        try:
+            same = config_mod.loads_config(target.read_text(encoding="utf-8")) == plan.config
+        except (OSError, ConfigError):
+            same = False
+        if not same:
+            target = plan.run_dir / NEXT_CONFIG_FILE
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(config_mod.dumps_config(plan.config), encoding="utf-8")
+    os.replace(tmp, target)
+    return target
 
 
 def _outcome(code: int, state: runlog.RunState | None, stopping: bool) -> str:
