@@ -183,3 +183,23 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_back_pressure_drives_the_batch_size_and_survives_resume(workdir):
+    bp = {"enabled": True, "warmup_steps": 2, "min_batch_size": 1, "max_batch_size": 4}
+    path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
+                        training={"max_steps": 5})
+    assert run(path, **{"training.max_steps": 3}) == 0
+    run_dir = workdir / "logs" / "run"
+    st = state(run_dir)
+    assert st["controller"]["steps"] == 3
+    assert run(path) == 0  # extends to 5 steps, continuing the controller
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
+    assert got[0]["batch_size"] == 1  # the warm-up starts at min_batch_size
+    assert got[3]["batch_size"] == st["batch_size"]  # the decision saved at step 3 was used
+    for r in got:
+        assert {"bp_action", "bp_regime", "bp_p_star", "bp_throughput", "bp_p"} <= set(r)
+        assert r["bp_p"] == r["batch_size"] * r["group_size"]
+        assert 1 <= r["batch_size"] <= 4
+    assert state(run_dir)["controller"]["steps"] == 5
