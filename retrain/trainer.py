@@ -256,9 +256,11 @@ class Trainer:
                    process_max_rss_mb=_max_rss_mb(), api_wait_s=self.slots.wait_s - waited,
                    oom_retries=retries)
         decision = self.controller.observe(batch_size, sampled.tokens, step_time)
-        self.batch_size = max(1, min(decision.batch_size, self.oom_cap or decision.batch_size))
+        self.batch_size = max(1, decision.batch_size)
+        if self.oom_cap and not self.cfg.backpressure.enabled:  # the controller knows its ceiling
+            self.batch_size = min(self.batch_size, self.oom_cap)
         self._report_reward_errors(step, sampled.errors)
-        return _ordered(row, self.controller.metrics())
+        return _ordered(row, decision.metrics())
 
     def _attempt(self, step: int, batch_size: int) -> _Sampled:
         tc = self.tc

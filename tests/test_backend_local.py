@@ -15,7 +15,7 @@ from retrain.backends.base import (  # noqa: E402
     make_datum,
 )
 from retrain.backends.local import LocalBackend, LocalModel  # noqa: E402
-from retrain.backends.local_loss import micro_batches, per_token_loss  # noqa: E402
+from retrain.backends.local_loss import per_token_loss, plan  # noqa: E402
 
 EOS = 2
 
@@ -142,13 +142,41 @@ def test_micro_batches_do_not_change_the_gradient(model, backend, eos_bias):
             assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_micro_batches_group_by_length_and_respect_size():
-    from retrain.backends.base import Datum
+def test_plan_shares_prompts_and_respects_the_size():
+    from retrain.backends.base import Completion
 
-    ds = [Datum([1] * n, [1] * n, [0.0] * n, [0.0] * n, [1.0] * n) for n in (5, 1, 9, 3)]
-    chunks = micro_batches(ds, 2, vocab_size=10)
-    assert chunks == [[1, 3], [0, 2]]
-    assert sorted(i for c in micro_batches(ds, 0, vocab_size=10) for i in c) == [0, 1, 2, 3]
+    def d(prompt, n):
+        return make_datum(prompt, Completion([5] * n, [-1.0] * n, "length"), 1.0)
+
+    ds = [d([1, 2, 3], 4), d([1, 2, 3], 1), d([7, 8], 3), d([1, 2, 3], 2), d([9], 2)]
+    units = plan(ds, 2, vocab_size=10)
+    assert [u.index for u in units] == [[1, 3], [0, 2], [4]]  # prompt-mates together
+    assert sorted(i for u in plan(ds, 0, vocab_size=10) for i in u.index) == [0, 1, 2, 3, 4]
+
+
+def test_gradient_equals_a_plain_full_sequence_reference(model, backend, eos_bias):
+    """Prefix sharing and LM-head slicing are exact: compare with the textbook computation."""
+    ps = prompts(model)
+    temperature = 0.8
+    groups = backend.sample(ps, 3, SamplingParams(max_tokens=10, temperature=temperature, seed=4))
+    datums = datums_for(ps, groups, adv=lambda i, j: 0.5 * (j - 1) + 0.1 * i)
+    out = backend.forward_backward(datums, LossConfig(temperature=temperature))
+    ours = [p.grad.clone() for p in backend.params.values()]
+    backend._zero_grad()
+    total = sum(sum(d.mask) for d in datums)
+    reference = 0.0
+    for d in datums:
+        logits = model.net(input_ids=torch.tensor([d.input_tokens])).logits[0].float()
+        lp = torch.log_softmax(logits / temperature, -1)
+        lp = lp.gather(-1, torch.tensor(d.target_tokens)[:, None]).squeeze(-1)
+        ratio = torch.exp(lp - torch.tensor(d.logprobs))
+        term = (-ratio * torch.tensor(d.advantages) * torch.tensor(d.mask)).sum() / total
+        term.backward()
+        reference += float(term.detach())
+    assert out.loss == pytest.approx(reference, abs=1e-6)
+    for a, p in zip(ours, backend.params.values(), strict=True):
+        assert torch.allclose(a, p.grad, atol=1e-6, rtol=1e-4)
+    backend._zero_grad()
 
 
 def test_policy_losses():

@@ -174,6 +174,19 @@ class LocalModel:
                             checkpoint_dir=checkpoint_dir)
 
 
+@contextmanager
+def _seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterator[None]:
+    """LoRA dropout draws from the global RNG: seed it from the backend's own generator
+    (saved with checkpoints) so that training resumes exactly, and restore it afterwards."""
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=device))
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
 def _adapter_of(param_name: str) -> str | None:
     """'...q_proj.lora_A.<adapter>.weight' -> '<adapter>' (None for base parameters)."""
     parts = param_name.split(".")
@@ -294,13 +307,13 @@ class LocalBackend:
                     return self._forward_backward(datums, loss, size)
             except BackendOOMError:
                 self._zero_grad()
-                largest = max((len(c) for c in self._chunks(datums, size)), default=1)
+                largest = max((len(u.index) for u in self._plan(datums, size)), default=1)
                 if self.micro_batch_size > 0 or largest <= 1:
                     raise
                 size = largest // 2
 
-    def _chunks(self, datums: list[Datum], size: int) -> list[list[int]]:
-        return local_loss.micro_batches(datums, size, self.model.vocab_size)
+    def _plan(self, datums: list[Datum], size: int) -> list[local_loss.Unit]:
+        return local_loss.plan(datums, size, self.model.vocab_size)
 
     def _forward_backward(self, datums: list[Datum], loss: LossConfig, size: int) -> LossOutput:
         self.model.activate(self.adapter)
@@ -310,26 +323,52 @@ class LocalBackend:
         out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
         if total_tokens == 0:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
-        temperature = loss.temperature
         loss_sum, clipped = 0.0, 0.0
-        for index in self._chunks(datums, size):
-            batch = local_loss.pack(datums, index, self.model.pad_id, self.model.device)
-            logits = net(input_ids=batch.input_ids, logits_to_keep=batch.keep).logits
-            lp = token_logprobs(logits, temperature).gather(-1, batch.targets[:, None])
-            lp = lp.squeeze(-1)
-            per_tok = local_loss.per_token_loss(lp, batch.old_logprobs, batch.advantages, loss)
-            chunk_loss = per_tok.sum() / total_tokens
-            chunk_loss.backward()
-            loss_sum += float(chunk_loss.detach())
-            if loss.name == "ppo":
-                ratio = torch.exp(lp.detach() - batch.old_logprobs)
-                out_of_range = (ratio < 1 - loss.clip_eps) | (ratio > 1 + loss.clip_eps_high)
-                clipped += float(out_of_range.sum())
-            _scatter_logprobs(out_lp, datums, batch, lp.detach().float().cpu().tolist())
+        with _seeded_dropout(self.generator, self.model.device):
+            for unit in self._plan(datums, size):
+                batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device)
+                lp = self._target_logprobs(net, batch, loss.temperature)
+                per_tok = local_loss.per_token_loss(lp, batch.old_logprobs, batch.advantages,
+                                                    loss)
+                chunk_loss = per_tok.sum() / total_tokens
+                chunk_loss.backward()
+                loss_sum += float(chunk_loss.detach())
+                if loss.name == "ppo":
+                    ratio = torch.exp(lp.detach() - batch.old_logprobs)
+                    outside = (ratio < 1 - loss.clip_eps) | (ratio > 1 + loss.clip_eps_high)
+                    clipped += float(outside.sum())
+                for (i, pos), value in zip(batch.where, lp.detach().cpu().tolist(),
+                                           strict=True):
+                    out_lp[i][pos] = value
         metrics = {"tokens": float(total_tokens)}
         if loss.name == "ppo":
             metrics["clip_fraction"] = clipped / total_tokens
         return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)
+
+    def _target_logprobs(self, net: Any, batch: local_loss.Packed,
+                         temperature: float) -> torch.Tensor:
+        """Log-probs of the kept targets: prefixes once, suffixes on their repeated KV cache.
+
+        Only the kept positions go through the LM head.
+        """
+        if batch.prefix_ids is None:  # right padding alone needs no attention mask
+            logits = net(input_ids=batch.input_ids, logits_to_keep=batch.keep).logits
+        else:
+            cache = self._make_cache()
+            positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+            net(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
+                position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+            rows = batch.row_prefix
+            if rows.numel() != batch.prefix_ids.shape[0] or bool((rows != torch.arange(
+                    rows.numel(), device=rows.device)).any()):
+                cache.batch_select_indices(rows)
+            mask = torch.cat([batch.prefix_mask[rows], batch.suffix_mask], dim=1)
+            logits = net(input_ids=batch.input_ids, attention_mask=mask,
+                         position_ids=batch.positions, past_key_values=cache, use_cache=True,
+                         logits_to_keep=batch.keep).logits
+        lp = token_logprobs(logits, temperature)
+        return lp.gather(-1, batch.targets[:, None]).squeeze(-1)
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.
@@ -409,18 +448,6 @@ class LocalBackend:
     def close(self) -> None:
         """Drop the optimizer state; the model stays loaded for other adapters."""
         self.optimizer.state.clear()
-
-
-def _scatter_logprobs(out: list[list[float]], datums: list[Datum], batch: local_loss.Packed,
-                      values: list[float]) -> None:
-    """Put the flat kept-position log-probs back at their datum positions."""
-    k = 0
-    for i in batch.index:
-        row = out[i]
-        for pos, m in enumerate(datums[i].mask):
-            if m > 0:
-                row[pos] = values[k]
-                k += 1
 
 
 def _patch_base_path(folder: Path, base: str) -> None:

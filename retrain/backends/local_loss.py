@@ -1,9 +1,15 @@
-"""Policy losses and micro-batch packing for the local backend.
+"""Policy losses and micro-batch planning for the local backend.
 
 Token aggregation: every completion token of the whole `forward_backward` call weighs the
 same. Each micro-batch adds `sum(per-token loss) / total completion tokens of the call` to
 the gradient, so splitting into micro-batches never changes the result (up to float
 rounding) and long completions weigh more than short ones, as in DAPO / Dr. GRPO.
+
+Shared prompts: the completions of one group share their prompt, so a micro-batch runs
+each distinct prompt *prefix* once (left-padded together, with gradients), repeats its KV
+cache for its completions, and runs the per-completion *suffixes* on top: two forward calls
+per micro-batch, the same layout as the sampler. The gradient is exactly that of running
+every full sequence (causal attention: the prompt never sees its completion).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import torch
 from retrain.backends.base import Datum, LossConfig
 
 LOSSES = ("importance_sampling", "ppo")
+AUTO_TOKENS = 8192        # automatic micro-batches: padded suffix tokens per chunk
+AUTO_LOGITS = 2**26       # ... and logit entries (targets x vocab) per chunk
 
 
 def per_token_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor,
@@ -29,62 +37,105 @@ def per_token_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor
     raise ValueError(f"unknown loss {loss.name!r}; expected one of {LOSSES}")
 
 
+def split_point(d: Datum) -> int:
+    """Input position of the first target that carries loss: the prompt's last token."""
+    for pos, m in enumerate(d.mask):
+        if m > 0:
+            return pos
+    return len(d.mask)
+
+
 @dataclass
-class Packed:
-    """A right-padded micro-batch. `keep` marks the target positions that carry loss."""
+class Unit:
+    """One micro-batch: datum indices, ordered by (prefix, length)."""
 
-    index: list[int]            # datum indices, in row order
-    input_ids: torch.Tensor     # (b, L)
-    targets: torch.Tensor       # (n_keep,)  targets at the kept positions, row-major
-    old_logprobs: torch.Tensor  # (n_keep,)
-    advantages: torch.Tensor    # (n_keep,)
-    keep: torch.Tensor          # (b, L) bool
+    index: list[int]
 
 
-def pack(datums: list[Datum], index: list[int], pad_id: int, device: torch.device) -> Packed:
-    """Right-pad the datums at `index` (right padding needs no attention mask under causality)."""
-    width = max(len(datums[i]) for i in index)
-    ids = torch.full((len(index), width), pad_id, dtype=torch.long)
-    keep = torch.zeros((len(index), width), dtype=torch.bool)
-    targets, old, adv = [], [], []
-    for row, i in enumerate(index):
-        d = datums[i]
-        ids[row, :len(d)] = torch.tensor(d.input_tokens, dtype=torch.long)
-        for pos, m in enumerate(d.mask):
-            if m > 0:
-                keep[row, pos] = True
-                targets.append(d.target_tokens[pos])
-                old.append(d.logprobs[pos])
-                adv.append(d.advantages[pos])
-    return Packed(index=index, input_ids=ids.to(device),
-                  targets=torch.tensor(targets, dtype=torch.long, device=device),
-                  old_logprobs=torch.tensor(old, dtype=torch.float32, device=device),
-                  advantages=torch.tensor(adv, dtype=torch.float32, device=device),
-                  keep=keep.to(device))
+def plan(datums: list[Datum], size: int, vocab_size: int) -> list[Unit]:
+    """Micro-batches of at most `size` datums (0 = automatic budget), prompt-mates together.
 
-
-def micro_batches(datums: list[Datum], size: int, vocab_size: int) -> list[list[int]]:
-    """Datum indices grouped into micro-batches of similar length (less padding).
-
-    `size` 0 = automatic: at most 8192 padded tokens and 2**26 logit entries per chunk.
+    Datums without loss-carrying targets are left out (they add nothing to the gradient).
+    Datums whose prefix is empty (one-token prompts) get micro-batches of their own.
     """
-    order = sorted(range(len(datums)), key=lambda i: len(datums[i]))
-    chunks: list[list[int]] = []
+    keyed = []
+    for i, d in enumerate(datums):
+        s = split_point(d)
+        if s < len(d.mask):
+            keyed.append((s == 0, tuple(d.input_tokens[:s]), len(d), i))
+    keyed.sort()
+    units: list[Unit] = []
     current: list[int] = []
-    for i in order:
-        candidate = current + [i]
-        if current and not _fits(datums, candidate, size, vocab_size):
-            chunks.append(current)
-            candidate = [i]
-        current = candidate
+    for empty, _, _, i in keyed:
+        if current and (empty != (split_point(datums[current[0]]) == 0)
+                        or not _fits(datums, current + [i], size, vocab_size)):
+            units.append(Unit(current))
+            current = []
+        current.append(i)
     if current:
-        chunks.append(current)
-    return chunks
+        units.append(Unit(current))
+    return units
 
 
 def _fits(datums: list[Datum], index: list[int], size: int, vocab_size: int) -> bool:
     if size > 0:
         return len(index) <= size
-    width = max(len(datums[i]) for i in index)
-    targets = sum(sum(1 for m in datums[i].mask if m > 0) for i in index)
-    return width * len(index) <= 8192 and targets * vocab_size <= 2**26
+    width = max(len(datums[i]) - split_point(datums[i]) for i in index)
+    return width * len(index) <= AUTO_TOKENS and width * len(index) * vocab_size <= AUTO_LOGITS
+
+
+@dataclass
+class Packed:
+    """A micro-batch as tensors: distinct prefixes (left-padded) + suffixes (right-padded)."""
+
+    prefix_ids: torch.Tensor | None   # (P, Lp) distinct prompt prefixes, or None if empty
+    prefix_mask: torch.Tensor | None  # (P, Lp)
+    row_prefix: torch.Tensor          # (b,) which prefix each suffix row continues
+    input_ids: torch.Tensor           # (b, W) suffix tokens
+    suffix_mask: torch.Tensor         # (b, W)
+    positions: torch.Tensor           # (b, W) position ids of the suffix tokens
+    keep: torch.Tensor                # (b, W) bool: targets that carry loss
+    targets: torch.Tensor             # (n_keep,) row-major over `keep`
+    old_logprobs: torch.Tensor        # (n_keep,)
+    advantages: torch.Tensor          # (n_keep,)
+    where: list[tuple[int, int]]      # (datum index, target position) of each kept entry
+
+
+def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device) -> Packed:
+    """Tensors for one micro-batch (see `Packed`); the prefix layout matches the sampler's."""
+    splits = [split_point(datums[i]) for i in unit.index]
+    prefixes: dict[tuple[int, ...], int] = {}
+    row_prefix = [prefixes.setdefault(tuple(datums[i].input_tokens[:s]), len(prefixes))
+                  for i, s in zip(unit.index, splits, strict=True)]
+    width = max(len(datums[i]) - s for i, s in zip(unit.index, splits, strict=True))
+    b = len(unit.index)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    suffix_mask = torch.zeros((b, width), dtype=torch.long)
+    keep = torch.zeros((b, width), dtype=torch.bool)
+    targets, old, adv, where = [], [], [], []
+    for row, (i, s) in enumerate(zip(unit.index, splits, strict=True)):
+        d = datums[i]
+        ids[row, :len(d) - s] = torch.tensor(d.input_tokens[s:], dtype=torch.long)
+        suffix_mask[row, :len(d) - s] = 1
+        for pos in range(s, len(d)):
+            if d.mask[pos] > 0:
+                keep[row, pos - s] = True
+                targets.append(d.target_tokens[pos])
+                old.append(d.logprobs[pos])
+                adv.append(d.advantages[pos])
+                where.append((i, pos))
+    starts = torch.tensor(splits, dtype=torch.long)[:, None]
+    prefix_ids = prefix_mask = None
+    if any(splits):
+        from retrain.backends.local_sampling import left_pad
+
+        prefix_ids, prefix_mask, _ = left_pad([list(p) for p in prefixes], pad_id, device)
+    return Packed(prefix_ids=prefix_ids, prefix_mask=prefix_mask,
+                  row_prefix=torch.tensor(row_prefix, dtype=torch.long, device=device),
+                  input_ids=ids.to(device), suffix_mask=suffix_mask.to(device),
+                  positions=(starts + torch.arange(width)[None, :]).to(device),
+                  keep=keep.to(device),
+                  targets=torch.tensor(targets, dtype=torch.long, device=device),
+                  old_logprobs=torch.tensor(old, dtype=torch.float32, device=device),
+                  advantages=torch.tensor(adv, dtype=torch.float32, device=device),
+                  where=where)

@@ -1,0 +1,67 @@
+"""Helpers shared by the trainer tests: tiny-model configs and reading run folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DIGITS_REWARD = '''
+import os, time
+from pathlib import Path
+
+
+def reward(completion, answer):
+    """Fraction of digit characters: a reward the tiny model can learn."""
+    counter = os.environ.get("RETRAIN_TEST_COUNTER")
+    if counter:  # the resume test blocks the run here to kill it at a known point
+        path = Path(counter)
+        calls = int(path.read_text()) + 1 if path.exists() else 1
+        path.write_text(str(calls))
+        if calls > int(os.environ["RETRAIN_TEST_BLOCK_AFTER"]):
+            time.sleep(3600)
+    delay = float(os.environ.get("RETRAIN_TEST_REWARD_DELAY", "0"))
+    if delay:
+        time.sleep(delay)
+    return sum(ch.isdigit() for ch in completion) / len(completion) if completion else 0.0
+
+
+def flaky(completion, answer):
+    if "1" in completion:
+        raise ValueError("this scorer breaks on ones")
+    return 0.5 if len(completion) % 2 else 1.0
+
+
+def constant(completion, answer):
+    return 1.0
+'''
+
+BASE = {
+    "model": {"name": "tiny-random", "dtype": "float32", "threads": 1, "lora_rank": 8},
+    "data": {"source": "arithmetic", "eval_size": 8},
+    "reward": {"type": "custom", "function": "digits.py:reward", "timeout_s": 600.0},
+    "training": {"batch_size": 2, "group_size": 4, "max_tokens": 8, "max_steps": 4,
+                 "lr": 1e-2, "save_every": 2, "seed": 3},
+    "logging": {"log_dir": "logs"},
+}
+
+
+def write_config(folder: Path, name: str = "run", **sections: dict) -> Path:
+    """A tiny-model config in `folder` (with the digits reward next to it); returns its path."""
+    from retrain import toml_io
+
+    (folder / "digits.py").write_text(DIGITS_REWARD)
+    raw = {k: dict(v) for k, v in BASE.items()}
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = folder / f"{name}.toml"
+    path.write_text(toml_io.dumps(raw))
+    return path
+
+
+def rows(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state.json").read_text())

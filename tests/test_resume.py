@@ -1,0 +1,66 @@
+"""Exact resume: 6 steps straight == 3 steps, SIGKILL, resume 3 more (fp32, fixed seed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from retrain.config import load_config  # noqa: E402
+from retrain.trainer import run_single  # noqa: E402
+from tests.run_helpers import rows, state, write_config  # noqa: E402
+
+COMPARED = ("batch_size", "num_completions", "mean_reward", "reward_std", "loss", "grad_norm",
+            "mean_completion_tokens", "sampler_trainer_logprob_diff", "max_token_hit_rate")
+
+
+def _wait_for(predicate, proc, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the run exited early ({proc.returncode}): {out}")
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for the run")
+
+
+def test_kill_and_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch, cli_env, python,
+                                                      tiny_model):
+    monkeypatch.chdir(tmp_path)
+    steps = {"max_steps": 6, "batch_size": 2, "group_size": 4, "max_tokens": 12}
+    path = write_config(tmp_path, training=steps, data={"eval_size": 0})
+    assert run_single(load_config(path, {"logging.log_dir": "straight"}), path) == 0
+    straight = rows(tmp_path / "straight" / "run")
+
+    counter = tmp_path / "calls"
+    env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter),
+               RETRAIN_TEST_BLOCK_AFTER=str(3 * 2 * 4))  # blocks in step 4's first reward call
+    cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", "killed"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    run_dir = tmp_path / "killed" / "run"
+    try:
+        _wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 24, proc)
+        assert state(run_dir)["step"] == 3 and state(run_dir)["status"] == "running"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(rows(run_dir)) == 3
+
+    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "resuming" in done.stdout and "after step 3" in done.stdout
+    resumed = rows(run_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(straight, resumed, strict=True):
+        assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}, a["step"]
+    assert state(run_dir)["status"] == "completed"
