@@ -30,7 +30,8 @@ from retrain.errors import UserError
 from retrain.launch import anchor_paths
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
-TICK_S = 0.02           # scheduler poll interval
+TICK_S = 0.005          # scheduler poll interval after an event (a waitpid per worker) ...
+MAX_TICK_S = 0.1        # ... backing off to this while nothing happens
 PROGRESS_EVERY_S = 2.0  # how often running runs' last_step is copied into the manifest
 TAIL_LINES = 15
 SLOTS_DIR = "slots"
@@ -326,20 +327,24 @@ class Runner:
     def _schedule(self, todo: list[RunEntry]) -> None:
         next_launch = 0.0
         next_progress = time.monotonic() + PROGRESS_EVERY_S
+        tick = TICK_S  # grows while nothing happens, so a long campaign costs ~no CPU
         while (todo or self.alive) and self.stop.signum is None:
-            self._reap()
+            if self._reap():
+                tick = TICK_S
             now = time.monotonic()
             if todo and len(self.alive) < self.cap and now >= next_launch:
                 next_launch = now + self.stagger
                 self._launch(todo.pop(0))
+                tick = TICK_S
                 continue
             if now >= next_progress:
                 next_progress = now + PROGRESS_EVERY_S
                 self._progress()
-            wait = TICK_S
+            wait = tick
             if todo and len(self.alive) < self.cap:
                 wait = min(wait, max(0.0, next_launch - now))
             time.sleep(wait)
+            tick = min(tick * 1.5, MAX_TICK_S)
 
     def _launch(self, entry: RunEntry) -> None:
         plan = self.plans[entry.name]
@@ -356,12 +361,15 @@ class Runner:
         self._save()
         self.say(f"start {entry.name} (attempt {entry.attempts}, pid {worker.pid})")
 
-    def _reap(self, stopping: bool = False) -> None:
+    def _reap(self, stopping: bool = False) -> bool:
+        """Record every worker that has ended; True if any had."""
+        reaped = False
         for name, worker in list(self.alive.items()):
             code = worker.poll()
             if code is None:
                 continue
             del self.alive[name]
+            reaped = True
             entry = self.m.entry(name)
             assert entry is not None
             plan = self.plans[name]
@@ -381,6 +389,7 @@ class Runner:
             detail = "" if entry.status == "completed" else f", {describe_exit(code)}"
             self.say(f"{name} {entry.status} at step {entry.last_step}/{entry.max_steps} "
                      f"in {took:.1f}s{detail}")
+        return reaped
 
     def _progress(self) -> None:
         changed = [_record_progress(self.m.entry(n), self.plans[n].run_dir) for n in self.alive]
