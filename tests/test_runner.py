@@ -43,7 +43,7 @@ FAKE_WORKER = textwrap.dedent('''
                                  "slots": os.environ.get("RETRAIN_API_SLOTS")}) + "\\n")
 
     state = runlog.load_state(run_dir) or runlog.RunState()
-    if state.status == "completed":
+    if state.status == "completed" and state.step >= cfg["training"]["max_steps"]:
         sys.exit(0)
     state.status, state.pid, state.max_steps = "running", os.getpid(), cfg["training"]["max_steps"]
     runlog.save_state(run_dir, state)
@@ -250,9 +250,10 @@ def test_changed_matrix_is_refused_then_forced_or_new(env, capsys):
     assert "training.max_steps: 3 -> 4 (4 runs)" in msg
     (env / "events.jsonl").unlink()
     assert _run(env, path, force=True) == 0
-    assert sorted(e["run"] for e in _events(env) if e["tag"] == "start") == ["c_s1", "c_s2"]
+    started = sorted(e["run"] for e in _events(env) if e["tag"] == "start")
+    assert started == ["a_s1", "a_s2", "b_s1", "b_s2", "c_s1", "c_s2"]  # 3 -> 4 steps: continue
     m = load_manifest(env / "logs" / "exp")
-    assert len(m.runs) == 6 and m.entry("c_s1").max_steps == 4
+    assert len(m.runs) == 6 and {r.last_step for r in m.runs} == {4}
 
     path.write_text(text)  # drop condition c: under --force its history is retired, not lost
     assert _run(env, path, force=True) == 0
@@ -457,3 +458,21 @@ def test_log_tail_shows_only_the_last_attempt(tmp_path):
     assert "old error" not in tail and tail.splitlines()[-1] == "line 29"
     assert len(tail.splitlines()) == 15
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_forced_max_steps_raise_continues_finished_runs(env):
+    path = _write(env, stagger=0.0)
+    assert _run(env, path) == 0
+    path.write_text(path.read_text().replace("max_steps = 3", "max_steps = 5"))
+    with pytest.raises(UserError, match=r"training.max_steps: 3 -> 5 \(4 runs\)"):
+        _run(env, path)
+    assert _run(env, path, force=True) == 0
+    m = load_manifest(env / "logs" / "exp")
+    assert all((r.status, r.last_step, r.max_steps, r.attempts) == ("completed", 5, 5, 2)
+               for r in m.runs)
+    run_dir = env / "logs" / "exp" / "a_s1"
+    assert [r["step"] for r in runlog.read_metrics(run_dir / "metrics.jsonl").rows] == [
+        1, 2, 3, 4, 5]
+    # The worker got the new config beside the one the run started from, to compare them.
+    assert "max_steps = 5" in (run_dir / "config.next.toml").read_text()
+    assert "max_steps = 3" in (run_dir / "config.toml").read_text()

@@ -131,7 +131,7 @@ def prepare_manifest(cfg: Config, config_path: Path, campaign_dir: Path,
                             f"{campaign_dir / runlog.MANIFEST_FILE} was written:\n  - "
                             + "\n  - ".join(changes) + "\nRun with --new to start a fresh "
                             "campaign, or --force to continue this one with the new matrix "
-                            "(finished runs are kept as they are).")
+                            "(finished runs are kept; a raised training.max_steps continues them).")
         manifest = _merge(old, plans, new_hash)
     _describe_campaign(manifest, cfg, config_path)
     adopted = _reconcile(manifest, plans)
