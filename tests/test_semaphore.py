@@ -48,7 +48,8 @@ WORKER = textwrap.dedent("""
 
 def _spawn(tmp_path: Path, args: list[str]) -> subprocess.Popen:
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    if not script.exists():  # rewriting it while a sibling starts would hand it an empty file
+        script.write_text(WORKER)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, str(script), *args], env=env)
 
