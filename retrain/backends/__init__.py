@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from retrain.backends.base import ApiSlots, Backend, NoSlots
@@ -10,13 +11,17 @@ if TYPE_CHECKING:
     from retrain.config import Config
 
 
-def create_backend(cfg: Config, slots: ApiSlots | None = None) -> Backend:
-    """Build the backend named by `[backend].backend`; heavy imports happen only here."""
+def create_backend(cfg: Config, slots: ApiSlots | None = None,
+                   config_dir: Path | None = None) -> Backend:
+    """Build the backend named by `[backend].backend`; heavy imports happen only here.
+
+    `config_dir` (the config file's folder) resolves a relative `model.name` path.
+    """
     slots = slots or NoSlots()
     if cfg.backend.backend == "local":
         from retrain.backends.local import LocalBackend
 
-        return LocalBackend.from_config(cfg)
+        return LocalBackend.from_config(cfg, config_dir)
     if cfg.backend.backend == "tinker":
         from retrain.backends.tinker import TinkerBackend
 

@@ -71,6 +71,7 @@ class LossConfig:
     name: str = "importance_sampling"   # "importance_sampling" | "ppo"
     clip_eps: float = 0.2
     clip_eps_high: float = 0.2
+    temperature: float = 1.0            # sampling temperature; log-probs are recomputed under it
 
 
 @dataclass
@@ -135,7 +136,11 @@ class NoSlots:
 
 @runtime_checkable
 class Backend(Protocol):
-    """The contract. `tokenizer` is a Hugging Face-style tokenizer for rendering prompts."""
+    """The contract. `tokenizer` is a Hugging Face-style tokenizer for rendering prompts.
+
+    Before the first `save_state` the trainer sets the attribute `checkpoint_dir` (a Path: the
+    run's checkpoints folder) on the backend; a remote backend may ignore it.
+    """
 
     tokenizer: Any
 

@@ -1,0 +1,437 @@
+"""The local backend: torch + transformers + peft, in process.
+
+Two objects, so that several trainers can share one base model (e.g. `retrain serve`):
+- `LocalModel`: the base model and tokenizer, loaded once, wrapped by peft with named adapters.
+- `LocalBackend`: one LoRA adapter of a `LocalModel` with its own AdamW optimizer and RNG. It
+  activates its adapter before every operation, under the model's lock.
+
+Log-prob semantics (sampler and trainer agree): float32 `log_softmax(logits / temperature)`;
+see `local_sampling` for top_p and `local_loss` for the token aggregation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from retrain.backends import local_loss
+from retrain.backends.base import (
+    AdamParams,
+    BackendError,
+    BackendOOMError,
+    Completion,
+    Datum,
+    LossConfig,
+    LossOutput,
+    OptimOutput,
+    SamplingParams,
+    TokenIds,
+)
+from retrain.backends.local_sampling import sample_batch, token_logprobs
+
+if TYPE_CHECKING:
+    from retrain.config import Config
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def pick_device(device: str) -> torch.device:
+    """`auto` = cuda, then mps, then cpu; an explicit device that is absent is an error."""
+    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendError("model.device = 'cuda' but torch sees no CUDA device")
+    if device == "mps" and not has_mps:
+        raise BackendError("model.device = 'mps' but MPS is not available")
+    return torch.device(device)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA/MPS/CPU allocation failures, which torch reports as (subclasses of) RuntimeError."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
+
+
+@contextmanager
+def oom_as_backend_error(what: str) -> Iterator[None]:
+    try:
+        yield
+    except BackendError:
+        raise
+    except (RuntimeError, MemoryError) as exc:
+        if isinstance(exc, MemoryError) or is_oom(exc):
+            raise BackendOOMError(f"out of memory during {what}: {exc}") from exc
+        raise
+
+
+class LocalModel:
+    """A base causal LM + tokenizer loaded once; LoRA adapters are added to it by name."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, name_or_path: str):
+        self.base = model
+        self.peft: Any = None            # the PeftModel, once the first adapter exists
+        self.tokenizer = tokenizer
+        self.device = device
+        self.name_or_path = name_or_path
+        self.lock = threading.RLock()
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids))
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.lora_configs: dict[str, Any] = {}
+        self._active: str | None = None  # what we last activated; peft's own flag can lag
+
+    @classmethod
+    def load(cls, name_or_path: str, dtype: str = "bfloat16", device: str = "auto",
+             threads: int = 0) -> LocalModel:
+        """Load weights and tokenizer from a folder or the local Hugging Face cache."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+        dev = pick_device(device)
+        torch_dtype = DTYPES.get(dtype, "auto")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+        except OSError as exc:
+            raise BackendError(f"cannot load model {name_or_path!r}: {exc}") from exc
+        model.to(dev)
+        model.eval()
+        return cls(model, tokenizer, dev, name_or_path)
+
+    @property
+    def net(self) -> Any:
+        """The module to call: the peft wrapper once adapters exist."""
+        return self.peft if self.peft is not None else self.base
+
+    def add_adapter(self, name: str, lora_config: Any, seed: int) -> None:
+        """Add a LoRA adapter `name`, initialised deterministically from `seed`."""
+        from peft import get_peft_model
+
+        with self.lock:
+            if name in self.lora_configs:
+                raise BackendError(f"adapter {name!r} already exists")
+            with warnings.catch_warnings():  # peft calls a transformers API deprecated in v5
+                warnings.simplefilter("ignore", FutureWarning)
+                if self.peft is None:
+                    self.peft = get_peft_model(self.base, lora_config, adapter_name=name)
+                else:
+                    self.peft.add_adapter(name, lora_config)
+            self.lora_configs[name] = lora_config
+            self._active = None
+            _init_lora(self.adapter_params(name), seed)
+
+    def delete_adapter(self, name: str) -> None:
+        with self.lock:
+            self.peft.delete_adapter(name)
+            del self.lora_configs[name]
+            self._active = None
+
+    def activate(self, name: str) -> None:
+        """Route forward passes through adapter `name` (and make only it trainable)."""
+        if self.peft is not None and self._active != name:
+            self.peft.set_adapter(name)
+            self._active = name
+
+    def adapter_params(self, name: str) -> dict[str, torch.nn.Parameter]:
+        """The adapter's parameters by module name, in a stable order."""
+        out = {k: p for k, p in self.peft.named_parameters() if _adapter_of(k) == name}
+        return dict(sorted(out.items()))
+
+    def new_backend(self, adapter_name: str, lora_rank: int = 8, lora_alpha: float = 16.0,
+                    lora_dropout: float = 0.0, target_modules: list[str] | None = None,
+                    seed: int = 0, micro_batch_size: int = 0,
+                    checkpoint_dir: str | Path | None = None) -> LocalBackend:
+        """A trainer for a fresh adapter on this model (empty targets = peft's per-architecture
+        default, e.g. q_proj/v_proj for Llama-like models)."""
+        from peft import LoraConfig
+
+        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                            target_modules=list(target_modules) if target_modules else None,
+                            task_type="CAUSAL_LM")
+        try:
+            self.add_adapter(adapter_name, config, seed)
+        except ValueError as exc:  # peft: no default targets for this architecture, bad names
+            raise BackendError(f"cannot add LoRA to {self.name_or_path}: {exc}; set "
+                               "model.lora_target_modules") from exc
+        return LocalBackend(self, adapter_name, micro_batch_size=micro_batch_size, seed=seed,
+                            checkpoint_dir=checkpoint_dir)
+
+
+def _adapter_of(param_name: str) -> str | None:
+    """'...q_proj.lora_A.<adapter>.weight' -> '<adapter>' (None for base parameters)."""
+    parts = param_name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_"):
+            return parts[i + 1]
+    return None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    if not ids:
+        raise BackendError("the tokenizer defines no EOS token; completions could never stop")
+    return ids
+
+
+def _init_lora(params: dict[str, torch.nn.Parameter], seed: int) -> None:
+    """peft's init (A ~ kaiming-uniform, B = 0) drawn from a private CPU generator: the same
+    adapter for the same seed on any device, without touching the global RNG."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in params.items():
+            if ".lora_A." in name:
+                bound = 1.0 / (p.shape[1] ** 0.5)
+                values = torch.empty(p.shape, dtype=torch.float32).uniform_(-bound, bound,
+                                                                           generator=gen)
+                p.copy_(values.to(p.device, p.dtype))
+            elif ".lora_B." in name:
+                p.zero_()
+
+
+class LocalBackend:
+    """One LoRA adapter of a LocalModel, with its AdamW optimizer and sampling RNG."""
+
+    def __init__(self, model: LocalModel, adapter: str, *, micro_batch_size: int = 0,
+                 seed: int = 0, checkpoint_dir: str | Path | None = None):
+        self.model = model
+        self.adapter = adapter
+        self.micro_batch_size = micro_batch_size
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.params = model.adapter_params(adapter)
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=1e-4)
+        self.generator = torch.Generator(model.device).manual_seed(seed)
+        self._snapshots = 0
+
+    @classmethod
+    def from_config(cls, cfg: Config, config_dir: Path | None = None) -> LocalBackend:
+        """A private LocalModel with one adapter, from `[model]` and `[training]`."""
+        from retrain.models import resolve_model
+
+        m = cfg.model
+        path = resolve_model(m.name, config_dir)
+        model = LocalModel.load(path, m.dtype, m.device, m.threads)
+        return model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
+                                 m.lora_target_modules, seed=cfg.training.seed,
+                                 micro_batch_size=cfg.training.micro_batch_size)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
+               adapter: str | None = None) -> list[list[Completion]]:
+        """`n` completions per prompt in one batched decode; `adapter` picks a snapshot."""
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise BackendError("cannot sample from an empty prompt")
+        gen = self.generator
+        if params.seed is not None:
+            gen = torch.Generator(self.model.device).manual_seed(params.seed)
+        with self.model.lock, oom_as_backend_error("sampling"):
+            self.model.activate(adapter or self.adapter)
+            net = self.model.net
+            net.eval()
+            return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
+                                pad_id=self.model.pad_id, generator=gen,
+                                make_cache=self._make_cache)
+
+    def _make_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.base.config)
+
+    def snapshot(self, name: str | None = None) -> str:
+        """Freeze a copy of the current adapter weights as a new adapter to sample from."""
+        with self.model.lock:
+            self._snapshots += 1
+            name = name or f"{self.adapter}-snapshot{self._snapshots}"
+            self.model.add_adapter(name, self.model.lora_configs[self.adapter], seed=0)
+            target = self.model.adapter_params(name)
+            with torch.no_grad():
+                for (_, src), (_, dst) in zip(self.params.items(), target.items(), strict=True):
+                    dst.copy_(src)
+                    dst.requires_grad_(False)
+            self.model.activate(self.adapter)
+            return name
+
+    # ------------------------------------------------------------------ training
+
+    def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput:
+        """Accumulate the policy-loss gradient over `datums` (token mean over the call).
+
+        With `micro_batch_size = 0` an out-of-memory error halves the micro-batch and retries;
+        only a single sequence that does not fit raises BackendOOMError.
+        """
+        size = self.micro_batch_size
+        while True:
+            try:
+                with self.model.lock, oom_as_backend_error("forward_backward"):
+                    return self._forward_backward(datums, loss, size)
+            except BackendOOMError:
+                self._zero_grad()
+                largest = max((len(c) for c in self._chunks(datums, size)), default=1)
+                if self.micro_batch_size > 0 or largest <= 1:
+                    raise
+                size = largest // 2
+
+    def _chunks(self, datums: list[Datum], size: int) -> list[list[int]]:
+        return local_loss.micro_batches(datums, size, self.model.vocab_size)
+
+    def _forward_backward(self, datums: list[Datum], loss: LossConfig, size: int) -> LossOutput:
+        self.model.activate(self.adapter)
+        net = self.model.net
+        net.train()
+        total_tokens = sum(sum(1 for m in d.mask if m > 0) for d in datums)
+        out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
+        if total_tokens == 0:
+            return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
+        temperature = loss.temperature
+        loss_sum, clipped = 0.0, 0.0
+        for index in self._chunks(datums, size):
+            batch = local_loss.pack(datums, index, self.model.pad_id, self.model.device)
+            logits = net(input_ids=batch.input_ids, logits_to_keep=batch.keep).logits
+            lp = token_logprobs(logits, temperature).gather(-1, batch.targets[:, None])
+            lp = lp.squeeze(-1)
+            per_tok = local_loss.per_token_loss(lp, batch.old_logprobs, batch.advantages, loss)
+            chunk_loss = per_tok.sum() / total_tokens
+            chunk_loss.backward()
+            loss_sum += float(chunk_loss.detach())
+            if loss.name == "ppo":
+                ratio = torch.exp(lp.detach() - batch.old_logprobs)
+                out_of_range = (ratio < 1 - loss.clip_eps) | (ratio > 1 + loss.clip_eps_high)
+                clipped += float(out_of_range.sum())
+            _scatter_logprobs(out_lp, datums, batch, lp.detach().float().cpu().tolist())
+        metrics = {"tokens": float(total_tokens)}
+        if loss.name == "ppo":
+            metrics["clip_fraction"] = clipped / total_tokens
+        return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)
+
+    def optim_step(self, adam: AdamParams) -> OptimOutput:
+        """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.
+
+        A non-finite gradient skips the update (and says so in the metrics) instead of
+        poisoning the weights and the optimizer state.
+        """
+        with self.model.lock:
+            params = [p for p in self.params.values() if p.grad is not None]
+            if not params:
+                return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0})
+            clip = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            if not torch.isfinite(torch.tensor(norm)):
+                self._zero_grad()
+                return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0})
+            for group in self.optimizer.param_groups:
+                group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2),
+                             eps=adam.eps, weight_decay=adam.weight_decay)
+            self.optimizer.step()
+            self._zero_grad()
+            return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0})
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_state(self, name: str) -> str:
+        """Write `<checkpoint_dir>/<name>/`: a peft adapter folder + optimizer + RNG state."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        if self.checkpoint_dir is None:
+            raise BackendError("save_state needs checkpoint_dir (set by the trainer)")
+        final = self.checkpoint_dir / name
+        tmp = self.checkpoint_dir / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with self.model.lock:
+            weights = get_peft_model_state_dict(self.model.peft, adapter_name=self.adapter)
+            weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+            save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+            self.model.lora_configs[self.adapter].save_pretrained(str(tmp))
+            _patch_base_path(tmp, self.model.name_or_path)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save({"generator": self.generator.get_state()}, tmp / "rng.pt")
+        _fsync_dir_files(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return str(final)
+
+    def load_state(self, ref: str) -> None:
+        """Restore adapter weights, optimizer and RNG from a `save_state` folder."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = Path(ref)
+        if not path.is_dir() and self.checkpoint_dir is not None:
+            path = self.checkpoint_dir / path.name  # the run folder was moved
+        if not (path / ADAPTER_WEIGHTS).exists():
+            raise BackendError(f"no checkpoint at {ref}")
+        with self.model.lock:
+            weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.model.device))
+            result = set_peft_model_state_dict(self.model.peft, weights, adapter_name=self.adapter)
+            missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+            if missing:
+                raise BackendError(f"checkpoint {path} does not match the adapter: {missing[:3]}")
+            state = torch.load(path / "optimizer.pt", map_location=self.model.device,
+                               weights_only=True)
+            self.optimizer.load_state_dict(state)
+            rng = torch.load(path / "rng.pt", weights_only=True)
+            self.generator.set_state(rng["generator"])
+            self._zero_grad()
+
+    def close(self) -> None:
+        """Drop the optimizer state; the model stays loaded for other adapters."""
+        self.optimizer.state.clear()
+
+
+def _scatter_logprobs(out: list[list[float]], datums: list[Datum], batch: local_loss.Packed,
+                      values: list[float]) -> None:
+    """Put the flat kept-position log-probs back at their datum positions."""
+    k = 0
+    for i in batch.index:
+        row = out[i]
+        for pos, m in enumerate(datums[i].mask):
+            if m > 0:
+                row[pos] = values[k]
+                k += 1
+
+
+def _patch_base_path(folder: Path, base: str) -> None:
+    """Record the base model in adapter_config.json so peft can load the folder on its own."""
+    cfg_path = folder / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _fsync_dir_files(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())

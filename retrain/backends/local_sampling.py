@@ -1,0 +1,116 @@
+"""Batched sampling with a KV cache for the local backend (one decode loop for all completions).
+
+A hand-written loop instead of `generate` so that the log-prob of every sampled token is taken
+from exactly the distribution it was drawn from, before any truncation: `log_softmax` in
+float32 of `logits / temperature`, the same computation `forward_backward` repeats. Other
+choices that follow from owning the loop:
+- each distinct prompt is prefilled once; its KV cache is then repeated for its `n` samples;
+- rows that reached EOS leave the batch, so finished completions cost nothing more;
+- a seeded `torch.Generator` drives sampling, so the global RNG is untouched.
+
+`top_p < 1` samples from the renormalised nucleus, but the returned log-probs stay those of
+the full tempered distribution (what the trainer recomputes): the ratio is exactly 1 before
+an update, and the nucleus truncation is a sampling bias the ratio does not correct.
+`temperature == 0` means greedy decoding (log-probs at temperature 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from retrain.backends.base import Completion, SamplingParams, TokenIds
+
+
+@dataclass
+class _Rows:
+    """The completions being decoded: token and log-prob lists, indexed by row."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finished: list[bool]
+
+
+def left_pad(prompts: list[TokenIds], pad_id: int, device: torch.device):
+    """Left-padded ids, attention mask and position ids (counting real tokens only)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), positions.to(device)
+
+
+def token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
+def draw(logprobs: torch.Tensor, params: SamplingParams,
+         generator: torch.Generator) -> torch.Tensor:
+    """One token per row: greedy at temperature 0, else from the (nucleus of the) distribution."""
+    if params.temperature == 0:
+        return logprobs.argmax(dim=-1)
+    probs = logprobs.exp()
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
+        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams, *,
+                 eos_ids: set[int], pad_id: int, generator: torch.Generator,
+                 make_cache) -> list[list[Completion]]:
+    """`n` completions for each prompt, decoded together; see the module docstring."""
+    device = next(model.parameters()).device
+    ids, mask, positions = left_pad(prompts, pad_id, device)
+    cache = make_cache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1]
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, dim=0)
+        logits = logits.repeat_interleave(n, dim=0)
+    total = len(prompts) * n
+    rows = _Rows([[] for _ in range(total)], [[] for _ in range(total)], [False] * total)
+    active = torch.arange(total, device=device)  # batch row -> completion index
+    eos = torch.tensor(sorted(eos_ids), device=device)
+    for step in range(params.max_tokens):
+        lp = token_logprobs(logits, params.temperature)
+        tok = draw(lp, params, generator)
+        tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
+        done = torch.isin(tok, eos)
+        _record(rows, active.tolist(), tok.tolist(), tok_lp.tolist(), done.tolist())
+        if step == params.max_tokens - 1 or bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            active, mask, tok = active[keep], mask[keep], tok[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        positions = mask.sum(dim=1, keepdim=True) - 1
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+    flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length")
+            for t, lp, f in zip(rows.tokens, rows.logprobs, rows.finished, strict=True)]
+    return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def _record(rows: _Rows, active: list[int], toks: list[int], lps: list[float],
+            done: list[bool]) -> None:
+    for row, t, lp, d in zip(active, toks, lps, done, strict=True):
+        rows.tokens[row].append(t)
+        rows.logprobs[row].append(lp)
+        rows.finished[row] = d

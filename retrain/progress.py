@@ -1,0 +1,64 @@
+"""Step progress: a rich progress bar on a terminal, one plain line per step otherwise."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def step_summary(row: dict) -> str:
+    """The few numbers worth reading every step."""
+    parts = [f"reward {row['mean_reward']:.3f}", f"correct {row['correct_rate']:.2f}",
+             f"loss {row['loss']:+.4f}", f"bs {row['batch_size']}x{row['group_size']}",
+             f"{row['step_time_s']:.1f}s (sample {row['sample_time_s']:.1f} "
+             f"reward {row['reward_time_s']:.1f} train {row['train_time_s']:.1f})"]
+    if "bp_regime" in row:
+        parts.append(f"bp {row['bp_regime']}")
+    if row.get("eval_accuracy") is not None:
+        parts.append(f"eval {row['eval_accuracy']:.3f}")
+    return "  ".join(parts)
+
+
+class Progress:
+    """`start(total, done)`, `step(row)`, `say(text)`, `close()`; rich only when on a TTY."""
+
+    def __init__(self, run_name: str, stream: Any = None):
+        self.run_name = run_name
+        self.stream = stream or sys.stdout
+        self.total = 0
+        self._bar: Any = None
+        self._task: Any = None
+
+    def start(self, total: int, done: int) -> None:
+        self.total = total
+        if not self.stream.isatty():
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
+        self._bar.start()
+        self._task = self._bar.add_task(self.run_name, total=total, completed=done, info="")
+
+    def step(self, row: dict) -> None:
+        if self._bar is not None:
+            info = (f"reward {row['mean_reward']:.3f}  {row['step_time_s']:.1f}s/step"
+                    + (f"  bp {row['bp_regime']}" if "bp_regime" in row else ""))
+            self._bar.update(self._task, completed=row["step"], info=info)
+            if row.get("eval_accuracy") is not None:
+                self.say(f"step {row['step']}: eval accuracy {row['eval_accuracy']:.3f}")
+        else:
+            self.say(f"step {row['step']}/{self.total}  {step_summary(row)}")
+
+    def say(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

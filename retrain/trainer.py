@@ -1,0 +1,417 @@
+"""The step loop of a single run: prompts -> sample -> reward -> advantages -> train.
+
+One step, in order: take `batch_size` prompts from the data cursor, sample `group_size`
+completions for each (one backend call), score them, compute group advantages, build the
+shifted datums of the groups that carry signal, `forward_backward` + `optim_step`, let the
+back-pressure controller observe the step, append the metrics row, save a checkpoint.
+
+Exact resume: every step's randomness is derived from (training.seed, step), the data cursor,
+the controller, the adapter and the optimizer are saved after every step, so a resumed run
+repeats exactly what an uninterrupted run would have done.
+
+Evaluation (greedy, held-out split): before the first step (logged as
+`initial_eval_accuracy` on the step-1 row) and after the update of every `eval_every`-th step
+and of the last step (logged as `eval_accuracy` on that step's row).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import random
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrain import checkpoint, runlog
+from retrain.advantages import compute_advantages, uniform_group_rate
+from retrain.backends import create_backend
+from retrain.backends.base import (
+    AdamParams,
+    Backend,
+    BackendError,
+    BackendOOMError,
+    Datum,
+    LossConfig,
+    NoSlots,
+    SamplingParams,
+    make_datum,
+)
+from retrain.config import Config, run_config
+from retrain.eval import evaluate
+from retrain.progress import Progress
+from retrain.rewards import build_scorer
+from retrain.tasks import DataCursor, TaskSplits, load_task, render_prompt
+from retrain.trackers import Trackers
+
+REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
+
+
+def derive_seed(seed: int, step: int, purpose: str) -> int:
+    """A 63-bit seed for one purpose at one step: resume needs no saved RNG stream."""
+    digest = hashlib.sha256(f"retrain:{seed}:{step}:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
+    """Train (or resume) the run described by `cfg`; returns the process exit status."""
+    config_path = Path(config_path)
+    run_name = cfg.logging.run_name or config_path.stem
+    run_dir = Path(cfg.logging.log_dir) / run_name
+    start = checkpoint.prepare(run_dir, cfg, new=new)
+    if start.moved_to is not None:
+        print(f"--new: moved the previous run to {start.moved_to}")
+    if start.finished:
+        print(f"{run_dir} already finished {start.state.step} steps; nothing to do "
+              "(raise training.max_steps to continue it, or use --new to start over)")
+        return 0
+    config_dir = config_path.resolve().parent
+    splits = load_task(cfg.data, cfg.training.seed, config_dir)
+    scorer = build_scorer(cfg.reward, config_dir)
+    slots = NoSlots()
+    backend = create_backend(cfg, slots, config_dir=config_dir)
+    cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
+    trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
+    try:
+        return trainer.run(start.state)
+    finally:
+        scorer.close()
+        backend.close()
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM: the first finishes the step in flight, a second abandons it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print("\nstopping after the current step (press Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+
+@dataclass
+class _Sampled:
+    """What one attempt at a step produced, before the metrics row is assembled."""
+
+    row: dict
+    tokens: int
+    errors: list[str] = field(default_factory=list)
+
+
+class Trainer:
+    """Owns the order of the stages; the backend, scorer and controller do the work."""
+
+    def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
+                 backend: Backend, slots: Any, config_path: Path):
+        from retrain.backpressure import BackpressureController
+
+        self.cfg = cfg
+        self.tc = cfg.training
+        self.run_dir = run_dir
+        self.splits = splits
+        self.scorer = scorer
+        self.backend = backend
+        self.slots = slots
+        self.config_path = config_path
+        self.cursor = DataCursor(len(splits.train), self.tc.seed, cfg.data.shuffle)
+        self.controller = BackpressureController(cfg.backpressure, self.tc.group_size)
+        self.progress = Progress(cfg.logging.run_name)
+        self.stop = _StopRequest()
+        self.state = runlog.RunState()
+        self.batch_size = self.tc.batch_size
+        self.oom_cap: int | None = None
+        self.reward_errors_shown = 0
+        self._prompts: dict[int, list[int]] = {}
+        self._eval_prompts: list[list[int]] | None = None
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self, resume: runlog.RunState | None) -> int:
+        """Steps until max_steps, an interrupt or an error; returns the exit status."""
+        checkpoint.write_config(self.run_dir, self.cfg)
+        self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
+        first = self._restore(resume) if resume else self._fresh()
+        self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
+            socket.gethostname()
+        self.state.started_at = self.state.started_at or time.time()
+        self.state.max_steps, self.state.error = self.tc.max_steps, ""
+        runlog.save_state(self.run_dir, self.state)
+        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
+        self.stop.install()
+        try:
+            return self._loop(first, trackers)
+        except KeyboardInterrupt:
+            return self._interrupted()
+        except BackendError as exc:
+            self._fail(exc)
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self.stop.restore()
+            self.progress.close()
+            trackers.close()
+
+    def _fresh(self) -> int:
+        runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
+        self.state = runlog.RunState()
+        self.batch_size = self.controller.first_batch_size(self.tc.batch_size)
+        return 1
+
+    def _restore(self, saved: runlog.RunState) -> int:
+        self.backend.load_state(saved.checkpoint)
+        self.cursor.load_state_dict(saved.data_cursor)
+        self.controller.load_state_dict(saved.controller)
+        dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
+        self.state = saved
+        self.batch_size = saved.batch_size or self.tc.batch_size
+        self.oom_cap = saved.extra.get("oom_cap")
+        note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
+        self.progress.say(f"resuming {self.run_dir} after step {saved.step}{note}")
+        return saved.step + 1
+
+    def _loop(self, first: int, trackers: Trackers) -> int:
+        self.progress.say(f"run folder: {self.run_dir}")
+        initial = None
+        if first == 1 and self.splits.eval:
+            initial = self._evaluate()
+            self.progress.say(f"eval accuracy before training: {initial.accuracy:.3f} "
+                              f"({initial.n} held-out problems, {initial.seconds:.1f}s)")
+        self.progress.start(self.tc.max_steps, first - 1)
+        with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
+            for step in range(first, self.tc.max_steps + 1):
+                row = self._step(step)
+                if initial is not None:
+                    row["initial_eval_accuracy"] = initial.accuracy
+                    initial = None
+                self._maybe_evaluate(step, row)
+                writer.write(row)
+                trackers.log(row)
+                self.progress.step(row)
+                self._commit(step)
+                if self.stop.signum is not None and step < self.tc.max_steps:
+                    return self._interrupted()
+        self.state.status = "completed"
+        runlog.save_state(self.run_dir, self.state)
+        self.progress.close()
+        self.progress.say(f"finished {self.tc.max_steps} steps; adapter: "
+                          f"{self.state.checkpoint}")
+        return 0
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self, step: int) -> dict:
+        """One step, retried with half the prompts (whole groups) while it runs out of memory."""
+        start, waited = time.perf_counter(), self.slots.wait_s
+        saved_cursor = self.cursor.state_dict()
+        batch_size, retries = self.batch_size, 0
+        while True:
+            try:
+                sampled = self._attempt(step, batch_size)
+                break
+            except BackendOOMError as exc:
+                if batch_size <= 1:
+                    raise BackendError(f"step {step}: out of memory even with batch_size 1 "
+                                       f"({exc}); lower training.group_size or "
+                                       "training.max_tokens") from exc
+                retries += 1
+                self.controller.observe(batch_size, 0, time.perf_counter() - start, oom=True)
+                self.progress.say(f"step {step}: out of memory at batch_size {batch_size}; "
+                                  f"retrying with {batch_size // 2}")
+                batch_size = batch_size // 2
+                self.oom_cap = batch_size
+                self.cursor.load_state_dict(saved_cursor)
+        step_time = time.perf_counter() - start
+        row = sampled.row
+        row.update(step=step, step_time_s=step_time,
+                   tokens_per_second=sampled.tokens / step_time if step_time > 0 else 0.0,
+                   process_max_rss_mb=_max_rss_mb(), api_wait_s=self.slots.wait_s - waited,
+                   oom_retries=retries)
+        decision = self.controller.observe(batch_size, sampled.tokens, step_time)
+        self.batch_size = max(1, min(decision.batch_size, self.oom_cap or decision.batch_size))
+        self._report_reward_errors(step, sampled.errors)
+        return _ordered(row, self.controller.metrics())
+
+    def _attempt(self, step: int, batch_size: int) -> _Sampled:
+        tc = self.tc
+        random.seed(derive_seed(tc.seed, step, "python"))  # for user reward code using random
+        index = self.cursor.take(batch_size)
+        problems = [self.splits.train[i] for i in index]
+        prompts = [self._prompt(i) for i in index]
+        t0 = time.perf_counter()
+        params = SamplingParams(max_tokens=tc.max_tokens, temperature=tc.temperature,
+                                top_p=tc.top_p, seed=derive_seed(tc.seed, step, "sample"))
+        groups = self.backend.sample(prompts, tc.group_size, params)
+        t1 = time.perf_counter()
+        decode = self.backend.tokenizer.decode
+        texts = [decode(c.tokens, skip_special_tokens=True) for g in groups for c in g]
+        scores = self.scorer.score(texts, [p for p in problems for _ in range(tc.group_size)])
+        rewards = _chunk(scores.rewards, tc.group_size)
+        advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
+                                        self.cfg.algorithm.std_scale)
+        t2 = time.perf_counter()
+        datums = [make_datum(prompts[g], c, a)
+                  for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
+                  for c, a in zip(group, adv, strict=True) if a != 0.0]
+        train = self._train(datums)
+        t3 = time.perf_counter()
+        completions = [c for g in groups for c in g]
+        n = len(completions)
+        mean_reward = sum(scores.rewards) / n
+        row = {
+            "batch_size": batch_size, "group_size": tc.group_size, "num_completions": n,
+            "mean_reward": mean_reward,
+            "reward_std": math.sqrt(sum((r - mean_reward) ** 2 for r in scores.rewards) / n),
+            "correct_rate": sum(scores.correct) / n,
+            "max_token_hit_rate": sum(c.finish_reason == "length" for c in completions) / n,
+            "mean_completion_tokens": sum(len(c.tokens) for c in completions) / n,
+            **train, "lr": tc.lr,
+            "sample_time_s": t1 - t0, "reward_time_s": t2 - t1, "train_time_s": t3 - t2,
+            "reward_uniform_group_rate": uniform_group_rate(rewards),
+            "reward_failures": scores.failures, "trained_completions": len(datums),
+        }
+        tokens = sum(len(prompts[g]) + len(c.tokens) for g, group in enumerate(groups)
+                     for c in group)
+        return _Sampled(row=row, tokens=tokens, errors=getattr(scores, "errors", []))
+
+    def _train(self, datums: list[Datum]) -> dict:
+        """forward_backward + optim_step; groups without signal were left out of `datums`."""
+        if not datums:  # every group uniform: nothing to learn from this step
+            return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None}
+        tc, alg = self.tc, self.cfg.algorithm
+        loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
+                          temperature=tc.temperature)
+        out = self.backend.forward_backward(datums, loss)
+        adam = AdamParams(learning_rate=tc.lr, beta1=tc.beta1, beta2=tc.beta2, eps=tc.adam_eps,
+                          weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm)
+        opt = self.backend.optim_step(adam)
+        return {"loss": out.loss, "grad_norm": opt.grad_norm,
+                "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs)}
+
+    def _prompt(self, index: int) -> list[int]:
+        if index not in self._prompts:
+            self._prompts[index] = render_prompt(self.backend.tokenizer,
+                                                 self.splits.train[index], self.cfg.data)
+        return self._prompts[index]
+
+    # ------------------------------------------------------------------ eval, checkpoints
+
+    def _evaluate(self):
+        if self._eval_prompts is None:
+            self._eval_prompts = [render_prompt(self.backend.tokenizer, p, self.cfg.data)
+                                  for p in self.splits.eval]
+        chunk = max(16, self.tc.batch_size * self.tc.group_size)
+        return evaluate(self.backend, self._eval_prompts, self.splits.eval, self.scorer,
+                        self.tc.max_tokens, chunk=chunk)
+
+    def _maybe_evaluate(self, step: int, row: dict) -> None:
+        every = self.tc.eval_every
+        if not self.splits.eval or not (step == self.tc.max_steps or (every and step % every == 0)):
+            return
+        result = self._evaluate()
+        row["eval_accuracy"] = result.accuracy
+        row["eval_time_s"] = result.seconds
+        self.state.extra["eval_accuracy"] = result.accuracy
+
+    def _commit(self, step: int) -> None:
+        """Checkpoint the step, then point state.json at it (the resume point moves last)."""
+        ref = self.backend.save_state(checkpoint.checkpoint_name(step))
+        s = self.state
+        s.step, s.checkpoint, s.batch_size = step, ref, self.batch_size
+        s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
+        s.rng = {"scheme": "derived from training.seed and the step", "seed": self.tc.seed}
+        s.extra["oom_cap"] = self.oom_cap
+        runlog.save_state(self.run_dir, s)
+        checkpoint.prune(self.run_dir / runlog.CHECKPOINT_DIR, step, self.tc.save_every,
+                         self.tc.max_steps)
+
+    # ------------------------------------------------------------------ endings
+
+    def _interrupted(self) -> int:
+        self.state.status = "interrupted"
+        runlog.save_state(self.run_dir, self.state)
+        self.progress.close()
+        print(f"interrupted after step {self.state.step}/{self.tc.max_steps}; checkpoint saved."
+              f" Resume with the same command (e.g. `retrain {self.config_path}`).",
+              file=sys.stderr, flush=True)
+        return self.stop.exit_code
+
+    def _fail(self, exc: BaseException) -> None:
+        self.state.status = "failed"
+        self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
+        with contextlib.suppress(OSError):  # the original error matters more
+            runlog.save_state(self.run_dir, self.state)
+
+    def _report_reward_errors(self, step: int, errors: list[str]) -> None:
+        if errors and self.reward_errors_shown < REPORTED_REWARD_ERRORS:
+            self.reward_errors_shown += 1
+            more = "" if self.reward_errors_shown < REPORTED_REWARD_ERRORS else \
+                " (further failures are only counted in reward_failures)"
+            self.progress.say(f"step {step}: reward function failed: {errors[0]}{more}")
+
+
+# ---------------------------------------------------------------------- helpers
+
+ROW_ORDER = ("step", "batch_size", "group_size", "num_completions", "mean_reward", "reward_std",
+             "correct_rate", "max_token_hit_rate", "mean_completion_tokens", "loss",
+             "grad_norm", "lr", "step_time_s", "sample_time_s", "reward_time_s", "train_time_s",
+             "tokens_per_second", "reward_uniform_group_rate", "sampler_trainer_logprob_diff",
+             "process_max_rss_mb", "api_wait_s", "reward_failures", "oom_retries")
+
+
+def _ordered(row: dict, bp: dict) -> dict:
+    """The promised keys first, in a fixed order; then extras, time and the bp_* metrics."""
+    out = {k: row[k] for k in ROW_ORDER}
+    out.update((k, v) for k, v in row.items() if k not in out)
+    out["time"] = time.time()
+    out.update(bp)
+    return out
+
+
+def _chunk(values: list[float], size: int) -> list[list[float]]:
+    return [values[i:i + size] for i in range(0, len(values), size)]
+
+
+def _logprob_diff(datums: list[Datum], trainer_logprobs: list[list[float]]) -> float | None:
+    """Mean |trainer - sampler| log-prob over the completion tokens (~0 means same policy)."""
+    total, count = 0.0, 0
+    for d, lps in zip(datums, trainer_logprobs, strict=True):
+        for old, new, m in zip(d.logprobs, lps, d.mask, strict=True):
+            if m:
+                total += abs(new - old)
+                count += 1
+    return total / count if count else None
+
+
+def _max_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
