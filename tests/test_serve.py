@@ -106,21 +106,16 @@ class BigramEngine:
                 y = d.inputs["target_tokens"].astype(int)
                 lp = logp[x, y]
                 out.append(lp.astype(np.float32))
-                if loss_fn == "cross_entropy":
-                    w = d.inputs["weights"]
-                    total += float(-(w * lp).sum())
-                    dlp = -w
+                ratio = np.exp(lp - d.inputs["logprobs"])
+                adv = d.inputs["advantages"]
+                if loss_fn == "ppo":
+                    clipped = np.clip(ratio, lo, hi)
+                    obj = np.minimum(ratio * adv, clipped * adv)
+                    dlp = np.where(ratio * adv <= clipped * adv, -ratio * adv, 0.0)
                 else:
-                    ratio = np.exp(lp - d.inputs["logprobs"])
-                    adv = d.inputs["advantages"]
-                    if loss_fn == "ppo":
-                        clipped = np.clip(ratio, lo, hi)
-                        obj = np.minimum(ratio * adv, clipped * adv)
-                        dlp = np.where(ratio * adv <= clipped * adv, -ratio * adv, 0.0)
-                    else:
-                        obj = ratio * adv
-                        dlp = -ratio * adv
-                    total += float(-obj.sum())
+                    obj = ratio * adv
+                    dlp = -ratio * adv
+                total += float(-obj.sum())
                 if not forward_only:
                     p = np.exp(logp[x])
                     grad = -p * dlp[:, None]
@@ -162,6 +157,9 @@ class BigramEngine:
 
     def snapshot(self, model_id):
         return self._a(model_id)["w"].copy()
+
+    def drop_snapshot(self, snap):
+        self.dropped = getattr(self, "dropped", 0) + (snap is not None)
 
     def write_snapshot(self, snap, folder: Path):
         np.savez(folder / "sampler.npz", w=snap)
@@ -486,3 +484,57 @@ def test_checkpoint_files_are_complete(bigram_server):
     assert meta["rank"] == 3 and meta["base_model"] == "bigram-test"
     assert not [p for p in folder.parent.iterdir() if p.name.endswith(".tmp")]
     service.close("success").result()
+
+
+# ------------------------------------------------------------------------------ the real engine
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model):
+    from retrain.backends.local import LocalModel
+    from retrain.serve.local_engine import LocalEngine
+
+    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+
+
+def test_sdk_over_the_tiny_model(tmp_path, sdk_env, tiny_engine):
+    """The brief's flow on the real local engine: LoRA client, sample, IS step, save state,
+    load it into a new client, sample from the saved sampler weights."""
+    with Served(tiny_engine, tmp_path, hold_s=2.0) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        tc = service.create_lora_training_client(base_model="tiny-random", rank=4, seed=3).result()
+        tok = tc.get_tokenizer()
+        assert tok.eos_token_id == 2 and tc.get_info().model_data.tokenizer_id == \
+            tiny_engine.tokenizer_id
+        prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}],
+                                         add_generation_prompt=True, tokenize=True)["input_ids"]
+        sc = tc.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=5, stop=[2])
+        res = sc.sample(types.ModelInput.from_ints(prompt), 4, params).result()
+        assert len(res.sequences) == 4
+        data = [_datum(prompt, s.tokens, s.logprobs, 1.0 if i < 2 else -1.0)
+                for i, s in enumerate(res.sequences)]
+        out = tc.forward_backward(data, "importance_sampling").result()
+        for d, o, s in zip(data, out.loss_fn_outputs, res.sequences, strict=True):
+            lp = np.asarray(o["logprobs"].data)
+            assert lp.shape == (d.model_input.length,)
+            np.testing.assert_allclose(lp[-len(s.tokens):], s.logprobs, atol=1e-4)
+        step = tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        assert step.metrics["grad_norm"] > 0
+        path = tc.save_state("s1").result().path
+        sampler_path = tc.save_weights_for_sampler("w1").result().path
+
+        tc2 = service.create_training_client_from_state_with_optimizer(path).result()
+        sc_saved = service.create_sampling_client(model_path=sampler_path).result()
+        greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+        a = sc_saved.sample(types.ModelInput.from_ints(prompt), 1, greedy).result()
+        b = tc2.save_weights_and_get_sampling_client().result().sample(
+            types.ModelInput.from_ints(prompt), 1, greedy).result()
+        assert a.sequences[0].tokens == b.sequences[0].tokens
+        service.close("success").result()
+        deadline = time.time() + 5
+        left = tiny_engine.model.lora_configs
+        while len(left) > 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert set(left) == {tiny_engine._sampler.adapter}  # the session's adapters were freed
+        assert not served.service.models and not served.service.samplers

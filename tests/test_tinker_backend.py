@@ -240,3 +240,39 @@ def test_api_key_never_in_errors(tmp_path, env, tiny_model, capfd):
         backend.close()
     out, err = capfd.readouterr()
     assert KEY not in out and KEY not in err
+
+
+def test_same_step_as_the_local_backend(tmp_path, env, tiny_model):
+    """Over `retrain serve`, one training step equals the local backend's on the same datums:
+    same initial adapter (same seed), same loss, same trainer log-probs, same update."""
+    import torch
+
+    from retrain.backends.local import LocalModel
+    from retrain.serve.local_engine import LocalEngine
+
+    ref_model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    local = ref_model.new_backend("ref", 4, 16.0, 0.0, [], seed=11)
+    engine = LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+    with Served(engine, tmp_path, hold_s=2.0) as served:
+        remote = TinkerBackend(base_model="tiny-random", lora_rank=4, seed=11,
+                               base_url=served.url, request_timeout_s=30)
+        prompt = remote.tokenizer.encode("ab")
+        groups = local.sample([prompt, prompt[:1]], 4, SamplingParams(max_tokens=6, seed=2))
+        datums = [make_datum(p, c, (-1.0) ** j + 0.25 * i)
+                  for i, (p, g) in enumerate(zip([prompt, prompt[:1]], groups, strict=True))
+                  for j, c in enumerate(g)]
+        for loss in (LossConfig(name="ppo", clip_eps=0.1), LossConfig()):
+            want = local.forward_backward(datums, loss)
+            got = remote.forward_backward(datums, loss)
+            assert got.loss == pytest.approx(want.loss, rel=1e-4, abs=1e-6)
+            for d, a, b in zip(datums, want.logprobs, got.logprobs, strict=True):
+                masked = [(x, y) for x, y, m in zip(a, b, d.mask, strict=True) if m]
+                np.testing.assert_allclose(*zip(*masked, strict=True), atol=1e-5)
+            adam = AdamParams(learning_rate=0.05, grad_clip_norm=1.0)
+            want_opt = local.optim_step(adam)
+            got_opt = remote.optim_step(adam)
+            assert got_opt.grad_norm == pytest.approx(want_opt.grad_norm, rel=1e-4)
+        backend_id = next(iter(engine._backends.values()))
+        for (_, a), (_, b) in zip(local.params.items(), backend_id.params.items(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        remote.close()

@@ -264,7 +264,8 @@ class TinkerBackend:
             logprobs = [np.asarray(o["logprobs"].data, dtype=np.float64).tolist()
                         for o in out.loss_fn_outputs]
             metrics = {k: float(v) for k, v in out.metrics.items()}
-            return LossOutput(loss=metrics.get("loss:sum", float("nan")) * scale,
+            # the advantages were scaled, so Tinker's sum already is the local backend's mean
+            return LossOutput(loss=metrics.get("loss:sum", float("nan")),
                               logprobs=logprobs, metrics=metrics)
 
         self._pending = _PendingLoss(resolve)
@@ -327,8 +328,10 @@ class TinkerBackend:
 
 
 def advantage_scale(datums: list[Datum]) -> float:
-    """Tinker's losses are sums over tokens; this scale makes them the local backend's loss."""
-    return 1.0
+    """Tinker's losses are sums over tokens, the local backend's a mean over the call's
+    completion tokens: scaling the advantages by 1 / that count makes them the same loss."""
+    tokens = sum(1 for d in datums for m in d.mask if m > 0)
+    return 1.0 / tokens if tokens else 0.0
 
 
 def _tinker_datum(types: Any, d: Datum, scale: float) -> Any:

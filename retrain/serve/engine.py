@@ -13,10 +13,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-# Loss functions the server accepts (Tinker names). Each reads `target_tokens`; the
-# policy-gradient ones also read the sampler's `logprobs` and `advantages`.
+# Loss functions the server accepts (Tinker names) and the per-token inputs each reads.
+# Both are sums over all positions: -sum(r * A) and -sum(min(r * A, clip(r) * A)), with
+# r = exp(logprob - sampler logprob) and the clip range from `clip_low_threshold` /
+# `clip_high_threshold` (ratios, default 0.8 / 1.2).
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {
-    "cross_entropy": ("target_tokens", "weights"),
     "importance_sampling": ("target_tokens", "logprobs", "advantages"),
     "ppo": ("target_tokens", "logprobs", "advantages"),
 }
@@ -109,6 +110,10 @@ class Engine(Protocol):
 
     def snapshot(self, model_id: str) -> Any:
         """A frozen copy of the adapter's weights to sample from while training goes on."""
+        ...
+
+    def drop_snapshot(self, snap: Any) -> None:
+        """Free a snapshot from `snapshot` or `read_snapshot` (None: nothing to free)."""
         ...
 
     def write_snapshot(self, snap: Any, folder: Path) -> None: ...

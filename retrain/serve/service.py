@@ -118,13 +118,15 @@ class TinkerService:
     def _close_session(self, session: Session) -> None:
         session.finished = True
         for sampler_id in session.samplers:
-            self.samplers.pop(sampler_id, None)
+            self._drop_sampler(sampler_id)
         for model_id in session.models:
-            model = self.models.get(model_id)
-            if model is not None:
-                for sampler_id in model.samplers:
-                    self.samplers.pop(sampler_id, None)
-                model.seq.when_idle(lambda m=model_id: self._drop_model(m))
+            if model_id in self.models:
+                self.models[model_id].seq.when_idle(lambda m=model_id: self._drop_model(m))
+
+    def _drop_sampler(self, sampler_id: str) -> None:
+        sampler = self.samplers.pop(sampler_id, None)
+        if sampler is not None and sampler.snap is not None:
+            self._background(self._in_thread(self.engine.drop_snapshot, sampler.snap))
 
     def _drop_model(self, model_id: str) -> None:
         if self.models.pop(model_id, None) is not None:
@@ -238,8 +240,11 @@ class TinkerService:
 
         def work():
             snap = self.engine.snapshot(model.model_id)
-            self._write_atomically(folder, lambda tmp: self.engine.write_snapshot(snap, tmp),
-                                   {"rank": model.rank, "kind": "sampler"})
+            try:
+                self._write_atomically(folder, lambda tmp: self.engine.write_snapshot(snap, tmp),
+                                       {"rank": model.rank, "kind": "sampler"})
+            finally:
+                self.engine.drop_snapshot(snap)
 
         return self._ordered(model, req.seq_id, lambda: self._in_thread(work),
                              lambda _: Reply(json={"path": path}))
@@ -252,7 +257,7 @@ class TinkerService:
             self._add_sampler(Sampler(sampler_id, snap), model.session_id)
             model.samplers.append(sampler_id)
             while len(model.samplers) > SAMPLERS_KEPT_PER_MODEL:
-                self.samplers.pop(model.samplers.pop(0), None)
+                self._drop_sampler(model.samplers.pop(0))
 
         return self._ordered(model, req.seq_id, job,
                              lambda _: Reply(json={"sampling_session_id": sampler_id}))
@@ -321,11 +326,13 @@ class TinkerService:
         return sampler
 
     async def asample(self, req: types.SampleRequest) -> dict:
+        own_snapshot = False  # a legacy request naming a checkpoint: load it for this call
         if req.sampling_session_id:
             sampler = self._sampler(req.sampling_session_id)
         elif req.model_path:
             folder, _ = self._find_checkpoint(req.model_path, None)
             sampler = Sampler("", await self._in_thread(self.engine.read_snapshot, folder))
+            own_snapshot = True
         else:
             self._check_base(req.base_model)
             sampler = Sampler("", None)
@@ -343,8 +350,12 @@ class TinkerService:
                 self._samples.pop(next(iter(self._samples)))
 
         def work():
-            return self.engine.sample(sampler.snap, prompt, req.num_samples, spec,
-                                      bool(req.prompt_logprobs))
+            try:
+                return self.engine.sample(sampler.snap, prompt, req.num_samples, spec,
+                                          bool(req.prompt_logprobs))
+            finally:
+                if own_snapshot:
+                    self.engine.drop_snapshot(sampler.snap)
 
         self._run(request_id, lambda: self._in_thread(work),
                   lambda result: Reply(proto=wire.encode_sample(result)))

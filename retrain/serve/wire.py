@@ -62,8 +62,6 @@ def _decode_datum(d: pb.Datum, index: int, loss_fn: str, forward_only: bool) -> 
               d.loss_fn_inputs.items()}
     needed = LOSS_INPUTS[loss_fn] if not forward_only else ("target_tokens",)
     for name in needed:
-        if name == "weights" and name not in inputs:
-            inputs[name] = np.ones(len(tokens), dtype=np.float32)
         if name not in inputs:
             raise EngineError(f"datum {index}: loss_fn {loss_fn!r} needs loss_fn_inputs[{name!r}]")
         if len(inputs[name]) != len(tokens):
