@@ -77,8 +77,9 @@ class _Secret:
 class _PendingLoss(LossOutput):
     """A submitted forward_backward; its numbers are fetched on first access."""
 
-    def __init__(self, resolve: Callable[[], LossOutput]):
+    def __init__(self, resolve: Callable[[], LossOutput], submitted: threading.Event):
         self._resolve = resolve
+        self.submitted = submitted  # set once the request is on its way
         self._value: LossOutput | None = None
         self._lock = threading.Lock()
 
@@ -162,7 +163,8 @@ class TinkerBackend:
                 raise
             raise self._fail(what, exc) from None
 
-    def _call(self, what: str, submit: Callable[[], Any], **kw: Any) -> Any:
+    def _call(self, what: str, submit: Callable[[], Any], *, fatal_timeout: bool = True,
+              submitted: threading.Event | None = None) -> Any:
         """One API request: hold a slot, submit, wait for the result."""
         self._check_usable()
         with self.slots:
@@ -170,7 +172,10 @@ class TinkerBackend:
                 future = submit()
             except Exception as exc:
                 raise self._fail(what, exc) from None
-            return self._wait(what, future, **kw)
+            finally:
+                if submitted is not None:
+                    submitted.set()
+            return self._wait(what, future, fatal_timeout=fatal_timeout)
 
     def _check_usable(self) -> None:
         if self._broken:
@@ -247,20 +252,20 @@ class TinkerBackend:
             raise BackendError(f"loss {loss.name!r} is not supported by the tinker backend")
         tc = self.training
         self._check_usable()
-        self.slots.__enter__()
-        try:
-            future = tc.forward_backward(data, loss.name, config)
-        except BaseException as exc:
-            self.slots.__exit__(None, None, None)
-            if isinstance(exc, BackendError):
-                raise
-            raise self._fail("forward_backward", exc) from None
+        submitted = threading.Event()
+
+        def run() -> Any:  # in a worker thread: take a slot, submit, wait
+            try:
+                return self._call("forward_backward",
+                                  lambda: tc.forward_backward(data, loss.name, config),
+                                  submitted=submitted)
+            finally:
+                submitted.set()
+
+        job = self._pool.submit(run)
 
         def resolve() -> LossOutput:
-            try:
-                out = self._wait("forward_backward", future)
-            finally:
-                self.slots.__exit__(None, None, None)
+            out = job.result()
             logprobs = [np.asarray(o["logprobs"].data, dtype=np.float64).tolist()
                         for o in out.loss_fn_outputs]
             metrics = {k: float(v) for k, v in out.metrics.items()}
@@ -268,7 +273,7 @@ class TinkerBackend:
             return LossOutput(loss=metrics.get("loss:sum", float("nan")),
                               logprobs=logprobs, metrics=metrics)
 
-        self._pending = _PendingLoss(resolve)
+        self._pending = _PendingLoss(resolve, submitted)
         return self._pending
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
@@ -277,26 +282,21 @@ class TinkerBackend:
         params = types.AdamParams(learning_rate=adam.learning_rate, beta1=adam.beta1,
                                   beta2=adam.beta2, eps=adam.eps, weight_decay=adam.weight_decay,
                                   grad_clip_norm=adam.grad_clip_norm)
-
         tc = self.training
-
-        def step():
-            return self._call("optim_step", lambda: tc.optim_step(params))
-
         pending, self._pending = self._pending, None
-        if pending is None:
-            result = step()
-        else:
-            # The step waits for a free slot in another thread while this one holds the
-            # forward_backward's slot until its answer arrives: no thread ever holds a
-            # slot while waiting for another, and the step is queued as soon as it can be.
-            queued = self._pool.submit(step)
-            try:
+        if pending is not None:
+            # Pipelining: the step is submitted as soon as the forward_backward is (the SDK
+            # keeps them in order), each in its own thread with its own slot, so no thread
+            # ever holds a slot while waiting for another.
+            pending.submitted.wait()
+        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params))
+        try:
+            if pending is not None:
                 pending.get()
-            except BaseException:
-                concurrent.futures.wait([queued])
-                raise
-            result = queued.result()
+        except BaseException:
+            concurrent.futures.wait([queued])
+            raise
+        result = queued.result()
         self._refresh_sampler()
         metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
         return OptimOutput(grad_norm=_grad_norm(metrics), metrics=metrics)
