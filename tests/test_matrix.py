@@ -1,0 +1,186 @@
+"""The campaign matrix: counts, names, overrides, lossless per-run configs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from retrain.campaign.matrix import (
+    MAX_NAME,
+    RunSpec,
+    expand,
+    matrix_hash,
+    run_config_for,
+    safe_name,
+)
+from retrain.config import Condition, Config, ConfigError, dumps_config, loads_config
+
+SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+
+CAMPAIGN = """
+[training]
+seed = 7
+max_steps = 3
+[backend.options]
+keep = "me"
+nested = { a = 1, b = 2 }
+[reward.params]
+weight = 0.5
+[campaign]
+seeds = [1, 2, 3]
+[[campaign.conditions]]
+name = "grpo"
+"algorithm.advantage" = "grpo"
+[[campaign.conditions]]
+name = "rloo"
+"algorithm.advantage" = "rloo"
+"training.lr" = 2e-5
+backend.options.extra = { deep = [1, 2] }
+backend.options.nested = { b = 3 }
+"reward.params.weight" = 2.0
+"""
+
+
+def _cfg(text: str = CAMPAIGN) -> Config:
+    return loads_config(text)
+
+
+def test_count_is_conditions_times_seeds():
+    specs = expand(_cfg())
+    assert len(specs) == 6
+    assert [s.name for s in specs] == ["grpo_s1", "grpo_s2", "grpo_s3",
+                                       "rloo_s1", "rloo_s2", "rloo_s3"]
+    assert {s.condition for s in specs} == {"grpo", "rloo"}
+    assert [s.seed for s in specs] == [1, 2, 3, 1, 2, 3]
+
+
+def test_grid_is_a_cartesian_product_folded_into_names():
+    cfg = _cfg(CAMPAIGN + '[campaign.grid]\n"training.temperature" = [0.7, 1.0]\n'
+               '"training.group_size" = [4, 8]\n')
+    specs = expand(cfg)
+    assert len(specs) == 2 * 4 * 3
+    names = [s.name for s in specs]
+    assert len(set(names)) == len(names)
+    assert "grpo_temperature-0.7_group_size-4_s1" in names
+    spec = next(s for s in specs if s.name == "rloo_temperature-1.0_group_size-8_s2")
+    assert spec.condition == "rloo_temperature-1.0_group_size-8"
+    run = run_config_for(cfg, spec, "/c")
+    assert (run.training.temperature, run.training.group_size, run.training.seed) == (1.0, 8, 2)
+    assert run.training.lr == 2e-5
+
+
+def test_grid_without_conditions_and_seeds_default_to_training_seed():
+    cfg = _cfg('[training]\nseed = 11\n[campaign.grid]\n"algorithm.advantage" = ["grpo", "rloo"]\n')
+    assert [s.name for s in expand(cfg)] == ["advantage-grpo_s11", "advantage-rloo_s11"]
+    only_seeds = _cfg("[campaign]\nseeds = [4, 5]\n")
+    assert [s.name for s in expand(only_seeds)] == ["base_s4", "base_s5"]
+
+
+def test_unnamed_conditions_are_named_by_their_overrides():
+    cfg = _cfg('[campaign]\nseeds = [1]\n[[campaign.conditions]]\n"training.lr" = 1e-4\n'
+               '"algorithm.advantage" = "rloo"\n[[campaign.conditions]]\n')
+    assert [s.name for s in expand(cfg)] == ["lr-0.0001_advantage-rloo_s1", "base_s1"]
+
+
+def test_every_override_applied_and_free_form_tables_merge():
+    cfg = _cfg()
+    rloo = next(s for s in expand(cfg) if s.name == "rloo_s2")
+    run = run_config_for(cfg, rloo, "/abs/campaign")
+    assert run.algorithm.advantage == "rloo"
+    assert run.training.lr == 2e-5
+    assert run.training.seed == 2
+    assert run.training.max_steps == 3  # the base [training] keys are honoured
+    assert run.backend.options == {"keep": "me", "nested": {"a": 1, "b": 3},
+                                   "extra": {"deep": [1, 2]}}
+    assert run.reward.params == {"weight": 2.0}
+    assert run.logging.log_dir == "/abs/campaign"
+    assert run.logging.run_name == "rloo_s2"
+    assert run.campaign == Config().campaign and not run.is_campaign
+
+
+def test_per_run_configs_round_trip_every_key():
+    cfg = _cfg(CAMPAIGN.replace("keep = \"me\"", 'keep = "me"\n"dotted.key" = "kept whole"'))
+    for spec in expand(cfg):
+        run = run_config_for(cfg, spec, "/abs/campaign")
+        text = dumps_config(run)
+        assert loads_config(text) == run
+        assert "dotted.key" in run.backend.options
+        assert "kept whole" in text
+
+
+@pytest.mark.parametrize("names", [
+    ["../x", "x", "..", ".", "", "a/b", "a-b", "a b", "A-B"],
+    ["/etc/passwd", "..\\..\\win", "~root", "-rf", "naïve/ü", "x" * 300, "x" * 301],
+])
+def test_adversarial_condition_names_are_safe_and_unique(names):
+    cfg = Config()
+    cfg.campaign.seeds = [1, -2]
+    cfg.campaign.conditions = [Condition(name=n, overrides={}) for n in names]
+    specs = expand(cfg)
+    run_names = [s.name for s in specs]
+    assert len(specs) == 2 * len(names)
+    assert len({n.lower() for n in run_names}) == len(run_names)
+    for n in run_names:
+        assert SAFE.match(n), n
+        assert ".." not in n.split("/") and "/" not in n and "\\" not in n
+        assert len(n) <= MAX_NAME
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=8, unique=True),
+       st.lists(st.integers(-10**6, 10**12), min_size=1, max_size=3, unique=True))
+def test_names_are_always_safe_unique_and_stable(names, seeds):
+    cfg = Config()
+    cfg.campaign.seeds = seeds
+    cfg.campaign.conditions = [Condition(name=n, overrides={}) for n in names]
+    specs = expand(cfg)
+    again = expand(cfg)
+    assert specs == again
+    run_names = [s.name for s in specs]
+    assert len({n.lower() for n in run_names}) == len(run_names) == len(names) * len(seeds)
+    assert all(SAFE.match(n) and len(n) <= MAX_NAME + 14 for n in run_names)
+
+
+def test_safe_name_keeps_readable_names():
+    assert safe_name("grpo-lr_1e-4.v2") == "grpo-lr_1e-4.v2"
+    assert safe_name("../../x") == "x"
+    assert safe_name("") == "run"
+    long_a, long_b = safe_name("a" * 200), safe_name("a" * 201)
+    assert long_a != long_b and len(long_a) <= MAX_NAME - 12
+
+
+@pytest.mark.parametrize("key", ["training.seed", "logging.log_dir", "logging.run_name",
+                                 "backend.max_concurrent"])
+def test_reserved_keys_are_refused(key):
+    value = {"training.seed": 3, "logging.log_dir": "x", "logging.run_name": "y",
+             "backend.max_concurrent": 2}[key]
+    cfg = Config()
+    cfg.campaign.conditions = [Condition(name="c", overrides={key: value})]
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        expand(cfg)
+
+
+def test_condition_and_grid_may_not_set_the_same_key():
+    cfg = _cfg(CAMPAIGN + '[campaign.grid]\n"training.lr" = [1e-5]\n')
+    with pytest.raises(ConfigError, match="training.lr.*one place"):
+        expand(cfg)
+
+
+def test_matrix_hash_tracks_run_configs_not_campaign_scheduling():
+    cfg = _cfg()
+    h = matrix_hash(cfg, expand(cfg))
+    sched = _cfg(CAMPAIGN.replace("seeds = [1, 2, 3]",
+                                  "seeds = [1, 2, 3]\nmax_workers = 9\nparallel = true"))
+    assert matrix_hash(sched, expand(sched)) == h
+    changed = _cfg(CAMPAIGN.replace("max_steps = 3", "max_steps = 4"))
+    assert matrix_hash(changed, expand(changed)) != h
+
+
+def test_run_spec_overrides_are_copies():
+    cfg = _cfg()
+    spec: RunSpec = expand(cfg)[3]
+    spec.overrides["training.lr"] = 1.0
+    assert expand(cfg)[3].overrides["training.lr"] == 2e-5
