@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -19,10 +20,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-SetOpt = Annotated[list[str], typer.Option("--set", help="Override a key: section.key=value "
-                                           "(repeatable).", metavar="SECTION.KEY=VALUE")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override a key: section.key=value (repeatable).",
+    metavar="SECTION.KEY=VALUE")]
+SeedOpt = Annotated[int | None, typer.Option(help="Shortcut for --set training.seed=N.")]
+StepsOpt = Annotated[int | None, typer.Option(help="Shortcut for --set training.max_steps=N.")]
+LogDirOpt = Annotated[str | None, typer.Option(help="Shortcut for --set logging.log_dir=DIR.")]
 
 
 def _version(value: bool) -> None:
@@ -40,23 +46,20 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def _overrides(sets: list[str] | None, seed: int | None = None, max_steps: int | None = None,
                log_dir: str | None = None) -> dict:
-    from retrain.config import parse_set_args
+    from retrain.config import command_line_overrides
 
-    out = parse_set_args(list(sets or []))
-    for key, value in (("training.seed", seed), ("training.max_steps", max_steps),
-                       ("logging.log_dir", log_dir)):
-        if value is not None:
-            out[key] = value
-    return out
+    return command_line_overrides(sets or [], {"--seed": seed, "--max-steps": max_steps,
+                                               "--log-dir": log_dir})
 
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="The TOML file: a single run or a campaign.")],
+    config: Annotated[Path, typer.Argument(help="The TOML file: a single run or a campaign.",
+                                           metavar="FILE")],
     set_: SetOpt = None,
-    seed: Annotated[Optional[int], typer.Option(help="Shortcut for --set training.seed=N.")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Shortcut for training.max_steps.")] = None,
-    log_dir: Annotated[Optional[str], typer.Option(help="Shortcut for logging.log_dir.")] = None,
+    seed: SeedOpt = None,
+    max_steps: StepsOpt = None,
+    log_dir: LogDirOpt = None,
     new: Annotated[bool, typer.Option("--new", help="Start fresh instead of resuming.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Resume a campaign even if its matrix "
                                         "changed.")] = False,
@@ -70,9 +73,11 @@ def run(
 
 @app.command()
 def init(
-    path: Annotated[Optional[Path], typer.Argument(help="Where to write (default: "
-                                                   "<template>.toml).")] = None,
-    template: Annotated[str, typer.Option("--template", "-t", help="Template name.")] = "quickstart",
+    path: Annotated[Path | None, typer.Argument(help="Where to write (default: "
+                                                "<template>.toml).", metavar="PATH")] = None,
+    template: Annotated[str, typer.Option("--template", "-t",
+                                          help="quickstart, experiment or campaign.")]
+    = "quickstart",
     list_: Annotated[bool, typer.Option("--list", help="List the templates.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
@@ -84,38 +89,48 @@ def init(
             typer.echo(f"{name:12s} {about}")
         return
     written = templates.write_template(template, path, force=force)
-    typer.echo(f"wrote {written}\nnext: retrain explain {written}")
+    typer.echo(f"wrote {written}\nnext: retrain explain {written}   (dry run)\n"
+               f"      retrain {written}           (train)")
 
 
 @app.command()
 def explain(
-    config: Annotated[Path, typer.Argument(help="The TOML file to dry-run.")],
+    config: Annotated[Path, typer.Argument(help="The TOML file to dry-run.",
+                                           metavar="FILE")],
     set_: SetOpt = None,
+    seed: SeedOpt = None,
+    max_steps: StepsOpt = None,
+    log_dir: LogDirOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Dry run: run matrix, completions per step, total steps, wall-time estimate."""
+    """Dry run: settings, run matrix, completions per step, total steps, wall-time estimate."""
     from retrain import explain as explain_mod
 
-    report = explain_mod.build_report(config, _overrides(set_))
-    explain_mod.render(report, as_json=json_)
+    report = explain_mod.build_report(config, _overrides(set_, seed, max_steps, log_dir))
+    explain_mod.show(report, as_json=json_)
 
 
 @app.command()
 def status(
-    logdir: Annotated[Path, typer.Argument(help="Folder to scan.")] = Path("logs"),
+    logdir: Annotated[Path, typer.Argument(help="Folder to scan.", metavar="LOGDIR")]
+    = Path("logs"),
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw live until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.",
+                                            min=0.1)] = 2.0,
 ) -> None:
-    """What is running, what finished, what failed."""
+    """What is running, what finished, what failed (runs and campaigns under LOGDIR)."""
     from retrain import status as status_mod
 
-    status_mod.show(logdir, as_json=json_, watch=watch)
+    status_mod.show(logdir, as_json=json_, watch=watch, interval=interval)
 
 
 @app.command()
 def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).")],
-    out: Annotated[Optional[Path], typer.Option(help="PNG path (default: RUN_DIR/usl.png).")] = None,
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
+                                            metavar="RUN_DIR")],
+    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png).")]
+    = None,
 ) -> None:
     """Draw the back-pressure picture: observations, fitted USL curve, p*, reward, step time."""
     from retrain.plot import plot_run
@@ -130,7 +145,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind; anything but loopback is "
                                       "exposed to the network.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(help="Shared key clients must send "
+    api_key: Annotated[str | None, typer.Option(help="Shared key clients must send "
                                                    "(or $RETRAIN_SERVE_API_KEY).")] = None,
     dtype: Annotated[str, typer.Option(help="Weights dtype.")] = "bfloat16",
 ) -> None:
@@ -140,23 +155,48 @@ def serve(
     serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype)
 
 
-COMMANDS = {"run", "init", "explain", "status", "plot", "serve"}
+COMMANDS = ("run", "init", "explain", "status", "plot", "serve")
 
 
 def _route(argv: list[str]) -> list[str]:
-    """`retrain FILE.toml ...` means `retrain run FILE.toml ...`."""
-    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
-        return ["run", *argv]
-    return argv
+    """`retrain FILE.toml ...` means `retrain run FILE.toml ...`; a mistyped command is an
+    error with a did-you-mean rather than a 'no such file'."""
+    if not argv or argv[0] in COMMANDS or argv[0].startswith("-"):
+        return argv
+    first = argv[0]
+    looks_like_file = first.endswith(".toml") or "/" in first or Path(first).exists()
+    if not looks_like_file:
+        close = difflib.get_close_matches(first, COMMANDS, n=1)
+        hint = f"did you mean 'retrain {close[0]}'? " if close else ""
+        raise UserError(f"'{first}' is neither a command nor a .toml file; {hint}"
+                        "commands: " + ", ".join(COMMANDS) + " (see `retrain --help`)")
+    return ["run", *argv]
+
+
+def run_app(argv: list[str]) -> int:
+    """Run the CLI on `argv` and return the exit status; user errors print one message."""
+    try:
+        app(args=_route(argv), prog_name="retrain", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
 
 
 def main() -> None:
-    """Console entry point: errors the user can fix print one message and exit 2."""
+    """Console entry point."""
     try:
-        app(args=_route(sys.argv[1:]), prog_name="retrain", standalone_mode=True)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = run_app(sys.argv[1:])
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `retrain status | head`: the reader left; exit quietly, as other tools do.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import typing
@@ -53,7 +54,8 @@ class ModelConfig:
 class DataConfig:
     source: str = opt("arithmetic", "prompt source: built-in task or a JSONL file",
                       choices=("arithmetic", "countdown", "jsonl"))
-    path: str = opt("", "JSONL file ({\"prompt\", \"answer\"} per line), relative to the config file")
+    path: str = opt("", "JSONL file ({\"prompt\", \"answer\"} per line), relative to the "
+                    "config file")
     digits: int = opt(1, "arithmetic: digits per operand", lo=1, hi=9)
     operations: list[str] = opt(["+"], "arithmetic: operations drawn from + - *", factory=True)
     countdown_numbers: int = opt(3, "countdown: how many numbers are given", lo=2, hi=6)
@@ -90,7 +92,7 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainingConfig:
-    seed: int = opt(42, "seed for data order, sampling and LoRA init")
+    seed: int = opt(42, "seed for data order, sampling and LoRA init", lo=0)
     batch_size: int = opt(8, "prompts per step", lo=1)
     group_size: int = opt(16, "completions per prompt", lo=1)
     max_tokens: int = opt(10240, "upper bound on new tokens per completion", lo=1)
@@ -193,7 +195,13 @@ def section_fields(section: str) -> dict[str, dataclasses.Field]:
 
 
 def field_type(section: str, key: str) -> Any:
-    return typing.get_type_hints(SECTIONS[section])[key]
+    """The annotated type of `section.key` (list[str], int, dict, ...)."""
+    return _section_hints(section)[key]
+
+
+@functools.cache
+def _section_hints(section: str) -> dict[str, Any]:
+    return typing.get_type_hints(SECTIONS[section])
 
 
 # ---------------------------------------------------------------------------- errors
@@ -232,6 +240,25 @@ def _did_you_mean(word: str, options: typing.Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _all_keys() -> list[str]:
+    return [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _key_hint(section: str | None, key: str) -> str:
+    """Did-you-mean for an unknown key: a close key in the same section, else the section
+    where that key really lives, else any close `section.key`."""
+    if section in SECTIONS:
+        close = difflib.get_close_matches(key, list(section_fields(section)), n=1, cutoff=0.6)
+        if close:
+            return f" (did you mean '{section}.{close[0]}'?)"
+    homes = [k for k in _all_keys() if k.split(".", 1)[1] == key]
+    if homes:
+        return f" (did you mean '{homes[0]}'? '{key}' lives in [{homes[0].split('.')[0]}])"
+    bare = {k.split(".", 1)[1]: k for k in _all_keys()}
+    close = difflib.get_close_matches(key, list(bare), n=1, cutoff=0.75)
+    return f" (did you mean '{bare[close[0]]}'?)" if close else ""
+
+
 def _show(value: Any) -> str:
     return toml_io.format_value(value) if toml_io.is_tomlable(value) else repr(value)
 
@@ -239,12 +266,16 @@ def _show(value: Any) -> str:
 # ---------------------------------------------------------------------------- value checking
 
 
+_TYPE_NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"),
+               float: ("a number", "numbers"), bool: ("true or false", "booleans"),
+               dict: ("a table", "tables")}
+
+
 def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}s"
-    return {str: "string", int: "integer", float: "number", bool: "true/false",
-            dict: "table"}.get(tp, str(tp))
+    """'an integer', 'a list of strings', ...: what a key expects, in words."""
+    if typing.get_origin(tp) is list:
+        return "a list of " + _TYPE_NAMES[typing.get_args(tp)[0]][1]
+    return _TYPE_NAMES.get(tp, (str(tp), ""))[0]
 
 
 def check_value(section: str, key: str, value: Any) -> tuple[Any, str | None]:
@@ -261,19 +292,23 @@ def check_value(section: str, key: str, value: Any) -> tuple[Any, str | None]:
         if inner is float:
             value = [float(v) for v in value]
     elif not _is_type(value, tp):
-        return value, f"expected a {_type_name(tp)}, got {shown}"
+        return value, f"expected {_type_name(tp)}, got {shown}"
     if tp is float and not math.isfinite(value):
         return value, f"must be a finite number, got {shown}"
+    if tp is int and abs(value) >= 2**63:
+        return value, f"is out of range (a 64-bit integer), got {shown}"
+    if not toml_io.is_tomlable(value):
+        return value, f"cannot be stored in TOML (invalid text?), got {shown}"
     meta = f.metadata
     if meta.get("choices") and value not in meta["choices"]:
-        allowed = ", ".join(repr(c) for c in meta["choices"])
+        allowed = ", ".join(_show(c) for c in meta["choices"])
         hint = _did_you_mean(str(value), meta["choices"])
         return value, f"{shown} is not allowed; use one of {allowed}{hint}"
     lo, hi = meta.get("lo"), meta.get("hi")
-    if lo is not None and isinstance(value, (int, float)):
-        if (meta.get("lo_open") and value <= lo) or value < lo:
-            op = ">" if meta.get("lo_open") else ">="
-            return value, f"must be {op} {_num(lo)}, got {shown}"
+    numeric = isinstance(value, (int, float))
+    if numeric and lo is not None and (value < lo or (meta.get("lo_open") and value <= lo)):
+        op = ">" if meta.get("lo_open") else ">="
+        return value, f"must be {op} {_num(lo)}, got {shown}"
     if hi is not None and isinstance(value, (int, float)) and value > hi:
         return value, f"must be <= {_num(hi)}, got {shown}"
     return value, None
@@ -305,6 +340,10 @@ def from_dict(raw: dict, source: str = "<config>") -> Config:
     issues: list[ConfigIssue] = []
     cfg = Config()
     for name, body in raw.items():
+        if name not in SECTIONS and not isinstance(body, dict):
+            issues.append(ConfigIssue(name, "top-level keys are not allowed; every key belongs "
+                                      f"to a section{_key_hint(None, name)}"))
+            continue
         if name not in SECTIONS:
             hint = _did_you_mean(name, SECTIONS)
             issues.append(ConfigIssue(f"[{name}]", f"unknown section{hint}; sections are "
@@ -325,9 +364,8 @@ def from_dict(raw: dict, source: str = "<config>") -> Config:
 def _set_key(section: Any, name: str, key: str, value: Any, issues: list[ConfigIssue]) -> None:
     fields = section_fields(name)
     if key not in fields:
-        hint = _did_you_mean(key, fields)
-        issues.append(ConfigIssue(f"{name}.{key}", f"unknown key{hint}; [{name}] takes "
-                                  + ", ".join(fields)))
+        issues.append(ConfigIssue(f"{name}.{key}", f"unknown key{_key_hint(name, key)}; "
+                                  f"[{name}] takes " + ", ".join(fields)))
         return
     if name == "campaign" and key == "conditions":
         setattr(section, key, _conditions(value, issues))
@@ -414,7 +452,7 @@ def split_key(dotted: str) -> tuple[str, str, list[str]] | str:
         return f"unknown section '{section}'{_did_you_mean(section, SECTIONS)}"
     fields = section_fields(section)
     if key not in fields:
-        return f"unknown key '{section}.{key}'{_did_you_mean(key, fields)}"
+        return f"unknown key '{section}.{key}'{_key_hint(section, key)}"
     if rest and field_type(section, key) is not dict:
         return f"'{section}.{key}' is not a table, so '{dotted}' names nothing"
     if section == "campaign":
@@ -434,17 +472,32 @@ def check_override(dotted: str, value: Any) -> str | None:
 
 
 def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
-    """Return a copy of the raw dict with dotted-key overrides applied (free-form tables too)."""
+    """Return a copy of the raw dict with dotted-key overrides applied (free-form tables too).
+
+    A table value merges into the table it overrides (recursively), so a condition that sets
+    one backend option keeps the others."""
     out = copy.deepcopy(raw)
     for dotted, value in overrides.items():
         parts = dotted.split(".")
         node = out
         for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
+            if p not in node:
                 node[p] = {}
+            if not isinstance(node[p], dict):
+                break  # the file holds a non-table here; validation reports it
             node = node[p]
-        node[parts[-1]] = copy.deepcopy(value)
+        else:
+            node[parts[-1]] = _merged(node.get(parts[-1]), value)
     return out
+
+
+def _merged(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = copy.deepcopy(old)
+        for k, v in new.items():
+            out[k] = _merged(out.get(k), v)
+        return out
+    return copy.deepcopy(new)
 
 
 def cross_checks(cfg: Config) -> list[ConfigIssue]:
@@ -473,7 +526,7 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
-    if bp.throttle_margin * bp.increase_margin <= 0 and bp.enabled:
+    if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
     names = [c.name for c in cfg.campaign.conditions if c.name]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -482,6 +535,9 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
                                   "repeated: " + ", ".join(dupes)))
     if len(set(cfg.campaign.seeds)) != len(cfg.campaign.seeds):
         issues.append(ConfigIssue("campaign.seeds", "seeds must be unique, got "
+                                  + _show(cfg.campaign.seeds)))
+    if any(s < 0 for s in cfg.campaign.seeds):
+        issues.append(ConfigIssue("campaign.seeds", "seeds must be >= 0, got "
                                   + _show(cfg.campaign.seeds)))
     return issues
 
@@ -523,58 +579,112 @@ def parse_toml(data: bytes | str, source: str) -> dict:
         msg = str(exc)
         m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
         if m:
-            reason = msg[: m.start()].strip()
-            raise ConfigError(f"{source}:{m.group(1)}:{m.group(2)}",
-                              [ConfigIssue("", f"invalid TOML: {reason}")]) from None
-        raise ConfigError(source, [ConfigIssue("", f"invalid TOML: {msg}")]) from None
+            reason, where = msg[: m.start()].strip(), f"{m.group(1)}:{m.group(2)}"
+        elif "(at end of document)" in msg:
+            lines = data.rstrip().split("\n")
+            reason = msg.replace("(at end of document)", "").strip() + " at the end of the file"
+            where = f"{len(lines)}:{len(lines[-1]) + 1}"
+        else:
+            raise ConfigError(source, [ConfigIssue("", f"invalid TOML: {msg}")]) from None
+        raise ConfigError(f"{source}:{where}",
+                          [ConfigIssue("", f"invalid TOML: {reason}")]) from None
 
 
 def parse_cli_value(section: str, key: str, text: str) -> Any:
-    """Type a `--set` value by the schema: strings stay strings, the rest parse as TOML."""
-    tp = field_type(section, key)
-    if tp is str:
-        return text
+    """Type a `--set` value by the schema: string keys take the text as is (or a quoted TOML
+    string), every other key parses it as a TOML value (1e-4, true, [1, 2], {a = 1})."""
+    parsed = _toml_value(text)
+    if field_type(section, key) is str:
+        return parsed if isinstance(parsed, str) else text
+    return text if parsed is _NOT_TOML else parsed
+
+
+_NOT_TOML = object()
+
+
+def _toml_value(text: str) -> Any:
     try:
         return toml_io.loads(f"v = {text}")["v"]
     except toml_io.TOMLDecodeError:
-        return text  # check_value reports the type mismatch with the original text
+        return _NOT_TOML
 
 
-def parse_set_args(items: list[str], source: str = "--set") -> dict[str, Any]:
-    """Turn ['training.lr=1e-4', ...] into typed dotted-key overrides, or raise ConfigError."""
+def parse_set_args(items: list[str], source: str = "command line") -> dict[str, Any]:
+    """Turn ['training.lr=1e-4', ...] into typed dotted-key overrides, or raise ConfigError
+    naming every bad item."""
     out: dict[str, Any] = {}
     issues = []
     for item in items:
-        if "=" not in item:
-            issues.append(ConfigIssue(item, "expected section.key=value"))
+        dotted, eq, text = (s.strip() for s in item.partition("="))
+        if not eq or not dotted:
+            issues.append(ConfigIssue(f"--set {item}", "expected section.key=value, "
+                                      "e.g. --set training.lr=1e-4"))
             continue
-        dotted, text = (s.strip() for s in item.split("=", 1))
-        parsed = split_key(dotted)
-        if isinstance(parsed, str) and not dotted.startswith("campaign."):
-            issues.append(ConfigIssue(dotted, parsed))
+        parsed = _cli_key(dotted)
+        if isinstance(parsed, str):
+            issues.append(ConfigIssue(f"--set {dotted}", parsed))
             continue
-        if isinstance(parsed, str):  # campaign keys may be set from the command line
-            section, key = dotted.split(".", 1)
-            if key not in section_fields("campaign"):
-                issues.append(ConfigIssue(dotted, parsed))
-                continue
-            rest: list[str] = []
+        section, key, rest = parsed
+        if rest:  # inside a free-form table: any TOML value, else the text itself
+            value = _toml_value(text)
+            value = text if value is _NOT_TOML else value
         else:
-            section, key, rest = parsed
-        value = (toml_io.loads(f"v = {text}")["v"] if rest and _is_toml(text)
-                 else text if rest else parse_cli_value(section, key, text))
+            value = parse_cli_value(section, key, text)
+        problem = _cli_override_problem(dotted, value)
+        if problem:
+            issues.append(ConfigIssue(f"--set {dotted}", problem))
         out[dotted] = value
     if issues:
         raise ConfigError(source, issues)
     return out
 
 
-def _is_toml(text: str) -> bool:
+def _cli_key(dotted: str) -> tuple[str, str, list[str]] | str:
+    """Like split_key, but the command line may also set [campaign] keys."""
+    parsed = split_key(dotted)
+    parts = dotted.split(".")
+    if isinstance(parsed, str) and parts[0] == "campaign" and len(parts) == 2 and parts[1]:
+        if parts[1] in section_fields("campaign"):
+            return "campaign", parts[1], []
+        return f"unknown key '{dotted}'{_key_hint('campaign', parts[1])}"
+    return parsed
+
+
+def _cli_override_problem(dotted: str, value: Any) -> str | None:
+    parsed = _cli_key(dotted)
+    if isinstance(parsed, str):
+        return parsed
+    if parsed[0] == "campaign":
+        if parsed[1] in ("conditions", "grid"):
+            return f"set campaign.{parsed[1]} in the TOML file, not on the command line"
+        return check_value("campaign", parsed[1], value)[1]
+    return check_override(dotted, value)
+
+
+# Command-line shortcuts for the most common overrides.
+SHORTCUTS = {"--seed": "training.seed", "--max-steps": "training.max_steps",
+             "--log-dir": "logging.log_dir"}
+
+
+def command_line_overrides(sets: list[str], shortcuts: dict[str, Any]) -> dict[str, Any]:
+    """`--set` items plus shortcut flags ({'--seed': 3, ...}; None = not given) as validated
+    dotted-key overrides; a shortcut wins over a --set of the same key."""
     try:
-        toml_io.loads(f"v = {text}")
-        return True
-    except toml_io.TOMLDecodeError:
-        return False
+        out, issues = parse_set_args(list(sets)), []
+    except ConfigError as exc:
+        out, issues = {}, list(exc.issues)
+    for flag, value in shortcuts.items():
+        if value is None:
+            continue
+        dotted = SHORTCUTS[flag]
+        section, key = dotted.split(".")
+        problem = check_value(section, key, value)[1]
+        if problem:
+            issues.append(ConfigIssue(f"{flag} ({dotted})", problem))
+        out[dotted] = value
+    if issues:
+        raise ConfigError("command line", issues)
+    return out
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

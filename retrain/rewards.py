@@ -1,7 +1,8 @@
 """Reward functions: `match`, `math`, `format` (a regex) and `custom` ("module:function").
 
-Pure except the import of a custom reward module. `build_scorer` turns a RewardConfig into a
-`Scorer` whose `score()` never raises: a scorer that raises, returns junk or runs past
+The reward functions are pure (a custom module is imported). `build_scorer` turns a
+RewardConfig into a `Scorer` that runs them in a child process (see reward_worker.py) and
+whose `score()` never raises: a scorer that raises, returns junk, dies or runs past
 `reward.timeout_s` gives 0 for that completion and counts as a failure.
 
 Task-specific checks plug in through `Problem.meta["checker"]`, a name in `CHECKERS`
@@ -13,15 +14,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
-import queue
 import re
 import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrain.config import RewardConfig
 from retrain.errors import UserError
+from retrain.reward_worker import StartupError, WorkerProcess
 
 if TYPE_CHECKING:
     from retrain.tasks import Problem
@@ -88,6 +89,8 @@ def normalize(answer: str) -> str:
 
 def as_number(s: str) -> Fraction | None:
     """The exact value of a normalized plain number, fraction or \\frac{a}{b}; else None."""
+    if len(s) > 1000:  # int() refuses over 4300 digits; no real answer is this long
+        return None
     m = _DECIMAL.fullmatch(s)
     if m:
         if m.group(1) and abs(int(m.group(1))) > 400:  # keep Fraction from building huge ints
@@ -140,8 +143,8 @@ def math_reward(text: str, reference: str) -> float:
     gold_text = reference_answer(reference)
     if not normalize(gold_text):
         return 0.0
-    # Timeouts off: math-verify's own use signal.alarm, which fails off the main thread;
-    # the Scorer's deadline bounds the call instead.
+    # Timeouts off: math-verify's own use signal.alarm, which raises off the main thread;
+    # the Scorer's deadline (it kills the scoring process) bounds the call instead.
     gold = mv.parse("\\boxed{" + gold_text + "}", parsing_timeout=None)
     guess = mv.parse("\\boxed{" + predicted + "}", parsing_timeout=None)
     if not gold or not guess:
@@ -334,6 +337,8 @@ def _check_signature(fn: Callable[..., Any], params: dict, spec: str) -> None:
 
 # ---------------------------------------------------------------------------- scoring
 
+STARTUP_TIMEOUT_S = 120.0  # importing math-verify or a custom module on a busy machine
+
 
 @dataclass
 class Scores:
@@ -343,50 +348,87 @@ class Scores:
     errors: list[str] = field(default_factory=list)  # the first few failure messages
 
 
-class _Worker:
-    """A daemon thread running one job at a time; left behind (not joined) if a job hangs."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.results: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="retrain-reward", daemon=True).start()
-
-    def _loop(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            try:
-                self.results.put((True, job()))
-            except BaseException as exc:  # SystemExit from a user function included
-                self.results.put((False, exc))
-
-    def run(self, job: Callable[[], Any], timeout_s: float) -> tuple[bool, Any] | None:
-        """(ok, result or exception), or None when the job ran past its deadline."""
-        self.jobs.put(job)
+def reward_function(reward: RewardConfig, config_dir: Path
+                    ) -> tuple[Callable[[str, Problem], Any], bool]:
+    """(fn(text, problem) -> reward, whether the reward itself is the correctness)."""
+    kind = reward.type
+    if kind == "match":
+        return (lambda t, p: task_reward(t, p, match_reward)), True
+    if kind == "math":
+        _math_verify()  # import it now, not against the first completion's deadline
+        return (lambda t, p: task_reward(t, p, math_reward)), True
+    if kind == "format":
         try:
-            return self.results.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+            rx = re.compile(reward.pattern)
+        except re.error as exc:
+            raise UserError(f"reward.pattern = {reward.pattern!r} is not a valid regex: "
+                            f"{exc}") from None
+        return (lambda t, p: 1.0 if rx.search(t) else 0.0), False
+    if kind == "custom":
+        fn = load_custom(reward.function, config_dir)
+        params = dict(reward.params)
+        _check_signature(fn, params, reward.function)
+        return (lambda t, p: fn(t, p.answer, **params)), False
+    raise UserError(f"reward.type = {kind!r}; use 'match', 'math', 'format' or 'custom'")
 
-    def stop(self) -> None:
-        self.jobs.put(None)
+
+def score_one(fn: Callable[[str, Problem], Any], reward_is_correctness: bool, text: str,
+              problem: Problem) -> tuple[float, bool, str]:
+    """(reward, correct, error); a failing or junk-returning `fn` gives (0, False, why)."""
+    try:
+        value = fn(text, problem)
+    except BaseException as exc:  # SystemExit from a user function included
+        return 0.0, False, _clip(f"{type(exc).__name__}: {exc}")
+    reward = _as_reward(value)
+    if reward is None:
+        return 0.0, False, _clip(f"returned {value!r}, not a finite number")
+    correct = reward >= CORRECT_AT if reward_is_correctness else is_correct(text, problem)
+    return reward, correct, ""
+
+
+def _as_reward(value: Any) -> float | None:
+    if value is None or isinstance(value, (str, bytes)):
+        return None
+    try:
+        reward = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return reward if math.isfinite(reward) else None
+
+
+def _clip(message: str, limit: int = 300) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 class Scorer:
-    """Scores completions one by one in a worker thread, each within `timeout_s`."""
+    """Scores completions one by one in a child process, each within `timeout_s`.
 
-    def __init__(self, reward_fn: Callable[[str, Problem], Any], timeout_s: float,
-                 reward_is_correctness: bool):
-        self.reward_fn = reward_fn
-        self.timeout_s = timeout_s
-        self.reward_is_correctness = reward_is_correctness
-        self._worker: _Worker | None = None
+    The child is killed when a completion runs past its deadline (or it dies) and a fresh
+    one scores the rest. One caller at a time; `close()` stops the child.
+    """
+
+    def __init__(self, reward: RewardConfig, config_dir: Path):
+        self.timeout_s = reward.timeout_s
+        self._setup = {"reward": dataclasses.asdict(reward), "config_dir": str(config_dir)}
+        self._worker: WorkerProcess | None = self._start()
+
+    def _start(self) -> WorkerProcess:
+        try:
+            return WorkerProcess(self._setup, STARTUP_TIMEOUT_S)
+        except StartupError as exc:
+            raise UserError(str(exc)) from None
 
     def score(self, texts: list[str], problems: list[Problem]) -> Scores:
         """Reward and correctness of texts[i] against problems[i]; never raises."""
         if len(texts) != len(problems):
             raise ValueError(f"{len(texts)} texts but {len(problems)} problems")
         out = Scores(rewards=[], correct=[], failures=0)
+        broken = ""  # why the worker cannot be restarted during this call
         for i, (text, problem) in enumerate(zip(texts, problems, strict=True)):
-            reward, correct, error = self._score_one(text, problem)
+            reward, correct, error = (0.0, False, broken) if broken else \
+                self._score_one(text, problem)
+            if error.startswith("restart failed"):
+                broken = error
             out.rewards.append(reward)
             out.correct.append(correct)
             if error:
@@ -397,60 +439,34 @@ class Scorer:
 
     def _score_one(self, text: str, problem: Problem) -> tuple[float, bool, str]:
         if self._worker is None:
-            self._worker = _Worker()
-        result = self._worker.run(lambda: self._job(text, problem), self.timeout_s)
-        if result is None:
-            self._worker.stop()  # it exits if the stuck call ever returns
-            self._worker = None
+            try:
+                self._worker = self._start()
+            except UserError as exc:
+                return 0.0, False, _clip(f"restart failed: {exc}")
+        request = {"text": text, "prompt": problem.prompt, "answer": problem.answer,
+                   "meta": problem.meta}
+        try:
+            status, reply = self._worker.call(request, self.timeout_s)
+            if status == "ok":
+                reward, correct, error = reply
+                return float(reward), bool(correct), str(error)
+        except Exception:  # a garbled reply: treat the process as broken
+            status = "died"
+        self._worker.close()
+        self._worker = None
+        if status == "timeout":
             return 0.0, False, f"timed out after {self.timeout_s:g}s"
-        ok, value = result
-        if not ok:
-            return 0.0, False, f"{type(value).__name__}: {value}"
-        return value
-
-    def _job(self, text: str, problem: Problem) -> tuple[float, bool, str]:
-        value = self.reward_fn(text, problem)
-        reward = _as_reward(value)
-        if reward is None:
-            return 0.0, False, f"returned {value!r}, not a finite number"
-        correct = reward >= CORRECT_AT if self.reward_is_correctness else \
-            is_correct(text, problem)
-        return reward, correct, ""
+        return 0.0, False, "the reward process died (its error is printed above)"
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+        """Stop the child process (also done when the Scorer is garbage collected)."""
+        worker, self._worker = getattr(self, "_worker", None), None
+        if worker is not None:
+            worker.close()
 
-
-def _as_reward(value: Any) -> float | None:
-    if value is None or isinstance(value, (str, bytes)):
-        return None
-    try:
-        reward = float(value)
-    except (TypeError, ValueError):
-        return None
-    return reward if math.isfinite(reward) else None
+    __del__ = close
 
 
 def build_scorer(reward: RewardConfig, config_dir: Path) -> Scorer:
     """A Scorer for `[reward]`; UserError when a custom function cannot be imported."""
-    kind = reward.type
-    if kind == "match":
-        return Scorer(lambda t, p: task_reward(t, p, match_reward), reward.timeout_s, True)
-    if kind == "math":
-        _math_verify()  # import it here, not against the first completion's deadline
-        return Scorer(lambda t, p: task_reward(t, p, math_reward), reward.timeout_s, True)
-    if kind == "format":
-        try:
-            rx = re.compile(reward.pattern)
-        except re.error as exc:
-            raise UserError(f"reward.pattern = {reward.pattern!r} is not a valid regex: "
-                            f"{exc}") from None
-        return Scorer(lambda t, p: 1.0 if rx.search(t) else 0.0, reward.timeout_s, False)
-    if kind == "custom":
-        fn = load_custom(reward.function, config_dir)
-        params = dict(reward.params)
-        _check_signature(fn, params, reward.function)
-        return Scorer(lambda t, p: fn(t, p.answer, **params), reward.timeout_s, False)
-    raise UserError(f"reward.type = {kind!r}; use 'match', 'math', 'format' or 'custom'")
+    return Scorer(reward, Path(config_dir).resolve())

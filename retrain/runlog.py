@@ -6,6 +6,7 @@ crash mid-write can never break `status` or resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -47,11 +48,20 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (best effort: some filesystems refuse to open folders)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -101,7 +111,11 @@ class MetricsWriter:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "ab")
+        self._fh = open(self.path, "ab")  # noqa: SIM115 (kept open for the whole run)
+        if _ends_torn(self.path):
+            # A crash left half a row: end it, so the next row is not glued onto it.
+            self._fh.write(b"\n")
+            self._fh.flush()
 
     def write(self, row: dict) -> None:
         line = json.dumps(_clean(row), separators=(",", ":")).encode() + b"\n"
@@ -119,6 +133,16 @@ class MetricsWriter:
         self.close()
 
 
+def _ends_torn(path: Path) -> bool:
+    """Whether a non-empty file lacks its final newline."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
+
+
 def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
     """Rewrite metrics.jsonl keeping rows with step <= keep_through_step (resume: no duplicates).
 
@@ -128,17 +152,24 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
     if not path.exists():
         return 0
     read = read_metrics(path)
-    kept = [r for r in read.rows if isinstance(r.get("step"), int) and r["step"] <= keep_through_step]
+    kept = [r for r in read.rows
+            if isinstance(r.get("step"), int) and r["step"] <= keep_through_step]
     dropped = len(read.rows) - len(kept)
     if dropped == 0 and read.bad_lines == 0:
         return 0
     fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        for row in kept:
-            fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for row in kept:
+                fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
     return dropped
 
 
@@ -199,3 +230,38 @@ def pid_alive(pid: int, host: str = "") -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ---------------------------------------------------------------------------- finding runs
+
+_SKIP_DIRS = {CHECKPOINT_DIR, "__pycache__"}
+
+
+def is_run_dir(folder: Path) -> bool:
+    """A run folder holds metrics.jsonl or state.json."""
+    return (folder / METRICS_FILE).is_file() or (folder / STATE_FILE).is_file()
+
+
+def is_campaign_dir(folder: Path) -> bool:
+    return (folder / MANIFEST_FILE).is_file()
+
+
+def walk_logs(root: str | Path, max_depth: int = 6) -> tuple[list[Path], list[Path]]:
+    """(run folders, campaign folders) at or below `root`, sorted; runs inside campaigns
+    are included. Checkpoint and hidden folders are not searched."""
+    root = Path(root)
+    runs: list[Path] = []
+    campaigns: list[Path] = []
+    base_depth = len(root.parts)
+    for dirpath, dirnames, _ in os.walk(root, onerror=lambda _e: None):
+        folder = Path(dirpath)
+        if is_campaign_dir(folder):
+            campaigns.append(folder)
+        if is_run_dir(folder):
+            runs.append(folder)
+            dirnames[:] = []  # a run's subfolders are its checkpoints
+            continue
+        if len(folder.parts) - base_depth >= max_depth:
+            dirnames[:] = []
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+    return sorted(runs), sorted(campaigns)

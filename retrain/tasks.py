@@ -246,6 +246,15 @@ def _check_checker(meta: dict, where: str) -> None:
         known = ", ".join(repr(c) for c in CHECKERS)
         raise UserError(f"{where}: unknown \"checker\" {name!r}; use one of {known} or leave "
                         "it out to compare with \"answer\"")
+    if name == "countdown":
+        numbers, target = meta.get("numbers"), meta.get("target")
+        ints = isinstance(numbers, list) and numbers and all(
+            type(x) is int for x in [*numbers, target])
+        if not ints:
+            raise UserError(f"{where}: \"checker\": \"countdown\" needs \"numbers\" (a list of "
+                            "integers) and \"target\" (an integer), e.g. "
+                            '{"prompt": "...", "answer": "10", "checker": "countdown", '
+                            '"numbers": [2, 5], "target": 10}')
 
 
 # ---------------------------------------------------------------------------- order and prompts

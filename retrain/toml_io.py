@@ -6,19 +6,13 @@ numbers, booleans, lists and tables, and the writer must round-trip them exactly
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import sys
+import tomllib
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 TOMLDecodeError = tomllib.TOMLDecodeError
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def loads(text: str) -> dict:
@@ -28,7 +22,9 @@ def loads(text: str) -> dict:
 
 def is_tomlable(value: Any) -> bool:
     """Whether `value` can be written as a TOML value."""
-    if isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return not any(0xD800 <= ord(ch) <= 0xDFFF for ch in value)
+    if isinstance(value, (bool, int, float)):
         return True
     if isinstance(value, list):
         return all(is_tomlable(v) for v in value)
@@ -39,7 +35,26 @@ def is_tomlable(value: Any) -> bool:
 
 def format_key(key: str) -> str:
     """A bare key when possible, else a quoted one ("algorithm.advantage")."""
-    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+    return key if _BARE_KEY.fullmatch(key) else format_string(key)
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+            "\f": "\\f", "\r": "\\r"}
+
+
+def format_string(text: str) -> str:
+    """A TOML basic string: control characters and DEL escaped, everything else kept as is."""
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        elif 0xD800 <= ord(ch) <= 0xDFFF:
+            raise TypeError(f"cannot write a lone surrogate ({ord(ch):#x}) as TOML")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def format_value(value: Any) -> str:
@@ -55,7 +70,7 @@ def format_value(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return format_string(value)
     if isinstance(value, list):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     if isinstance(value, dict):

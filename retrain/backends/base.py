@@ -76,7 +76,7 @@ class LossConfig:
 
 @dataclass
 class LossOutput:
-    """What forward_backward reports. `logprobs[i]` are the trainer's target log-probs of datum i."""
+    """What forward_backward reports; `logprobs[i]` holds the target log-probs of datum i."""
 
     loss: float
     logprobs: list[list[float]] = field(default_factory=list)

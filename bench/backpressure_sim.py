@@ -1,0 +1,195 @@
+"""Drive the back-pressure controller against simulated machines and print how it does.
+
+    python bench/backpressure_sim.py [--seeds 20] [--steps 300]
+
+Each machine follows the USL exactly, X(p) = λp / (1 + σ(p−1) + κp(p−1)) tokens/s, times
+log-normal noise exp(noise * N(0,1)) per step. Steps run at batch_size * group_size = p
+sequences of TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over seeds):
+
+- settle: decisions after warm-up until the batch size stays within ±10% of where the phase
+  ends (1 = the first fitted decision already lands there);
+- final p / target: the phase's final p over the target, throttle_margin * p* rounded down to
+  whole prompts (groups are never split) and capped by the bounds and the out-of-memory limit;
+  with group_size 16 and small p* that rounding alone can be 15% below throttle_margin * p*;
+- thr50: mean true throughput (noise-free X at the chosen p) over the last 50 steps, as a
+  fraction of the best X over every allowed batch size;
+- dirchg: sign changes of the batch-size moves after settling;
+- recovery: steps after a hardware change until the batch size settles again;
+- OOMs: out-of-memory failures reported to the controller;
+- us/obs: mean wall time of one `observe` call (noisy on a shared machine).
+
+Cells show the median over seeds and, after a slash, the worst seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from retrain.backpressure import BackpressureController, usl_p_star, usl_throughput  # noqa: E402
+from retrain.config import BackpressureConfig  # noqa: E402
+
+TOKENS_PER_SEQ = 300
+GROUP = 16
+
+
+@dataclass
+class Scenario:
+    name: str
+    usl: tuple[float, float, float]                  # (σ, κ, λ)
+    noise: float = 0.0
+    after: tuple[float, float, float] | None = None  # the machine from change_at on
+    change_at: int = 150
+    oom_at: int | None = None                        # batch sizes >= this run out of memory
+    steps: int = 300
+
+
+@dataclass
+class Result:
+    settle: list[float] = field(default_factory=list)
+    ratio: list[float] = field(default_factory=list)
+    thr: list[float] = field(default_factory=list)
+    dirchg: list[float] = field(default_factory=list)
+    recovery: list[float] = field(default_factory=list)
+    ratio2: list[float] = field(default_factory=list)
+    ooms: list[float] = field(default_factory=list)
+    us: list[float] = field(default_factory=list)
+
+
+def best_batch(usl, cfg: BackpressureConfig, oom_at: int | None) -> tuple[int, float]:
+    hi = cfg.max_batch_size if oom_at is None else min(cfg.max_batch_size, oom_at - 1)
+    xs = {b: usl_throughput(b * GROUP, *usl) for b in range(cfg.min_batch_size, hi + 1)}
+    b = max(xs, key=xs.get)
+    return b, xs[b]
+
+
+def target_p(usl, cfg: BackpressureConfig, oom_at: int | None) -> float:
+    """throttle_margin * p* rounded down to whole prompts, within the bounds and under OOM."""
+    hi = cfg.max_batch_size if oom_at is None else min(cfg.max_batch_size, oom_at - 1)
+    goal = cfg.throttle_margin * usl_p_star(usl[0], usl[1]) / GROUP
+    b = hi if math.isinf(goal) else int(goal)
+    return min(max(b, cfg.min_batch_size), hi) * GROUP
+
+
+def settle_index(batches: list[int]) -> int | None:
+    """First index from which every batch stays within ±10% of the last one."""
+    final = batches[-1]
+    idx = len(batches)
+    for i in range(len(batches) - 1, -1, -1):
+        if abs(batches[i] - final) > 0.1 * final:
+            break
+        idx = i
+    return idx if idx < len(batches) else None
+
+
+def direction_changes(batches: list[int]) -> int:
+    signs = [1 if b > a else -1 for a, b in zip(batches, batches[1:], strict=False) if b != a]
+    return sum(1 for a, b in zip(signs, signs[1:], strict=False) if a != b)
+
+
+def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
+    rng = random.Random(seed)
+    ctl = BackpressureController(cfg, GROUP)
+    b = ctl.first_batch_size(8)
+    batches, ooms, spent, calls = [], 0, 0.0, 0
+    for step in range(sc.steps):
+        usl = sc.after if sc.after is not None and step >= sc.change_at else sc.usl
+        while sc.oom_at is not None and b >= sc.oom_at:
+            t0 = time.perf_counter()
+            b = ctl.observe(b, 0, 0.0, oom=True).batch_size
+            spent, calls, ooms = spent + time.perf_counter() - t0, calls + 1, ooms + 1
+        x = usl_throughput(b * GROUP, *usl) * math.exp(sc.noise * rng.gauss(0.0, 1.0))
+        tokens = b * GROUP * TOKENS_PER_SEQ
+        t0 = time.perf_counter()
+        d = ctl.observe(b, tokens, tokens / x)
+        spent, calls = spent + time.perf_counter() - t0, calls + 1
+        batches.append(b)
+        b = d.batch_size
+    warm = cfg.warmup_steps + 1                   # steps that ran at warm-up sizes
+    end1 = sc.change_at if sc.after is not None else sc.steps
+    phase1 = batches[warm:end1]
+    s = settle_index(phase1)
+    res.settle.append(math.inf if s is None else s + 1)
+    res.ratio.append(phase1[-1] * GROUP / target_p(sc.usl, cfg, sc.oom_at))
+    post = phase1[s:] if s is not None else phase1
+    res.dirchg.append(direction_changes(post))
+    final_usl = sc.after or sc.usl
+    _, best = best_batch(final_usl, cfg, sc.oom_at)
+    last = batches[-50:]
+    res.thr.append(statistics.fmean(usl_throughput(v * GROUP, *final_usl) for v in last) / best)
+    if sc.after is not None:
+        phase2 = batches[sc.change_at:]
+        s2 = settle_index(phase2)
+        res.recovery.append(math.inf if s2 is None else s2)
+        res.ratio2.append(phase2[-1] * GROUP / target_p(sc.after, cfg, sc.oom_at))
+        res.dirchg[-1] += direction_changes(phase2[s2:] if s2 is not None else phase2)
+    res.ooms.append(ooms)
+    res.us.append(spent / calls * 1e6)
+
+
+def scenarios() -> list[Scenario]:
+    a, b, c = (0.02, 2e-5, 900.0), (0.10, 5e-6, 700.0), (0.30, 1e-4, 1200.0)
+    return [
+        Scenario("retro A p*=221", a),
+        Scenario("retro B p*=424", b),
+        Scenario("retro C p*=84", c),
+        Scenario("linear k=0", (0.05, 0.0, 800.0)),
+        Scenario("A noise 5%", a, noise=0.05),
+        Scenario("A noise 10%", a, noise=0.10),
+        Scenario("A noise 20%", a, noise=0.20),
+        Scenario("B noise 10%", b, noise=0.10),
+        Scenario("hw p* 221->111 5%", a, noise=0.05, after=(0.02, 8e-5, 900.0)),
+        Scenario("hw p* 111->221 5%", (0.02, 8e-5, 900.0), noise=0.05, after=a),
+        Scenario("hw lam x0.6 5%", a, noise=0.05, after=(0.02, 2e-5, 540.0)),
+        Scenario("hw p* 221->111 10%", a, noise=0.10, after=(0.02, 8e-5, 900.0)),
+        Scenario("OOM b>=8 (A, p*=221)", a, oom_at=8),
+        Scenario("OOM b>=8 (A), 10%", a, noise=0.10, oom_at=8),
+        Scenario("OOM b>=16 (B, p*=424)", b, oom_at=16),
+    ]
+
+
+def cell(vals: list[float], fmt: str, worst=max) -> str:
+    if not vals:
+        return "-"
+    med, bad = statistics.median(vals), worst(vals)
+
+    def f(v: float) -> str:
+        return "never" if math.isinf(v) else format(v, fmt)
+
+    return f(med) if med == bad else f"{f(med)}/{f(bad)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    cfg = BackpressureConfig(enabled=True)
+    head = (f"{'scenario':22} {'settle':>8} {'p/target':>11} {'thr50':>11} {'dirchg':>6} "
+            f"{'recovery':>8} {'p2/tgt2':>11} {'OOMs':>5} {'us/obs':>7}")
+    print(f"{args.seeds} seeds x {args.steps} steps, group_size={GROUP}, "
+          f"batch {cfg.min_batch_size}..{cfg.max_batch_size}, warmup_steps={cfg.warmup_steps}")
+    print(head)
+    print("-" * len(head))
+    for sc in scenarios():
+        sc.steps = args.steps
+        res = Result()
+        for seed in range(args.seeds):
+            run(sc, seed, cfg, res)
+        far = lambda v: max(v, key=lambda r: abs(r - 1.0))  # noqa: E731
+        print(f"{sc.name:22} {cell(res.settle, '.0f'):>8} {cell(res.ratio, '.2f', far):>11} "
+              f"{cell(res.thr, '.3f', min):>11} {cell(res.dirchg, '.0f'):>6} "
+              f"{cell(res.recovery, '.0f'):>8} {cell(res.ratio2, '.2f', far):>11} "
+              f"{cell(res.ooms, '.0f'):>5} {statistics.median(res.us):>7.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""`retrain explain FILE`: a dry run. Load and validate the config, then say what would run,
+how much work it is and how long it may take, and which settings look risky.
+
+The wall-time estimate uses the median `step_time_s` of the most recent earlier run under
+`log_dir` with the same capacity settings (model, backend, device, task, batch_size,
+group_size, max_tokens): a pilot. Without one the estimate is "unknown: run a pilot".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrain import capacity, config, render, runlog, toml_io
+from retrain.config import Config
+
+UNKNOWN_TIME = "unknown: run a pilot"
+
+
+@dataclass
+class RunPlan:
+    """One run the config would start."""
+
+    name: str
+    folder: str
+    condition: str = ""
+    seed: int = 0
+    overrides: dict = field(default_factory=dict)
+    max_steps: int = 0
+    completions_per_step: int = 0
+
+
+@dataclass
+class Pilot:
+    """The earlier run whose step times the estimate uses."""
+
+    run: str
+    median_step_time_s: float
+    steps: int
+
+
+@dataclass
+class Report:
+    config_file: str
+    kind: str                      # "single run" or "campaign"
+    name: str                      # run name, or campaign folder name
+    settings: dict[str, Any]
+    completions_per_step: int
+    runs: list[RunPlan]
+    conditions: list[str]
+    seeds: list[int]
+    total_steps: int
+    effective_parallelism: int
+    pilot: Pilot | None
+    wall_time_s: float | None
+    wall_time: str                 # human-readable, or UNKNOWN_TIME
+    warnings: list[str]
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> Report:
+    """Load `path` (with command-line overrides) and plan it; raises ConfigError on bad input."""
+    overrides = overrides or {}
+    cfg = config.load_config(path, overrides)
+    path = Path(path)
+    log_dir = Path(cfg.logging.log_dir)
+    if cfg.is_campaign:
+        name = cfg.campaign.name or path.stem
+        plans, run_cfgs = _campaign_plans(cfg, log_dir / name)
+    else:
+        name = cfg.logging.run_name or path.stem
+        plans = [_plan(name, str(log_dir / name), cfg)]
+        run_cfgs = [cfg]
+    steps = capacity.total_steps(p.max_steps for p in plans)
+    par = capacity.effective_parallelism(cfg.campaign.parallel if cfg.is_campaign else False,
+                                         cfg.campaign.max_workers, len(plans))
+    pilot = find_pilot(log_dir, {signature(c) for c in run_cfgs})
+    wall = capacity.wall_time_s(pilot.median_step_time_s, steps, par) if pilot else None
+    return Report(
+        config_file=str(path), kind="campaign" if cfg.is_campaign else "single run", name=name,
+        settings=key_settings(cfg),
+        completions_per_step=capacity.completions_per_step(cfg.training.batch_size,
+                                                           cfg.training.group_size),
+        runs=plans, conditions=_unique(p.condition for p in plans if p.condition),
+        seeds=_unique(p.seed for p in plans) if cfg.is_campaign else [],
+        total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
+        wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
+        warnings=warnings(cfg, path, len(plans), par, overrides))
+
+
+def _unique(items: Any) -> list:
+    return list(dict.fromkeys(items))
+
+
+def _plan(name: str, folder: str, cfg: Config, condition: str = "",
+          overrides: dict | None = None) -> RunPlan:
+    t = cfg.training
+    return RunPlan(name=name, folder=folder, condition=condition, seed=t.seed,
+                   overrides=dict(overrides or {}), max_steps=t.max_steps,
+                   completions_per_step=capacity.completions_per_step(t.batch_size, t.group_size))
+
+
+def _campaign_plans(cfg: Config, folder: Path) -> tuple[list[RunPlan], list[Config]]:
+    """Expand the matrix (retrain.campaign.matrix) into plans and per-run configs."""
+    from retrain.campaign.matrix import expand
+
+    plans, cfgs = [], []
+    for spec in expand(cfg):
+        run_cfg = config.run_config(cfg, **{"training.seed": spec.seed, **spec.overrides})
+        plans.append(_plan(spec.name, str(folder / spec.name), run_cfg, spec.condition,
+                           spec.overrides))
+        cfgs.append(run_cfg)
+    return plans, cfgs
+
+
+def key_settings(cfg: Config) -> dict[str, Any]:
+    """The settings a reader checks first, as dotted keys."""
+    keys = ["model.name", "model.device", "backend.backend", "data.source", "reward.type",
+            "algorithm.advantage", "algorithm.loss", "training.batch_size",
+            "training.group_size", "training.max_tokens", "training.max_steps", "training.lr",
+            "training.seed", "backpressure.enabled", "logging.log_dir"]
+    if cfg.backend.backend == "tinker":
+        keys.append("backend.max_concurrent")
+    if cfg.is_campaign:
+        keys += ["campaign.parallel", "campaign.max_workers", "campaign.stagger_seconds"]
+    return {k: _get(cfg, k) for k in keys}
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+# ---------------------------------------------------------------------------- pilot runs
+
+
+def signature(cfg: Config) -> tuple:
+    """The settings that decide how long a step takes; a pilot must share all of them."""
+    return (cfg.model.name, cfg.backend.backend, cfg.model.device, cfg.data.source,
+            cfg.training.batch_size, cfg.training.group_size, cfg.training.max_tokens)
+
+
+def find_pilot(log_dir: Path, signatures: set[tuple]) -> Pilot | None:
+    """The most recent run under `log_dir` whose resolved config matches one of `signatures`
+    and which has logged step times."""
+    if not log_dir.is_dir():
+        return None
+    runs, _ = runlog.walk_logs(log_dir)
+    candidates = []
+    for run in runs:
+        metrics = run / runlog.METRICS_FILE
+        if metrics.is_file() and _run_signature(run) in signatures:
+            candidates.append((metrics.stat().st_mtime, run))
+    for _, run in sorted(candidates, reverse=True):
+        times = [r.get("step_time_s") for r in runlog.read_metrics(run / runlog.METRICS_FILE).rows]
+        median = capacity.median_step_time(times)
+        if median is not None:
+            n = sum(1 for t in times if isinstance(t, (int, float)))
+            return Pilot(run=str(run), median_step_time_s=median, steps=n)
+    return None
+
+
+def _run_signature(run: Path) -> tuple | None:
+    try:
+        raw = toml_io.loads((run / runlog.CONFIG_FILE).read_text(encoding="utf-8"))
+        return signature(config.from_dict(raw, str(run)))
+    except (OSError, UnicodeDecodeError, toml_io.TOMLDecodeError, config.ConfigError):
+        return None
+
+
+# ---------------------------------------------------------------------------- warnings
+
+
+def warnings(cfg: Config, path: Path, runs: int, parallelism: int,
+             overrides: dict[str, Any]) -> list[str]:
+    """Settings that are legal but likely to hurt: each says what and what to do instead."""
+    out: list[str] = []
+    t, bp, local = cfg.training, cfg.backpressure, cfg.backend.backend == "local"
+    if local and parallelism > 1:
+        out.append(f"{parallelism} local runs at once share this machine's "
+                   f"{_device_word(cfg)} and memory; each gets a fraction of it. Consider "
+                   "campaign.parallel = false, a smaller campaign.max_workers, or "
+                   "backend.backend = 'tinker'")
+    if local and _runs_on_cpu(cfg) and t.max_tokens > 2048:
+        out.append(f"training.max_tokens = {t.max_tokens} on a CPU: a completion that runs to "
+                   "the limit takes minutes; the smoke profile uses 1024")
+    if bp.enabled and bp.max_batch_size < t.batch_size:
+        out.append(f"backpressure.max_batch_size ({bp.max_batch_size}) < training.batch_size "
+                   f"({t.batch_size}): the controller will never run the configured batch size")
+    if bp.enabled and bp.min_batch_size > t.batch_size:
+        out.append(f"backpressure.min_batch_size ({bp.min_batch_size}) > training.batch_size "
+                   f"({t.batch_size}): the controller starts above the configured batch size")
+    if t.group_size == 1:
+        out.append("training.group_size = 1: every group advantage is 0, so nothing is learned; "
+                   "use 2 or more")
+    if t.top_p < 1:
+        out.append(f"training.top_p = {t.top_p}: sampling from a truncated distribution biases "
+                   "the importance ratio; keep 1.0 unless you know you need it")
+    if t.save_every and t.save_every > t.max_steps:
+        out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
+                   "only the final checkpoint is saved")
+    out += _backend_warnings(cfg)
+    out += _file_warnings(cfg, path)
+    out += _campaign_warnings(cfg, runs, overrides)
+    return out
+
+
+def _device_word(cfg: Config) -> str:
+    return "CPU" if _runs_on_cpu(cfg) else "GPU"
+
+
+def _runs_on_cpu(cfg: Config) -> bool:
+    """Best guess without importing torch: no NVIDIA driver and not a Mac means CPU."""
+    if cfg.model.device != "auto":
+        return cfg.model.device == "cpu"
+    return not (Path("/proc/driver/nvidia").exists() or sys.platform == "darwin")
+
+
+def _backend_warnings(cfg: Config) -> list[str]:
+    out = []
+    b = cfg.backend
+    loopback = any(h in b.base_url for h in ("127.0.0.1", "localhost", "[::1]"))
+    if b.backend == "tinker" and not loopback and not os.environ.get("TINKER_API_KEY"):
+        out.append("backend.backend = 'tinker' needs TINKER_API_KEY in the environment "
+                   "(it is not set)")
+    if b.backend == "tinker" and importlib.util.find_spec("tinker") is None:
+        out.append("backend.backend = 'tinker' needs the tinker SDK: pip install 'retrain[tinker]'")
+    for key, module in (("logging.wandb_project", "wandb"), ("logging.tensorboard", "tensorboard")):
+        if _get(cfg, key) and importlib.util.find_spec(module) is None:
+            out.append(f"{key} is set but {module} is not installed: pip install {module}")
+    return out
+
+
+def _file_warnings(cfg: Config, path: Path) -> list[str]:
+    """Files the config names, resolved against the config file's folder."""
+    out = []
+    here = path.parent
+    data_file = here / cfg.data.path
+    if cfg.data.source == "jsonl" and not data_file.is_file():
+        out.append(f"data.path = '{cfg.data.path}': no such file (looked for {data_file})")
+    if cfg.data.path and cfg.data.source != "jsonl":
+        out.append(f"data.path is ignored because data.source = '{cfg.data.source}' "
+                   "(set data.source = 'jsonl' to use it)")
+    if cfg.data.source != "jsonl" and cfg.data.eval_size >= cfg.data.size:
+        out.append(f"data.eval_size ({cfg.data.eval_size}) >= data.size ({cfg.data.size}): "
+                   "no problems are left to train on")
+    fn = cfg.reward.function
+    if cfg.reward.type == "custom" and ".py:" in fn:
+        file = here / fn.rsplit(":", 1)[0]
+        if not file.is_file():
+            out.append(f"reward.function = '{fn}': no such file (looked for {file})")
+    return out
+
+
+def _campaign_warnings(cfg: Config, runs: int, overrides: dict[str, Any]) -> list[str]:
+    out = []
+    c = cfg.campaign
+    if not cfg.is_campaign:
+        return out
+    if c.seeds and "training.seed" in overrides:
+        out.append("--seed / training.seed has no effect here: campaign.seeds sets each run's "
+                   "seed")
+    seen: dict[str, str] = {}
+    for cond in c.conditions:
+        key = toml_io.format_value(dict(sorted(cond.overrides.items())))
+        if key in seen:
+            out.append(f"conditions '{seen[key]}' and '{cond.name}' set the same overrides: "
+                       "their runs differ only by name")
+        seen.setdefault(key, cond.name)
+    if c.parallel and c.max_workers > runs > 0:
+        out.append(f"campaign.max_workers ({c.max_workers}) > runs ({runs}): only {runs} "
+                   "workers will start")
+    return out
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def show(report: Report, as_json: bool = False) -> None:
+    """Print the report: JSON, rich on a terminal, or plain text."""
+    if as_json:
+        print(render.dump_json(asdict(report)))
+    elif render.stdout_is_terminal():
+        _render_rich(report)
+    else:
+        print("\n".join(plain_lines(report)))
+
+
+def _summary_lines(r: Report) -> list[tuple[str, str]]:
+    s = r.settings
+    runs = len(r.runs)
+    head = (f"campaign '{r.name}': {runs} runs"
+            + (f" ({len(r.conditions)} conditions x {len(r.seeds)} seeds)"
+               if r.conditions and len(r.conditions) * len(r.seeds) == runs else "")
+            if r.kind == "campaign" else f"single run '{r.name}'")
+    out = [("kind", head),
+           ("model", f"{s['model.name']} on backend {s['backend.backend']} "
+                     f"(device {s['model.device']})"),
+           ("task", f"{s['data.source']}, reward {s['reward.type']}, advantage "
+                    f"{s['algorithm.advantage']}, loss {s['algorithm.loss']}"),
+           ("per step", f"{s['training.batch_size']} prompts x {s['training.group_size']} "
+                        f"completions = {r.completions_per_step} completions, up to "
+                        f"{s['training.max_tokens']} tokens each"),
+           ("training", f"{s['training.max_steps']} steps, lr {s['training.lr']}, "
+                        f"seed {s['training.seed']}"),
+           ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
+    if "backend.max_concurrent" in s:
+        out.append(("API calls", f"at most {s['backend.max_concurrent']} in flight"))
+    if r.kind == "campaign":
+        mode = (f"parallel, max_workers {s['campaign.max_workers']}, stagger "
+                f"{s['campaign.stagger_seconds']}s" if s["campaign.parallel"] else "one at a time")
+        out.append(("workers", mode))
+    out.append(("logs", r.runs[0].folder if r.kind == "single run"
+                else str(Path(r.runs[0].folder).parent) if r.runs else s["logging.log_dir"]))
+    out.append(("total steps", f"{r.total_steps}" + (f" ({runs} runs)" if runs > 1 else "")))
+    out.append(("parallelism", str(r.effective_parallelism)))
+    out.append(("wall time", _wall_line(r)))
+    return out
+
+
+def _wall_line(r: Report) -> str:
+    if r.pilot is None:
+        return (f"{UNKNOWN_TIME} (no earlier run under {r.settings['logging.log_dir']} with the "
+                "same model, backend, device, task, batch_size, group_size and max_tokens)")
+    p = r.pilot
+    return (f"~{r.wall_time} = {p.median_step_time_s:.3g}s median step x {r.total_steps} steps"
+            f" / {r.effective_parallelism} (from {p.run}, {p.steps} steps)")
+
+
+def runs_table(r: Report) -> render.Table:
+    varied = len({p.completions_per_step for p in r.runs}) > 1
+    headers = ["run", "condition", "seed", "steps", "overrides"]
+    if varied:
+        headers.insert(4, "completions/step")
+    rows = []
+    for p in r.runs:
+        over = ", ".join(f"{k}={toml_io.format_value(v)}" for k, v in p.overrides.items())
+        row = [p.name, p.condition or "-", str(p.seed), str(p.max_steps), over or "-"]
+        if varied:
+            row.insert(4, str(p.completions_per_step))
+        rows.append(row)
+    return render.Table(headers, rows)
+
+
+def plain_lines(r: Report) -> list[str]:
+    """The report as plain text lines."""
+    lines = [f"{r.config_file}: OK"]
+    width = max(len(k) for k, _ in _summary_lines(r))
+    lines += [f"  {k.ljust(width)}  {v}" for k, v in _summary_lines(r)]
+    if r.kind == "campaign":
+        lines += ["", "run matrix:", *render.plain_table(runs_table(r), indent="  ")]
+    if r.warnings:
+        lines += ["", f"warnings ({len(r.warnings)}):"] + [f"  - {w}" for w in r.warnings]
+    return lines
+
+
+def _render_rich(r: Report) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console()
+    console.print(f"[bold]{escape(r.config_file)}[/]: [green]OK[/]")
+    width = max(len(k) for k, _ in _summary_lines(r))
+    for k, v in _summary_lines(r):
+        console.print(f"  [bold]{k.ljust(width)}[/]  {escape(v)}", highlight=False)
+    if r.kind == "campaign":
+        console.print()
+        console.print(render.rich_table(runs_table(r)))
+    if r.warnings:
+        console.print(f"\n[yellow bold]warnings ({len(r.warnings)}):[/]")
+        for w in r.warnings:
+            console.print(f"  [yellow]-[/] {escape(w)}", highlight=False)

@@ -1,0 +1,98 @@
+"""Output for `explain` and `status`: rich on a terminal, plain aligned text when piped.
+
+rich is imported only when stdout is a terminal, so piped and scripted use stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def stdout_is_terminal() -> bool:
+    """Rich output only for a person at a terminal (TERM=dumb counts as piped)."""
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+
+
+@dataclass
+class Table:
+    """Rows of cells with headers; rendered the same way in plain text and rich."""
+
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    title: str = ""
+
+
+def plain_table(table: Table, indent: str = "") -> list[str]:
+    """Aligned columns, no colour, no box drawing: friendly to grep and diff."""
+    cells = [table.headers, *table.rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(table.headers))]
+    lines = [table.title] if table.title else []
+    for row in cells:
+        text = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        lines.append(indent + text.rstrip())
+    return lines
+
+
+def rich_table(table: Table) -> Any:
+    """The same table as a rich renderable (imports rich)."""
+    from rich import box
+    from rich.table import Table as RichTable
+
+    out = RichTable(title=table.title or None, box=box.SIMPLE_HEAD, title_justify="left",
+                    pad_edge=False)
+    for h in table.headers:
+        out.add_column(h, no_wrap=True, overflow="ellipsis")
+    for row in table.rows:
+        out.add_row(*[_style(c) for c in row])
+    return out
+
+
+_STATE_STYLES = {"running": "cyan", "done": "green", "completed": "green", "failed": "bold red",
+                 "stale": "yellow", "interrupted": "yellow", "pending": "dim"}
+
+
+def _style(cell: str) -> Any:
+    from rich.text import Text
+
+    word = cell.split(" ", 1)[0]
+    return Text(cell, style=_STATE_STYLES.get(word, ""))
+
+
+def fmt_num(value: Any, digits: int = 3) -> str:
+    """A compact number for a table cell; '-' for missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
+        return f"{int(value)}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.{digits}g}"
+
+
+def fmt_seconds(value: float | None) -> str:
+    """Step times: '0.84s', '12.3s', '-' when unknown."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}s"
+
+
+def dump_json(obj: Any) -> str:
+    """JSON for machines: NaN/inf become null, so every parser can read it."""
+    return json.dumps(_finite(obj), indent=2, sort_keys=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

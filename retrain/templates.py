@@ -1,0 +1,55 @@
+"""`retrain init`: the commented starter configs in templates/, shipped inside the package.
+
+The files live in the repository's top-level `templates/`; `retrain/_templates` is a link to
+that folder so the same files are package data in an installed wheel.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from pathlib import Path
+
+from retrain.errors import UserError
+
+# Name -> one line for `retrain init --list`, in the order a newcomer meets them.
+TEMPLATES = {
+    "quickstart": "single run, built-in model and task, smoke profile (runs on a laptop CPU)",
+    "experiment": "single run, standard profile, every commonly tuned key spelled out",
+    "campaign": "conditions x seeds, parallel workers, back-pressure section shown",
+}
+
+
+def list_templates() -> list[tuple[str, str]]:
+    """(name, one-line description) of every template."""
+    return list(TEMPLATES.items())
+
+
+def template_text(name: str) -> str:
+    """The text of template `name`; UserError naming the choices when it does not exist."""
+    if name not in TEMPLATES:
+        close = difflib.get_close_matches(name, list(TEMPLATES), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"unknown template '{name}'{hint}; templates are "
+                        + ", ".join(TEMPLATES) + " (see `retrain init --list`)")
+    return (resources.files("retrain") / "_templates" / f"{name}.toml").read_text("utf-8")
+
+
+def write_template(name: str, path: Path | None = None, *, force: bool = False) -> Path:
+    """Write template `name` to `path` (default `<name>.toml`; a folder gets `<name>.toml` inside).
+
+    Refuses to replace an existing file unless `force`.
+    """
+    text = template_text(name)
+    target = Path(path) if path is not None else Path(f"{name}.toml")
+    if target.is_dir():
+        target = target / f"{name}.toml"
+    if target.exists() and not force:
+        raise UserError(f"{target} already exists; pass --force to overwrite it, "
+                        "or give another path")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{target}: cannot write ({exc.strerror or exc})") from None
+    return target

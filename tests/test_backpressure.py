@@ -1,0 +1,471 @@
+"""The USL back-pressure controller: the fit, the seed's regime table, OOM, state, robustness."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from retrain.backpressure import (
+    METRIC_KEYS,
+    BackpressureController,
+    UslSums,
+    roofline,
+    sweep_sizes,
+    usl_p_star,
+    usl_throughput,
+)
+from retrain.config import BackpressureConfig
+
+G = 16
+TOKENS = 300  # tokens per sequence in the simulated steps
+ON = BackpressureConfig(enabled=True)
+MACHINE = (0.02, 2e-5, 900.0)  # sigma, kappa, lambda: p* = 221, target = floor(0.85*221/16) = 11
+FAST = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+sigmas = st.floats(0.0, 0.9)
+kappas = st.one_of(st.just(0.0), st.floats(1e-7, 1e-2))
+lambdas = st.floats(1.0, 1e5)
+any_float = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10**6),
+                      st.just(10**400), st.none(), st.just(True))
+
+
+def step(ctl: BackpressureController, b: int, machine=MACHINE, scale: float = 1.0, **kw):
+    """Run one simulated step at batch size b on a USL machine and report it."""
+    x = usl_throughput(b * G, *machine) * scale
+    tokens = b * G * TOKENS
+    return ctl.observe(b, tokens, tokens / x, **kw)
+
+
+def warmed(config: BackpressureConfig = ON, machine=MACHINE):
+    """A controller after its warm-up on a noiseless machine, and the first fitted decision."""
+    ctl = BackpressureController(config, G)
+    b = ctl.first_batch_size(8)
+    for _ in range(config.warmup_steps + 1):
+        d = step(ctl, b, machine)
+        b = d.batch_size
+    return ctl, d
+
+
+def assert_clean(d) -> None:
+    for name in ("p_star", "sigma", "kappa", "lam", "utilization", "throughput"):
+        v = getattr(d, name)
+        assert v is None or not math.isnan(v), name
+    m = d.metrics()
+    assert set(m) == set(METRIC_KEYS)
+    for k, v in m.items():
+        assert v is None or isinstance(v, (str, int)) or math.isfinite(v), (k, v)
+    json.dumps(m, allow_nan=False)
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+@FAST
+@given(sigmas, kappas, lambdas)
+def test_throughput_at_one_is_lambda(sigma, kappa, lam):
+    assert usl_throughput(1, sigma, kappa, lam) == pytest.approx(lam, rel=1e-12)
+
+
+@FAST
+@given(st.floats(0.0, 0.99), st.floats(1e-8, 1e-1), lambdas,
+       st.floats(1.0, 1e5))
+def test_p_star_is_the_argmax(sigma, kappa, lam, p):
+    p_star = usl_p_star(sigma, kappa)
+    best = usl_throughput(p_star, sigma, kappa, lam)
+    assert best >= usl_throughput(p, sigma, kappa, lam) * (1 - 1e-12)
+    for f in (0.99, 1.01):
+        if p_star * f >= 1:
+            assert best >= usl_throughput(p_star * f, sigma, kappa, lam) * (1 - 1e-12)
+
+
+def test_p_star_edges():
+    assert usl_p_star(0.1, 0.0) == math.inf          # no coherency cost: no peak
+    assert usl_p_star(1.5, 1e-4) == 1.0               # throughput falls from the start
+    assert usl_p_star(0.0, 1e-4) == pytest.approx(100.0)
+
+
+@st.composite
+def designs(draw):
+    """A machine and the distinct batch sizes a run measured it at: spanning >= 4x like the
+    warm-up sweep, and within 16x of p* either way (or no p* at all). Much further out,
+    λ = X(1) is an extrapolation over orders of magnitude that float precision limits."""
+    g = draw(st.integers(1, 64))
+    sigma = draw(sigmas)
+    if draw(st.booleans()):
+        kappa, lo, hi = 0.0, draw(st.integers(1, 8)), draw(st.integers(32, 256))
+    else:
+        p_star = math.exp(draw(st.floats(math.log(4), math.log(4096))))
+        kappa = (1 - sigma) / p_star**2
+        lo, hi = max(1, math.ceil(p_star / 16 / g)), min(512, math.floor(16 * p_star / g))
+        assume(hi >= 4 * lo)
+    inner = draw(st.lists(st.integers(lo, hi), max_size=10))
+    sizes = sorted({lo, hi, *inner, draw(st.integers(lo + 1, hi - 1))})
+    return g, lo, hi, sizes, sigma, kappa, draw(lambdas)
+
+
+@FAST
+@given(designs())
+def test_noiseless_fit_recovers_the_coefficients(design):
+    g, lo, hi, sizes, sigma, kappa, lam = design
+    sums = UslSums(center=(lo + hi) * g / 2, scale=(hi - lo) * g / 2)   # as the controller does
+    for b in sizes:
+        sums.add(b * g, b * g / usl_throughput(b * g, sigma, kappa, lam))
+    fit = sums.fit()
+    assert not isinstance(fit, str), fit
+    assert fit.sigma == pytest.approx(sigma, abs=1e-6)
+    assert fit.kappa == pytest.approx(kappa, rel=1e-5, abs=1e-12)
+    assert fit.lam == pytest.approx(lam, rel=1e-6)
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(1, 2048), st.floats(0.5, 2.0)), min_size=3, max_size=30),
+       sigmas, kappas)
+def test_fitted_p_star_is_the_argmax_of_the_fitted_curve(points, sigma, kappa):
+    sums = UslSums()
+    for p, noise in points:
+        sums.add(p, p / (usl_throughput(p, sigma, kappa, 100.0) * noise))
+    fit = sums.fit()
+    assume(not isinstance(fit, str))
+    assert fit.sigma >= 0 and fit.kappa >= 0 and fit.lam > 0
+    best = fit.throughput(fit.p_star) if math.isfinite(fit.p_star) else math.inf
+    for p in [1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10**5]:
+        assert best >= fit.throughput(p) * (1 - 1e-9)
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(1, 5000), st.floats(1e-4, 1e4)), min_size=1,
+                max_size=400), st.integers(1, 20))
+def test_running_sums_equal_a_full_recompute(points, window):
+    sums = UslSums(window)
+    for p, y in points:
+        sums.add(p, y)
+    assert len(sums) == min(window, len(points))
+    assert sums.distinct == len({p for p, _ in sums.points})
+    got_w, got_v = sums.sums()
+    want_w, want_v = sums.recompute()
+    for got, want, k in zip(got_w + got_v, want_w + want_v, list(range(5)) + list(range(3)),
+                            strict=True):
+        scale = max(abs(want), max(p**k / y for p, y in points) * 1e-6)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9 * scale)
+
+
+def test_fit_needs_three_distinct_concurrencies():
+    sums = UslSums()
+    for p in (16, 16, 32, 32):
+        sums.add(p, p / 100.0)
+    assert "fewer than 3" in sums.fit()
+
+
+def test_negative_coefficients_are_refit_at_zero():
+    sums = UslSums()
+    for p in (1, 10, 100, 1000):          # super-linear data: the free fit gives sigma < 0
+        sums.add(p, p / (50.0 * p**1.1))
+    fit = sums.fit()
+    assert fit.sigma >= 0 and fit.kappa >= 0 and fit.lam > 0
+
+
+def test_sweep_sizes():
+    assert sweep_sizes(1, 64) == [1, 2, 4, 8, 16, 32, 64, 3, 6, 11, 23, 45]
+    assert sweep_sizes(3, 3) == [3]
+    for lo, hi in [(1, 5), (2, 100), (7, 9)]:
+        sizes = sweep_sizes(lo, hi)
+        assert len(set(sizes)) == len(sizes) and min(sizes) == lo and max(sizes) == hi
+
+
+# ---------------------------------------------------------------------------- roofline units
+
+
+def test_roofline_units():
+    # 100 GFLOP/s and 10 GB/s: machine balance 10 FLOP/byte.
+    hot = roofline(1e12, 1e9, 20.0, 100.0, 10.0)     # 1000 FLOP/B, 50 GFLOP/s achieved
+    assert hot.balance == pytest.approx(10.0)
+    assert hot.intensity == pytest.approx(1000.0)
+    assert hot.compute_fraction == pytest.approx(0.5)
+    assert hot.memory_fraction == pytest.approx(0.005)
+    assert hot.regime == "compute_bound"
+    cold = roofline(1e10, 1e10, 2.0, 100.0, 10.0)    # 1 FLOP/B, 5 GB/s achieved
+    assert cold.memory_fraction == pytest.approx(0.5)
+    assert cold.regime == "memory_bound"
+
+
+def test_roofline_realistic_h100():
+    # H100 bf16: ~989 TFLOP/s and 3350 GB/s (balance ~295 FLOP/B). A training step of a 135M
+    # model over 10k tokens (6 * params FLOPs per token) is compute bound; decoding one token
+    # for 8 sequences (2 * params * 8 FLOPs, weights read once) is memory bound.
+    params = 135e6
+    train = roofline(6 * params * 10_000, 3 * 2 * params, 0.02, 989_000.0, 3350.0)
+    decode = roofline(2 * params * 8, 2 * params, 0.001, 989_000.0, 3350.0)
+    assert train.regime == "compute_bound"
+    assert decode.regime == "memory_bound"
+
+
+@given(any_float, any_float, any_float)
+@settings(deadline=None)
+def test_roofline_never_nan(flops, nbytes, t):
+    r = roofline(flops, nbytes, t, 100.0, 10.0)
+    assert r is None or all(math.isfinite(v) for v in (r.intensity, r.compute_fraction))
+    assert roofline(1e9, 1e9, 1.0, 0.0, 10.0) is None   # no peak set: no hint
+
+
+# ---------------------------------------------------------------------------- the regime table
+
+
+def test_disabled_is_a_no_op():
+    ctl = BackpressureController(BackpressureConfig(), G)
+    assert ctl.first_batch_size(8) == 8
+    d = ctl.observe(8, 1000, 1.0)
+    assert d.batch_size == 8 and d.action == "hold" and d.metrics() == {}
+    assert ctl.state_dict() == {}
+
+
+def test_warmup_sweeps_and_holds():
+    ctl = BackpressureController(ON, G)
+    b = ctl.first_batch_size(8)
+    assert b == 1
+    seen = [b]
+    for n in range(1, ON.warmup_steps + 1):
+        d = step(ctl, b)
+        assert (d.regime, d.action) == ("warmup", "hold"), n
+        assert d.p_star is None and d.metrics()["bp_p_star"] is None
+        b = d.batch_size
+        seen.append(b)
+    assert seen == sweep_sizes(1, 64)[: ON.warmup_steps + 1]
+    d = step(ctl, b)                   # the first fitted decision moves to the target
+    assert d.regime != "warmup"
+    assert d.batch_size == int(0.85 * usl_p_star(*MACHINE[:2]) / G) == 11
+    assert d.sigma == pytest.approx(MACHINE[0], abs=1e-6)
+    assert d.kappa == pytest.approx(MACHINE[1], rel=1e-5)
+    assert d.lam == pytest.approx(MACHINE[2], rel=1e-6)
+
+
+def test_retrograde_throttles_to_the_margin():
+    ctl, _ = warmed()
+    d = step(ctl, 30)                  # p = 480 > 0.85 * 221
+    assert (d.regime, d.action, d.batch_size) == ("retrograde", "throttle", 11)
+
+
+def test_below_target_increases_to_the_margin():
+    ctl, _ = warmed()
+    d = step(ctl, 4)                   # p = 64 < 0.5 * 0.85 * 221
+    assert (d.regime, d.action, d.batch_size) == ("optimal", "increase", 11)
+
+
+def test_optimal_holds_inside_the_band():
+    ctl, _ = warmed()
+    d = step(ctl, 8)                   # 0.5 * 188 <= 128 <= 188, throughput as predicted
+    assert (d.regime, d.action, d.batch_size) == ("optimal", "hold", 8)
+    assert 0.9 < d.utilization <= 1.0
+
+
+def test_memory_bound_holds_when_faster_than_predicted():
+    ctl, _ = warmed()
+    d = step(ctl, 8, scale=1.3)
+    assert (d.regime, d.action, d.batch_size) == ("memory_bound", "hold", 8)
+
+
+def test_far_below_the_fit_holds_as_warmup():
+    ctl, _ = warmed()
+    d = step(ctl, 8, scale=0.6)
+    assert (d.regime, d.action, d.batch_size) == ("warmup", "hold", 8)
+
+
+def test_roofline_hints_give_compute_and_memory_bound():
+    cfg = replace(ON, peak_gflops=100.0, peak_bw_gb_s=10.0)
+    ctl, _ = warmed(cfg)
+    d = step(ctl, 8, flops=1e12, bytes_moved=1e9)
+    assert (d.regime, d.action) == ("compute_bound", "hold")
+    assert "FLOP/B" in d.reason
+    d = step(ctl, 8, flops=1e10, bytes_moved=1e10)
+    assert (d.regime, d.action) == ("memory_bound", "hold")
+    d = step(ctl, 8)                   # no hint this step: the USL reading
+    assert d.regime == "optimal"
+
+
+def test_linear_machine_goes_to_the_maximum():
+    ctl, d = warmed(machine=(0.05, 0.0, 800.0))
+    assert d.kappa < 1e-15 and d.p_star > 1e6          # 0 up to rounding
+    assert d.batch_size == ON.max_batch_size
+    sums = UslSums()
+    for p in (16, 32, 64):
+        sums.add(p, p / usl_throughput(p, 0.05, -1e-6, 800.0))   # "negative kappa" data
+    fit = sums.fit()
+    assert fit.kappa == 0.0 and fit.p_star == math.inf
+    assert BackpressureController(ON, G)._decision("hold", "optimal", 8, 128, "").p_star is None
+
+
+def test_settles_and_stays():
+    ctl, d = warmed()
+    b, sizes = d.batch_size, []
+    for _ in range(200):
+        b = step(ctl, b).batch_size
+        sizes.append(b)
+    assert set(sizes) == {11}
+
+
+def test_hardware_change_is_detected_and_followed():
+    ctl, d = warmed()
+    b = d.batch_size
+    for _ in range(20):
+        b = step(ctl, b).batch_size
+    slower = (0.02, 8e-5, 900.0)      # p* 221 -> 111, target 5
+    regimes = []
+    for _ in range(15):
+        d = step(ctl, b, slower)
+        regimes.append(d.regime)
+        b = d.batch_size
+    assert "warmup" in regimes         # re-explored
+    assert b == int(0.85 * usl_p_star(*slower[:2]) / G) == 5
+
+
+# ---------------------------------------------------------------------------- out of memory
+
+
+def test_oom_sets_a_hard_ceiling():
+    ctl = BackpressureController(ON, G)
+    b = ctl.first_batch_size(8)
+    for _ in range(60):
+        while b >= 6:
+            d = ctl.observe(b, 0, 0.0, oom=True)
+            assert d.batch_size < b and d.action == "throttle"
+            b = d.batch_size
+        b = step(ctl, b).batch_size
+        assert b < 16                  # never again at or above the first failure
+    assert b == 5                      # the largest size that fits (target 11 is out of reach)
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(1, 80), st.booleans()), min_size=1, max_size=60))
+def test_oom_ceilings_are_respected(events):
+    ctl = BackpressureController(ON, G)
+    ceiling = None
+    for b, oom in events:
+        d = step(ctl, b, oom=True) if oom else step(ctl, b)
+        if oom and b > ON.min_batch_size:
+            ceiling = b if ceiling is None else min(ceiling, b)
+        if ceiling is not None:
+            assert d.batch_size < ceiling
+
+
+def test_oom_at_the_minimum_stays_at_the_minimum():
+    ctl = BackpressureController(replace(ON, min_batch_size=4), G)
+    d = ctl.observe(4, 0, 0.0, oom=True)
+    assert d.batch_size == 4 and "cannot go lower" in d.reason
+
+
+# ---------------------------------------------------------------------------- bounds, garbage
+
+
+configs = st.builds(
+    lambda lo, span, w, tm, im, decay: replace(
+        ON, min_batch_size=lo, max_batch_size=lo + span, warmup_steps=w, throttle_margin=tm,
+        increase_margin=im, ema_decay=decay),
+    st.integers(1, 20), st.integers(0, 100), st.integers(0, 15), st.floats(0.05, 1.0),
+    st.floats(0.0, 1.0), st.floats(0.0, 0.99))
+observations = st.lists(st.tuples(st.integers(-3, 200), st.floats(0.2, 5.0), st.booleans()),
+                        max_size=80)
+
+
+@FAST
+@given(configs, st.integers(1, 32), observations)
+def test_proposals_stay_inside_the_bounds(cfg, g, obs):
+    ctl = BackpressureController(cfg, g)
+    assert cfg.min_batch_size <= ctl.first_batch_size(8) <= cfg.max_batch_size
+    for b, noise, oom in obs:
+        x = usl_throughput(max(b, 1) * g, *MACHINE) * noise
+        d = ctl.observe(b, max(b, 1) * g * TOKENS, max(b, 1) * g * TOKENS / x, oom=oom)
+        assert isinstance(d.batch_size, int)
+        assert cfg.min_batch_size <= d.batch_size <= cfg.max_batch_size
+        assert d.action in ("hold", "throttle", "increase")
+        assert d.regime in ("warmup", "retrograde", "memory_bound", "compute_bound", "optimal")
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(-2, 70), any_float, any_float, any_float, any_float),
+                max_size=40), st.booleans())
+def test_no_nan_for_any_input(obs, warm_first):
+    cfg = replace(ON, peak_gflops=100.0, peak_bw_gb_s=10.0)
+    ctl, _ = warmed(cfg) if warm_first else (BackpressureController(cfg, G), None)
+    for b, tokens, t, flops, nbytes in obs:
+        d = ctl.observe(b, tokens, t, flops=flops, bytes_moved=nbytes)
+        assert_clean(d)
+        assert cfg.min_batch_size <= d.batch_size <= cfg.max_batch_size
+    json.dumps(ctl.state_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("tokens,t", [(0, 1.0), (100, 0.0), (-5, 1.0), (100, -1.0),
+                                      (math.nan, 1.0), (100, math.inf), (math.inf, 1.0),
+                                      (None, 1.0), ("100", 1.0), (1e300, 1e-300),
+                                      (10**400, 1.0), (True, 1.0)])
+def test_bad_timings_are_rejected_and_do_not_advance_warmup(tokens, t):
+    ctl = BackpressureController(ON, G)
+    d = ctl.observe(1, tokens, t)
+    assert d.action == "hold" and d.batch_size == 1 and "rejected" in d.reason
+    assert_clean(d)
+    assert step(ctl, 1).batch_size == 2   # the sweep continues where it was
+
+
+def test_tiny_range_never_fits_but_never_fails():
+    ctl = BackpressureController(replace(ON, min_batch_size=3, max_batch_size=4), G)
+    b = ctl.first_batch_size(8)
+    for _ in range(30):
+        d = step(ctl, b)
+        assert_clean(d)
+        b = d.batch_size
+        assert b in (3, 4)
+    assert d.regime == "warmup" and "fewer than 3" in d.reason
+
+
+def test_bad_group_size():
+    with pytest.raises(ValueError, match="group_size"):
+        BackpressureController(ON, 0)
+
+
+# ---------------------------------------------------------------------------- state
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(0.7, 1.4), st.booleans()),
+                min_size=0, max_size=60),
+       st.lists(st.tuples(st.floats(0.7, 1.4), st.integers(0, 9)), min_size=1, max_size=40),
+       st.sampled_from([MACHINE, (0.05, 0.0, 800.0), (0.3, 1e-4, 1200.0)]))
+def test_state_round_trip_gives_identical_decisions(history, future, machine):
+    a = BackpressureController(ON, G)
+    for b, noise, oom in history:
+        step(a, b, machine, noise, oom=oom and b > 8)
+    saved = json.loads(json.dumps(a.state_dict(), allow_nan=False))
+    b_ctl = BackpressureController(ON, G)
+    assert b_ctl.load_state_dict(saved)
+    assert a.first_batch_size(8) == b_ctl.first_batch_size(8)
+    nxt = a.first_batch_size(8)
+    for noise, _ in future:
+        da = step(a, nxt, machine, noise)
+        db = step(b_ctl, nxt, machine, noise)
+        assert da == db
+        nxt = da.batch_size
+
+
+def test_foreign_or_broken_state_starts_fresh():
+    ctl, _ = warmed()
+    state = ctl.state_dict()
+    other = BackpressureController(ON, 8)
+    assert not other.load_state_dict(state)              # another group size
+    assert other.first_batch_size(8) == 1
+    broken = dict(state, sums={"points": "nope"})
+    fresh = BackpressureController(ON, G)
+    assert not fresh.load_state_dict(broken)
+    d = step(fresh, 1)
+    assert d.regime == "warmup" and "fresh warm-up" in d.reason
+    assert not fresh.load_state_dict({})
+
+
+def test_numpy_scalars_are_numbers():
+    np = pytest.importorskip("numpy")
+    ctl = BackpressureController(ON, G)
+    d = ctl.observe(np.int64(1), np.int64(4800), np.float64(0.5))
+    assert "rejected" not in d.reason and d.batch_size == 2

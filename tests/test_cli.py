@@ -1,0 +1,123 @@
+"""The command line itself: --version, --help everywhere, init, routing, light imports, and a
+real end-to-end session in a temp folder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from retrain import __version__
+from retrain.cli import COMMANDS, _route, run_app
+
+
+def cli(args, capsys):
+    code = run_app(args)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_version(capsys):
+    code, out = cli(["--version"], capsys)
+    assert code == 0 and out.strip() == f"retrain {__version__}"
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_on_every_command(command, capsys):
+    for flag in ("--help", "-h"):
+        code, out = cli([command, flag] if command else [flag], capsys)
+        assert code == 0 and "Usage: retrain" in out
+
+
+def test_no_arguments_shows_help(capsys):
+    code, out = cli([], capsys)
+    assert "Usage: retrain" in out and code == 2  # usage: like click, a bare command exits 2
+
+
+def test_init_list(capsys):
+    code, out = cli(["init", "--list"], capsys)
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()] == ["quickstart", "experiment",
+                                                              "campaign"]
+
+
+def test_init_writes_default_path_and_refuses_to_overwrite(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out = cli(["init"], capsys)
+    assert code == 0 and "wrote quickstart.toml" in out and "retrain explain" in out
+    (tmp_path / "quickstart.toml").write_text("# mine\n")
+    code, out = cli(["init"], capsys)
+    assert code == 2 and "already exists" in out and "--force" in out and "Traceback" not in out
+    assert (tmp_path / "quickstart.toml").read_text() == "# mine\n"
+    code, _ = cli(["init", "--force"], capsys)
+    assert code == 0 and "smollm2" in (tmp_path / "quickstart.toml").read_text()
+    code, out = cli(["init", "-t", "campaign", "sweep.toml"], capsys)
+    assert code == 0 and (tmp_path / "sweep.toml").is_file()
+    code, out = cli(["init", "--template", "nope"], capsys)
+    assert code == 2 and "unknown template 'nope'" in out
+
+
+def test_routing_a_file_means_run():
+    assert _route(["x.toml", "--new"]) == ["run", "x.toml", "--new"]
+    assert _route(["configs/x"]) == ["run", "configs/x"]
+    assert _route(["status", "logs"]) == ["status", "logs"]
+    assert _route(["--version"]) == ["--version"]
+
+
+def test_mistyped_command_suggests_one(capsys):
+    code, out = cli(["stauts"], capsys)
+    assert code == 2 and "did you mean 'retrain status'" in out
+
+
+def test_run_with_a_bad_config_fails_before_any_training(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training]\nbatch_size = -1\n")
+    code, out = cli([str(bad)], capsys)
+    assert code == 2 and "training.batch_size" in out and "Traceback" not in out
+    code, out = cli([str(tmp_path / "missing.toml")], capsys)
+    assert code == 2 and "no such file" in out
+
+
+def test_unknown_option_is_a_usage_error(capsys):
+    code, out = cli(["status", "--bogus"], capsys)
+    assert code == 2 and "No such option" in out
+
+
+HEAVY = ("torch", "transformers", "peft", "tinker", "matplotlib", "numpy")
+
+
+def test_light_path_imports_nothing_heavy(tmp_path, cli_env):
+    script = textwrap.dedent(f"""
+        import sys
+        from retrain.cli import run_app
+        for args in (["--help"], ["init", "q.toml"], ["explain", "q.toml"],
+                     ["explain", "q.toml", "--json"], ["status", "logs"], ["status", "--json"]):
+            assert run_app(args) == 0, args
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
+        print("HEAVY:", heavy)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=cli_env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY: []" in proc.stdout
+
+
+def test_end_to_end_in_a_temp_folder(tmp_path, cli_env):
+    def retrain(*args):
+        return subprocess.run([sys.executable, "-m", "retrain", *args], capture_output=True,
+                              text=True, env=cli_env, cwd=tmp_path, timeout=120)
+
+    assert retrain("--version").stdout.strip() == f"retrain {__version__}"
+    proc = retrain("init", "--template", "quickstart")
+    assert proc.returncode == 0 and (tmp_path / "quickstart.toml").is_file()
+    proc = retrain("explain", "quickstart.toml")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 prompts x 8 completions = 16 completions" in proc.stdout
+    assert "unknown: run a pilot" in proc.stdout and "\x1b[" not in proc.stdout
+    proc = retrain("status")
+    assert proc.returncode == 0 and "no such folder yet" in proc.stdout
+    proc = retrain("explain", "quickstart.toml", "--set", "training.batchsize=4")
+    assert proc.returncode == 2 and "did you mean 'training.batch_size'" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,427 @@
+"""Config: defaults promised by the docs, every bad-config path through the real CLI, `--set`
+typing, and property tests that dump -> load round-trips every section."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from retrain import config
+from retrain.cli import run_app
+from retrain.config import Condition, Config, ConfigError
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def cli(args: list[str], capsys) -> tuple[int, str]:
+    """Run the CLI in-process; return (exit status, stdout + stderr)."""
+    code = run_app(args)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def write(tmp_path, text: str | bytes, name: str = "bad.toml"):
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- defaults
+
+
+def test_seed_document_defaults():
+    cfg = Config()
+    bp = cfg.backpressure
+    assert (bp.enabled, bp.warmup_steps, bp.ema_decay, bp.throttle_margin, bp.increase_margin,
+            bp.min_batch_size, bp.max_batch_size, bp.peak_gflops, bp.peak_bw_gb_s) == (
+        False, 10, 0.9, 0.85, 0.5, 1, 64, 0.0, 0.0)
+    t = cfg.training
+    assert (t.batch_size, t.group_size, t.max_tokens) == (8, 16, 10240)
+    assert cfg.backend.max_concurrent == 4 and cfg.backend.backend == "local"
+    assert {"parallel", "max_workers", "stagger_seconds"} <= set(config.section_fields("campaign"))
+    assert not cfg.is_campaign
+
+
+def test_seed_document_backpressure_block_parses():
+    text = """
+[backpressure]
+enabled = true
+warmup_steps = 10
+ema_decay = 0.9
+throttle_margin = 0.85
+increase_margin = 0.5
+min_batch_size = 1
+max_batch_size = 64
+peak_gflops = 0.0 # optional: hardware peak for roofline hints
+peak_bw_gb_s = 0.0 # optional: memory bandwidth for roofline hints
+
+[campaign]
+parallel = true
+max_workers = 12 # 12 subprocesses run in parallel
+
+[backend]
+backend = "tinker"
+max_concurrent = 4 # but only 4 hit the Tinker API at once
+"""
+    cfg = config.loads_config(text)
+    assert cfg.backpressure.enabled and cfg.campaign.max_workers == 12
+    assert cfg.backend.backend == "tinker"
+
+
+def test_describe_keys_covers_every_field():
+    rows = config.describe_keys()
+    names = {(s, k) for s, k, _, _ in rows}
+    for section, cls in config.SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert (section, f.name) in names
+    assert all(help_text for *_, help_text in rows)
+
+
+# ---------------------------------------------------------------------------- bad configs
+
+# (file content, fragments the message must contain). Each goes through `retrain explain`.
+BAD_CONFIGS = [
+    ("[trainig]\nbatch_size = 2\n", ["[trainig]", "unknown section", "did you mean 'training'"]),
+    ("[training]\nbatch_sise = 2\n", ["training.batch_sise", "did you mean 'training.batch_size'"]),
+    ("[training]\nadvantage = 'rloo'\n", ["training.advantage", "algorithm.advantage"]),
+    ("batch_size = 4\n", ["batch_size", "top-level", "training.batch_size"]),
+    ("[model]\nnmae = 'x'\n", ["model.nmae", "did you mean 'model.name'"]),
+    ("[training]\nbatch_size = 'eight'\n", ["training.batch_size", "expected an integer",
+                                            '"eight"']),
+    ("[training]\nbatch_size = 2.5\n", ["training.batch_size", "expected an integer", "2.5"]),
+    ("[training]\nbatch_size = 0\n", ["training.batch_size", "must be >= 1", "got 0"]),
+    ("[training]\nlr = -1e-4\n", ["training.lr", "must be > 0"]),
+    ("[training]\nlr = 'fast'\n", ["training.lr", "expected a number"]),
+    ("[training]\nlr = nan\n", ["training.lr", "finite"]),
+    ("[training]\ntop_p = 1.5\n", ["training.top_p", "must be <= 1", "1.5"]),
+    ("[training]\nmax_steps = 99999999999999999999\n", ["training.max_steps", "out of range"]),
+    ("[backpressure]\nenabled = 'yes'\n", ["backpressure.enabled", "expected true or false"]),
+    ("[backpressure]\nmin_batch_size = 8\nmax_batch_size = 4\n",
+     ["backpressure.min_batch_size", "backpressure.max_batch_size"]),
+    ("[algorithm]\nadvantage = 'gpro'\n", ["algorithm.advantage", '"gpro" is not allowed',
+                                           "did you mean 'grpo'"]),
+    ("[backend]\nbackend = 'tinkr'\n", ["backend.backend", "did you mean 'tinker'"]),
+    ("[backend]\nmax_concurrent = 0\n", ["backend.max_concurrent", "must be >= 1"]),
+    ("[data]\nsource = 'jsonl'\n", ["data.path", "data.source = 'jsonl' needs"]),
+    ("[data]\noperations = ['+', '/']\n", ["data.operations", "'+', '-', '*'"]),
+    ("[data]\noperations = '+'\n", ["data.operations", "expected a list of strings"]),
+    ("[reward]\ntype = 'custom'\n", ["reward.function", "module:function"]),
+    ("[reward]\ntype = 'format'\npattern = '(unclosed'\n", ["reward.pattern", "not a valid regex"]),
+    ("[reward]\nparams = 3\n", ["reward.params", "expected a table"]),
+    ("training = 5\n", ["training", "must be a table"]),
+    ("[campaign]\nseeds = [1, 1]\n", ["campaign.seeds", "unique"]),
+    ("[campaign]\nseeds = [1, 'two']\n", ["campaign.seeds", "expected a list of integers"]),
+    ("[campaign]\nseeds = [-1]\n", ["campaign.seeds", ">= 0"]),
+    ("[campaign]\nmax_workers = -2\n", ["campaign.max_workers", "must be >= 0"]),
+    ("[campaign.conditions]\nname = 'a'\n", ["campaign.conditions", "[[campaign.conditions]]"]),
+    ("[[campaign.conditions]]\nname = 'a'\n\"training.lrr\" = 1e-4\n",
+     ["campaign.conditions[0]", "training.lrr", "did you mean 'training.lr'"]),
+    ("[[campaign.conditions]]\nname = 'a'\n\"algorithm.advantage\" = 'nope'\n",
+     ["campaign.conditions[0]", "algorithm.advantage", '"nope" is not allowed']),
+    ("[[campaign.conditions]]\nname = 'a'\n[[campaign.conditions]]\nname = 'a'\n",
+     ["campaign.conditions", "unique", "a"]),
+    ("[[campaign.conditions]]\nname = 'a'\n\"campaign.seeds\" = [1]\n",
+     ["campaign.seeds", "cannot be overridden per run"]),
+    ("[campaign.grid]\n\"training.lr\" = []\n", ["campaign.grid", "non-empty list"]),
+    ("[campaign.grid]\n\"training.batch_size\" = [1, 'x']\n",
+     ["campaign.grid", "training.batch_size", "expected an integer"]),
+    ("[logging]\nlog_dir = 5\n", ["logging.log_dir", "expected a string"]),
+    ("[training\nbatch_size = 2\n", [":1:", "invalid TOML"]),
+    ("[training]\nbatch_size = = 2\n", [":2:14", "invalid TOML"]),
+    ("[training]\nbatch_size = [1,\n", [":2:", "invalid TOML", "end of the file"]),
+    ("[training]\nlr = 1\nlr = 2\n", ["invalid TOML"]),
+    ("\n  \n\t\n", ["is empty", "retrain init"]),
+    (b"\x00\x01\x02\xff binary", ["binary file"]),
+    (b"\xff\xfe[training]\n", ["not UTF-8"]),
+]
+
+
+@pytest.mark.parametrize("text,fragments", BAD_CONFIGS,
+                         ids=[f"bad{i:02d}" for i in range(len(BAD_CONFIGS))])
+def test_bad_config_through_cli(tmp_path, capsys, monkeypatch, text, fragments):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, text)
+    code, out = cli(["explain", str(path)], capsys)
+    assert code == 2, out
+    assert "Traceback" not in out
+    assert str(path) in out
+    for fragment in fragments:
+        assert fragment in out, f"{fragment!r} not in {out!r}"
+
+
+def test_at_least_25_bad_configs():
+    assert len(BAD_CONFIGS) >= 25
+
+
+def test_missing_file_directory_and_unreadable(tmp_path, capsys):
+    code, out = cli(["explain", str(tmp_path / "nope.toml")], capsys)
+    assert code == 2 and "no such file" in out and "nope.toml" in out
+    assert len(out.strip().splitlines()) == 1
+    code, out = cli(["explain", str(tmp_path)], capsys)
+    assert code == 2 and "is a directory" in out and len(out.strip().splitlines()) == 1
+    for content, words in ((b"", "is empty"), (b"\x00\x89PNG\r\n", "binary file"),
+                           (b"\xc3\x28 = 1", "not UTF-8")):
+        path = write(tmp_path, content, "odd.toml")
+        code, out = cli(["explain", str(path)], capsys)
+        assert code == 2 and words in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_every_problem_reported_at_once(tmp_path, capsys):
+    path = write(tmp_path, "[training]\nbatch_size = 0\nlr = 'x'\n[modle]\n")
+    code, out = cli(["explain", str(path)], capsys)
+    assert code == 2
+    assert "3 problems" in out
+    for fragment in ("training.batch_size", "training.lr", "[modle]"):
+        assert fragment in out
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("[training]\nbatch_sise = 2\n", "did you mean 'training.batch_size'"),
+    ("[training\n", "invalid TOML"),
+])
+def test_bad_config_real_subprocess(tmp_path, cli_env, content, fragment):
+    path = write(tmp_path, content)
+    proc = subprocess.run([sys.executable, "-m", "retrain", "explain", str(path)],
+                          capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert fragment in proc.stderr and proc.stderr.startswith("error: ")
+
+
+# ---------------------------------------------------------------------------- --set and shortcuts
+
+
+def test_set_values_are_typed_by_the_schema():
+    got = config.parse_set_args([
+        "training.lr=1e-4", "training.batch_size=4", "backpressure.enabled=true",
+        "data.operations=['+', '-']", "model.name=my-model", 'logging.run_name="quoted"',
+        "backend.options.region=eu", "backend.options.retries=3", "reward.params={k = 1}",
+        "campaign.parallel=true", "model.name=123"])
+    assert got["training.lr"] == 1e-4 and isinstance(got["training.lr"], float)
+    assert got["training.batch_size"] == 4
+    assert got["backpressure.enabled"] is True
+    assert got["data.operations"] == ["+", "-"]
+    assert got["model.name"] == "123"  # string keys keep the text, even if it looks numeric
+    assert got["logging.run_name"] == "quoted"
+    assert got["backend.options.region"] == "eu" and got["backend.options.retries"] == 3
+    assert got["reward.params"] == {"k": 1}
+    assert got["campaign.parallel"] is True
+
+
+@pytest.mark.parametrize("item,fragments", [
+    ("training.lr=fast", ["--set", "training.lr", "expected a number"]),
+    ("training.batch_size=0", ["training.batch_size", "must be >= 1"]),
+    ("training.batchsize=4", ["did you mean 'training.batch_size'"]),
+    ("trainig.lr=1", ["unknown section", "did you mean 'training'"]),
+    ("training.lr", ["expected section.key=value"]),
+    ("lr=1", ["not a 'section.key' name"]),
+    ("algorithm.advantage=gpro", ["did you mean 'grpo'"]),
+    ("campaign.conditions=[]", ["in the TOML file"]),
+    ("training.lr.x=1", ["not a table"]),
+])
+def test_bad_set_through_cli(tmp_path, capsys, item, fragments):
+    path = write(tmp_path, "[training]\nmax_steps = 3\n", "ok.toml")
+    code, out = cli(["explain", str(path), "--set", item], capsys)
+    assert code == 2 and "Traceback" not in out
+    for fragment in fragments:
+        assert fragment in out, out
+
+
+def test_set_and_shortcuts_change_the_plan(tmp_path, capsys):
+    path = write(tmp_path, "[training]\nmax_steps = 3\n", "ok.toml")
+    code, out = cli(["explain", str(path), "--json", "--set", "training.batch_size=3",
+                     "--max-steps", "7", "--seed", "5", "--log-dir", str(tmp_path / "L")],
+                    capsys)
+    assert code == 0, out
+    import json
+
+    report = json.loads(out)
+    assert report["settings"]["training.batch_size"] == 3
+    assert report["settings"]["training.max_steps"] == 7
+    assert report["settings"]["training.seed"] == 5
+    assert report["runs"][0]["folder"] == str(tmp_path / "L" / "ok")
+
+
+def test_bad_shortcut_names_the_flag(tmp_path, capsys):
+    path = write(tmp_path, "[training]\nmax_steps = 3\n", "ok.toml")
+    code, out = cli(["explain", str(path), "--max-steps", "0"], capsys)
+    assert code == 2 and "--max-steps" in out and "must be >= 1" in out
+    code, out = cli(["explain", str(path), "--seed", "-3"], capsys)
+    assert code == 2 and "--seed" in out
+
+
+def test_override_cannot_hide_a_bad_section(tmp_path):
+    path = write(tmp_path, "training = 5\n")
+    with pytest.raises(ConfigError, match="must be a table"):
+        config.load_config(path, {"training.lr": 1e-4})
+
+
+def test_run_config_applies_dotted_changes():
+    cfg = config.run_config(Config(), **{"training.lr": 2e-5, "backend.options.x": {"y": 1}})
+    assert cfg.training.lr == 2e-5 and cfg.backend.options == {"x": {"y": 1}}
+    with pytest.raises(ConfigError):
+        config.run_config(Config(), **{"training.lr": -1.0})
+
+
+def test_condition_tables_accept_dotted_and_nested_forms():
+    cfg = config.loads_config("""
+[campaign]
+seeds = [1]
+[[campaign.conditions]]
+name = "a"
+training.lr = 2e-5
+"backend.options" = { region = "eu" }
+[[campaign.conditions]]
+name = "b"
+"training.lr" = 3e-5
+backend.options.x = 1
+""")
+    a, b = cfg.campaign.conditions
+    assert a.overrides == {"training.lr": 2e-5, "backend.options": {"region": "eu"}}
+    assert b.overrides["training.lr"] == 3e-5
+    run_b = config.run_config(cfg, **b.overrides)
+    assert run_b.backend.options == {"x": 1} and run_b.training.lr == 3e-5
+
+
+def test_table_overrides_merge_instead_of_dropping_keys():
+    cfg = config.loads_config('[backend]\noptions = { keep = 1, deep = { a = 1 } }\n')
+    for change in ({"backend.options": {"deep": {"b": 2}}}, {"backend.options.deep.b": 2}):
+        run = config.run_config(cfg, **change)
+        assert run.backend.options == {"keep": 1, "deep": {"a": 1, "b": 2}}
+    run = config.run_config(cfg, **{"backend.options.keep": [1, 2]})
+    assert run.backend.options["keep"] == [1, 2]
+
+
+# ---------------------------------------------------------------------------- round trip
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_key = st.one_of(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True), _text)
+_scalar = st.one_of(st.booleans(), st.integers(-2**63, 2**63 - 1),
+                    st.floats(allow_nan=False, allow_infinity=False), _text)
+_free = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(_key, inner, max_size=4)),
+    max_leaves=12)
+_free_table = st.dictionaries(_key, _free, max_size=4)
+
+
+def _field_strategy(section: str, f: dataclasses.Field):
+    tp = config.field_type(section, f.name)
+    meta = f.metadata
+    if meta.get("choices"):
+        return st.sampled_from(meta["choices"])
+    if tp is bool:
+        return st.booleans()
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if tp is int:
+        return st.integers(int(lo) if lo is not None else -2**40, int(hi) if hi else 2**40)
+    if tp is float:
+        lo_v = lo if lo is not None else -1e9
+        return st.floats(lo_v, hi if hi is not None else 1e9, exclude_min=bool(meta["lo_open"]),
+                         allow_nan=False, allow_infinity=False)
+    if tp is str:
+        return _text
+    if tp is dict:
+        return _free_table
+    if tp == list[str]:
+        return st.lists(_text, max_size=3)
+    raise AssertionError(f"no strategy for {section}.{f.name}")
+
+
+_OVERRIDES = {
+    "training.lr": st.floats(1e-7, 1e-2),
+    "training.max_steps": st.integers(1, 10**6),
+    "algorithm.advantage": st.sampled_from(["grpo", "dr_grpo", "rloo", "maxrl"]),
+    "data.operations": st.sampled_from([["+"], ["+", "-"], ["*"]]),
+    "model.lora_target_modules": st.lists(_text, max_size=3),
+    "reward.params": _free_table,
+    "backend.options": _free_table,
+    "backend.options.region": _free,
+    "reward.params.scale": _free,
+}
+
+
+@st.composite
+def configs(draw) -> Config:
+    cfg = Config()
+    for section in config.SECTIONS:
+        if section == "campaign":
+            continue
+        for name, f in config.section_fields(section).items():
+            if draw(st.booleans()):
+                setattr(getattr(cfg, section), name, draw(_field_strategy(section, f)))
+    _satisfy_cross_checks(cfg)
+    camp = cfg.campaign
+    camp.seeds = draw(st.lists(st.integers(0, 2**31), unique=True, max_size=4))
+    camp.parallel = draw(st.booleans())
+    camp.max_workers = draw(st.integers(0, 64))
+    camp.stagger_seconds = draw(st.floats(0, 1e4))
+    names = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True),
+                          unique=True, max_size=4))
+    camp.conditions = [
+        Condition(name=n, overrides=draw(st.fixed_dictionaries(
+            {}, optional={k: v for k, v in _OVERRIDES.items()}))) for n in names]
+    if draw(st.booleans()):
+        camp.grid = {"training.lr": draw(st.lists(st.floats(1e-6, 1e-3), min_size=1,
+                                                  max_size=3))}
+    return cfg
+
+
+def _satisfy_cross_checks(cfg: Config) -> None:
+    if cfg.data.source == "jsonl" and not cfg.data.path:
+        cfg.data.path = "data.jsonl"
+    ops = [o for o in cfg.data.operations if o in ("+", "-", "*")]
+    cfg.data.operations = ops or ["+"]
+    if cfg.reward.type == "custom" and not cfg.reward.function:
+        cfg.reward.function = "rewards:score"
+    if cfg.reward.type == "format":
+        cfg.reward.pattern = "\\\\boxed"
+    bp = cfg.backpressure
+    bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
+    if bp.enabled and bp.increase_margin == 0:
+        bp.increase_margin = 0.5
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs())
+def test_dump_load_round_trip(cfg):
+    assert config.cross_checks(cfg) == []
+    text = config.dumps_config(cfg)
+    back = config.loads_config(text)
+    assert back == cfg
+    assert config.dumps_config(back) == text
+
+
+@settings(max_examples=50, deadline=None)
+@given(configs())
+def test_round_trip_through_a_file(tmp_path_factory, cfg):
+    path = tmp_path_factory.mktemp("rt") / "resolved.toml"
+    path.write_text(config.dumps_config(cfg), encoding="utf-8")
+    assert config.load_config(path) == cfg
+
+
+def test_round_trip_keeps_free_form_tables_in_conditions():
+    cfg = config.loads_config("""
+[backend]
+options = { nested = { deep = [1, 2.5, "x", { t = true }] } }
+[reward]
+params = { "dotted.key" = "v", "" = 0 }
+[campaign]
+seeds = [3, 1]
+[[campaign.conditions]]
+name = "a"
+"backend.options" = { region = "eu", list = [{ a = 1 }, { b = 2 }] }
+"reward.params.scale" = 0.5
+[campaign.grid]
+"training.lr" = [1e-5, 2e-5]
+""")
+    assert config.loads_config(config.dumps_config(cfg)) == cfg

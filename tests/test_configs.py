@@ -1,0 +1,29 @@
+"""Every example in configs/ loads cleanly and round-trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retrain import config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+
+
+def test_there_are_examples():
+    assert len(CONFIGS) >= 6
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_example_loads_and_round_trips(path):
+    cfg = config.load_config(path)
+    assert config.loads_config(config.dumps_config(cfg)) == cfg
+    if cfg.data.source == "jsonl":
+        assert (path.parent / cfg.data.path).is_file()
+
+
+def test_readme_lists_every_example():
+    readme = (CONFIGS[0].parent / "README.md").read_text()
+    for path in CONFIGS:
+        assert f"`{path.name}`" in readme

@@ -1,0 +1,29 @@
+"""docs/configuration.md is generated from the schema and must be up to date."""
+
+from __future__ import annotations
+
+from retrain import config, docgen
+
+
+def test_configuration_doc_is_up_to_date():
+    assert docgen.DOC_PATH.read_text(encoding="utf-8") == docgen.configuration_markdown(), (
+        "docs/configuration.md is out of date: run `python -m retrain.docgen`")
+
+
+def test_every_key_is_documented_with_its_default():
+    text = docgen.configuration_markdown()
+    for section, key, _default, _help in config.describe_keys():
+        assert f"## [{section}]" in text
+        assert f"| `{key}` |" in text
+    assert "| `max_concurrent` | `4` | >= 1 |" in text
+    assert "| `batch_size` | `8` | >= 1 |" in text
+    assert "`grpo` \\| `dr_grpo`" in text
+
+
+def test_check_mode_detects_a_stale_file(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "configuration.md"
+    stale.write_text("old\n", encoding="utf-8")
+    monkeypatch.setattr(docgen, "DOC_PATH", stale)
+    assert docgen.main(["--check"]) == 1
+    assert docgen.main([]) == 0
+    assert docgen.main(["--check"]) == 0

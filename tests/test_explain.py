@@ -1,0 +1,262 @@
+"""`retrain explain`: the plan, the pilot-based wall-time estimate, and risky-setting warnings."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+
+from retrain import config, explain
+from retrain.cli import run_app
+from retrain.config import Config
+
+
+@dataclass
+class _Spec:
+    name: str
+    condition: str
+    seed: int
+    overrides: dict = field(default_factory=dict)
+
+
+def _fake_expand(cfg: Config) -> list[_Spec]:
+    seeds = cfg.campaign.seeds or [cfg.training.seed]
+    conds = cfg.campaign.conditions or [config.Condition(name="base")]
+    return [_Spec(f"{c.name}_s{s}", c.name, s, dict(c.overrides)) for c in conds for s in seeds]
+
+
+@pytest.fixture
+def matrix(monkeypatch):
+    """retrain.campaign.matrix (another helper's module) when present, else a stand-in."""
+    try:
+        import retrain.campaign.matrix as real  # noqa: F401
+    except ImportError:
+        fake = types.ModuleType("retrain.campaign.matrix")
+        fake.expand = _fake_expand
+        monkeypatch.setitem(sys.modules, "retrain.campaign.matrix", fake)
+
+
+def write(tmp_path, text, name="plan.toml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def make_run(folder, cfg: Config, step_times, mtime=None):
+    """A finished run folder as the trainer leaves it: resolved config + metrics."""
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(config.dumps_config(cfg))
+    rows = [json.dumps({"step": i + 1, "step_time_s": t}) for i, t in enumerate(step_times)]
+    (folder / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    if mtime is not None:
+        os.utime(folder / "metrics.jsonl", (mtime, mtime))
+
+
+SINGLE = """
+[training]
+batch_size = 2
+group_size = 8
+max_tokens = 1024
+max_steps = 20
+[model]
+device = "cpu"
+"""
+
+CAMPAIGN = SINGLE + """
+[campaign]
+seeds = [1, 2]
+parallel = true
+max_workers = 2
+[[campaign.conditions]]
+name = "grpo"
+"algorithm.advantage" = "grpo"
+[[campaign.conditions]]
+name = "rloo"
+"algorithm.advantage" = "rloo"
+[[campaign.conditions]]
+name = "long"
+"training.max_steps" = 40
+"""
+
+
+def test_single_run_plan_without_pilot(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = explain.build_report(write(tmp_path, SINGLE))
+    assert r.kind == "single run" and r.name == "plan"
+    assert r.completions_per_step == 16
+    assert [p.name for p in r.runs] == ["plan"] and r.runs[0].folder == os.path.join("logs", "plan")
+    assert r.total_steps == 20 and r.effective_parallelism == 1
+    assert r.pilot is None and r.wall_time_s is None
+    assert r.wall_time == "unknown: run a pilot"
+
+
+def test_pilot_gives_the_wall_time_and_names_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, SINGLE)
+    cfg = config.load_config(path)
+    make_run(tmp_path / "logs" / "old-pilot", config.run_config(cfg, **{"training.max_steps": 3}),
+             [10.0, 2.0, 4.0], mtime=1000)
+    make_run(tmp_path / "logs" / "newer", cfg, [3.0, 5.0], mtime=2000)
+    other = config.run_config(cfg, **{"training.batch_size": 4})
+    make_run(tmp_path / "logs" / "newest-but-other-batch", other, [99.0], mtime=3000)
+    r = explain.build_report(path)
+    assert r.pilot.run == os.path.join("logs", "newer")
+    assert r.pilot.median_step_time_s == 4.0 and r.pilot.steps == 2
+    assert r.wall_time_s == 4.0 * 20 / 1
+    lines = "\n".join(explain.plain_lines(r))
+    assert "newer" in lines and "~1m 20s" in lines
+
+
+def test_pilot_inside_a_campaign_folder_is_found(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, SINGLE)
+    make_run(tmp_path / "logs" / "camp" / "a_s1", config.load_config(path), [6.0])
+    (tmp_path / "logs" / "camp" / "manifest.json").write_text("{}")
+    assert explain.build_report(path).pilot.median_step_time_s == 6.0
+
+
+def test_pilot_with_torn_metrics_and_broken_config_is_tolerated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, SINGLE)
+    make_run(tmp_path / "logs" / "torn", config.load_config(path), [2.0])
+    with open(tmp_path / "logs" / "torn" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 2, "step_ti')
+    (tmp_path / "logs" / "broken").mkdir()
+    (tmp_path / "logs" / "broken" / "config.toml").write_text("[[[")
+    (tmp_path / "logs" / "broken" / "metrics.jsonl").write_text('{"step_time_s": 1}\n')
+    r = explain.build_report(path)
+    assert r.pilot.run.endswith("torn") and r.pilot.median_step_time_s == 2.0
+
+
+def test_campaign_matrix_steps_and_parallelism(tmp_path, monkeypatch, matrix):
+    monkeypatch.chdir(tmp_path)
+    r = explain.build_report(write(tmp_path, CAMPAIGN, "camp.toml"))
+    assert r.kind == "campaign" and r.name == "camp"
+    names = [p.name for p in r.runs]
+    assert names == ["grpo_s1", "grpo_s2", "rloo_s1", "rloo_s2", "long_s1", "long_s2"]
+    assert r.conditions == ["grpo", "rloo", "long"] and r.seeds == [1, 2]
+    assert [p.seed for p in r.runs] == [1, 2] * 3
+    assert r.runs[0].folder == os.path.join("logs", "camp", "grpo_s1")
+    assert r.total_steps == 4 * 20 + 2 * 40
+    assert r.effective_parallelism == 2
+    text = "\n".join(explain.plain_lines(r))
+    assert "3 conditions x 2 seeds" in text and "rloo_s2" in text
+    assert "algorithm.advantage=\"rloo\"" in text
+
+
+def test_campaign_estimate_uses_parallelism(tmp_path, monkeypatch, matrix):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, CAMPAIGN, "camp.toml")
+    base = config.load_config(path)
+    make_run(tmp_path / "logs" / "pilot", config.run_config(base, **{"campaign.seeds": []}),
+             [3.0, 3.0, 3.0])
+    r = explain.build_report(path)
+    assert r.wall_time_s == 3.0 * 160 / 2
+
+
+def test_campaign_named_folder_and_sequential(tmp_path, monkeypatch, matrix):
+    monkeypatch.chdir(tmp_path)
+    text = CAMPAIGN.replace("parallel = true", "parallel = false\nname = \"sweep\"")
+    r = explain.build_report(write(tmp_path, text, "camp.toml"))
+    assert r.name == "sweep" and r.effective_parallelism == 1
+    assert r.runs[0].folder == os.path.join("logs", "sweep", "grpo_s1")
+
+
+def test_warnings_for_risky_settings(tmp_path, monkeypatch, matrix):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    r = explain.build_report(write(tmp_path, CAMPAIGN.replace("max_tokens = 1024",
+                                                              "max_tokens = 10240"), "c.toml"))
+    text = " ".join(r.warnings)
+    assert "2 local runs at once share this machine's CPU" in text
+    assert "max_tokens = 10240 on a CPU" in text
+
+    risky = write(tmp_path, """
+[training]
+batch_size = 8
+group_size = 1
+top_p = 0.9
+[backpressure]
+enabled = true
+max_batch_size = 4
+[backend]
+backend = "tinker"
+[data]
+source = "jsonl"
+path = "missing.jsonl"
+""", "risky.toml")
+    text = " ".join(explain.build_report(risky).warnings)
+    for fragment in ("backpressure.max_batch_size (4) < training.batch_size (8)",
+                     "group_size = 1", "training.top_p = 0.9", "TINKER_API_KEY",
+                     "data.path = 'missing.jsonl': no such file"):
+        assert fragment in text
+
+
+def test_quiet_config_has_no_warnings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    path = write(tmp_path, SINGLE + '[data]\nsource = "jsonl"\npath = "d.jsonl"\n')
+    assert explain.build_report(path).warnings == []
+
+
+def test_seed_flag_on_a_seeded_campaign_warns(tmp_path, monkeypatch, matrix):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, CAMPAIGN, "c.toml")
+    r = explain.build_report(path, {"training.seed": 7})
+    assert any("--seed" in w for w in r.warnings)
+
+
+def test_identical_conditions_warn(tmp_path, monkeypatch, matrix):
+    monkeypatch.chdir(tmp_path)
+    text = SINGLE + """
+[campaign]
+seeds = [1]
+[[campaign.conditions]]
+name = "a"
+"training.lr" = 1e-5
+[[campaign.conditions]]
+name = "b"
+"training.lr" = 1e-5
+"""
+    r = explain.build_report(write(tmp_path, text, "c.toml"))
+    assert any("'a' and 'b' set the same overrides" in w for w in r.warnings)
+
+
+def test_cli_json_and_plain_output(tmp_path, monkeypatch, capsys, matrix):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, CAMPAIGN, "camp.toml")
+    assert run_app(["explain", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "campaign" and len(data["runs"]) == 6
+    assert data["total_steps"] == 160 and data["effective_parallelism"] == 2
+    assert data["wall_time"] == "unknown: run a pilot" and data["pilot"] is None
+    assert run_app(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out  # plain text when not a terminal
+    assert "16 completions" in out and "total steps" in out and "unknown: run a pilot" in out
+
+
+def test_rich_output_path(tmp_path, monkeypatch, capsys, matrix):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(explain.render, "stdout_is_terminal", lambda: True)
+    path = write(tmp_path, CAMPAIGN, "camp.toml")
+    assert run_app(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "grpo_s1" in out and "OK" in out and "warnings" in out
+
+
+@pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign"])
+def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
+    from retrain import templates
+
+    monkeypatch.chdir(tmp_path)
+    r = explain.build_report(templates.write_template(name))
+    assert r.total_steps == sum(p.max_steps for p in r.runs) > 0
+    if name == "quickstart":
+        assert r.completions_per_step == 16 and r.warnings == []
+    if name == "campaign":
+        assert len(r.runs) == 6 and r.effective_parallelism == 2

@@ -1,0 +1,262 @@
+"""`retrain status` on synthetic logs: every run state, torn lines, a failed run, campaigns."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import types
+from io import StringIO
+
+import pytest
+
+from retrain import runlog, status
+from retrain.cli import run_app
+
+HOST = socket.gethostname()
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def make_run(folder, state=None, rows=(), tail=b"", config_steps=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    if state is not None:
+        runlog.write_json_atomic(folder / "state.json", state)
+    if rows or tail:
+        body = b"".join(json.dumps(r).encode() + b"\n" for r in rows) + tail
+        (folder / "metrics.jsonl").write_bytes(body)
+    if config_steps is not None:
+        (folder / "config.toml").write_text(f"[training]\nmax_steps = {config_steps}\n")
+    return folder
+
+
+def rows(n, **extra):
+    return [{"step": i, "mean_reward": i / 10, "step_time_s": 2.0 + i % 2,
+             "tokens_per_second": 100.0 * i, "max_token_hit_rate": 0.0, **extra}
+            for i in range(1, n + 1)]
+
+
+@pytest.fixture
+def logs(tmp_path):
+    root = tmp_path / "logs"
+    now = time.time()
+    make_run(root / "alive", {"status": "running", "step": 3, "max_steps": 10,
+                              "pid": os.getpid(), "host": HOST,
+                              "updated_at": now},
+             rows(3, bp_action="hold", bp_regime="warmup"), tail=b'{"step": 4, "mean_re')
+    make_run(root / "finished", {"status": "completed", "step": 5, "max_steps": 5}, rows(5))
+    make_run(root / "crashed", {"status": "failed", "step": 2, "max_steps": 5,
+                                "error": "CUDA out of memory\nmore detail"}, rows(2))
+    make_run(root / "orphan", {"status": "running", "step": 1, "max_steps": 5,
+                               "pid": dead_pid(), "host": HOST}, rows(1))
+    far = make_run(root / "elsewhere", {"status": "running", "step": 1, "max_steps": 5,
+                                        "pid": 123, "host": "another-host",
+                                        "updated_at": now - 3600}, rows(1))
+    for f in far.iterdir():  # written an hour ago by a process on another host
+        os.utime(f, (now - 3600, now - 3600))
+    make_run(root / "queued", {"status": "pending", "max_steps": 5})
+    make_run(root / "stopped", {"status": "interrupted", "step": 2, "max_steps": 5}, rows(2))
+    make_run(root / "no-state", None, rows(4), config_steps=4)
+    return root
+
+
+def test_run_states_and_fields(logs):
+    report = status.scan(logs)
+    by = {r.name: r for r in report.runs}
+    assert {n: r.state for n, r in by.items()} == {
+        "alive": "running", "finished": "done", "crashed": "failed", "orphan": "stale",
+        "elsewhere": "stale", "queued": "pending", "stopped": "interrupted", "no-state": "done"}
+    alive = by["alive"]
+    assert (alive.step, alive.max_steps) == (3, 10)
+    assert alive.mean_reward == pytest.approx(0.3)
+    assert alive.median_step_time_s == 3.0 and alive.tokens_per_second == 300.0
+    assert alive.max_token_hit_rate == 0.0
+    assert (alive.bp_action, alive.bp_regime) == ("hold", "warmup")
+    assert alive.bad_lines == 1
+    assert by["crashed"].error.startswith("CUDA out of memory")
+    assert by["no-state"].max_steps == 4
+
+
+def test_header_counts_match_rows(logs, capsys):
+    assert run_app(["status", str(logs)]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first == (f"{logs}: 8 runs (1 running, 2 done, 1 failed, 2 stale, 1 pending, "
+                     "1 interrupted)")
+    lines = out.splitlines()
+    table = lines[2:lines.index("", 2)]
+    assert table[0].split()[:2] == ["run", "state"]
+    listed = [line.split()[1] for line in table[1:] if not line.startswith("  ")]
+    assert len(listed) == 8  # one row per run counted in the header
+    assert sorted(listed) == sorted(["running", "done", "done", "failed", "stale", "stale",
+                                     "pending", "interrupted"])
+    assert "failed: crashed: CUDA out of memory" in out
+    assert "bad lines" in out and "\x1b[" not in out
+
+
+def test_json_output(logs, capsys):
+    assert run_app(["status", str(logs), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["runs"]) == 8 and data["campaigns"] == []
+    assert sum(data["counts"].values()) == 8
+    alive = next(r for r in data["runs"] if r["name"] == "alive")
+    assert alive["bp_action"] == "hold" and alive["bad_lines"] == 1
+
+
+def test_missing_and_empty_folders_are_friendly(tmp_path, capsys):
+    assert run_app(["status", str(tmp_path / "nope")]) == 0
+    assert "no such folder yet" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert run_app(["status", str(tmp_path / "empty")]) == 0
+    out = capsys.readouterr().out
+    assert "no runs or campaigns yet" in out and "Traceback" not in out
+
+
+def test_a_file_instead_of_a_folder_is_a_user_error(tmp_path, capsys):
+    f = tmp_path / "config.toml"
+    f.write_text("")
+    assert run_app(["status", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_status_of_a_single_run_folder(logs):
+    report = status.scan(logs / "finished")
+    assert [r.name for r in report.runs] == ["finished"] and report.runs[0].state == "done"
+
+
+def test_only_garbage_metrics_never_break_status(tmp_path, capsys):
+    make_run(tmp_path / "junk", None, tail=b"\x00\xff garbage\n{not json\n[1]\n{\"step\": \"x\"}")
+    assert run_app(["status", str(tmp_path)]) == 0
+    report = status.scan(tmp_path)
+    assert report.runs[0].bad_lines == 3 and report.runs[0].step == 0
+
+
+# ---------------------------------------------------------------------------- campaigns
+
+
+def manifest(root, runs, **extra):
+    data = {"campaign": "sweep", "status": "running", "parallel": True, "max_workers": 2,
+            "max_concurrent": 4, "slots_dir": "slots", "conditions": ["grpo", "rloo"],
+            "seeds": [1, 2], "runner": {"pid": os.getpid(), "host": HOST},
+            "runs": runs, **extra}
+    runlog.write_json_atomic(root / "manifest.json", data)
+
+
+def entry(name, cond, seed, st, **extra):
+    return {"name": name, "condition": cond, "seed": seed, "overrides": {}, "status": st,
+            "attempts": 1, "exit_code": None, "pid": 0, "log_dir": name, "last_step": 0,
+            "max_steps": 10, **extra}
+
+
+@pytest.fixture
+def campaign(tmp_path):
+    root = tmp_path / "logs" / "sweep"
+    now = time.time()
+    make_run(root / "grpo_s1", {"status": "completed", "step": 10, "max_steps": 10},
+             rows(10))
+    make_run(root / "grpo_s2", {"status": "running", "step": 4, "max_steps": 10,
+                                "pid": os.getpid(), "host": HOST,
+                                "updated_at": now}, rows(4), tail=b'{"ste')
+    make_run(root / "rloo_s1", {"status": "failed", "step": 1, "max_steps": 10,
+                                "error": "boom"}, rows(1))
+    manifest(root, [
+        entry("grpo_s1", "grpo", 1, "completed", exit_code=0, last_step=10),
+        entry("grpo_s2", "grpo", 2, "running"),
+        entry("rloo_s1", "rloo", 1, "failed", attempts=2, exit_code=1),
+        entry("rloo_s2", "rloo", 2, "pending", attempts=0),
+    ])
+    make_run(tmp_path / "logs" / "solo", {"status": "completed", "step": 1, "max_steps": 1},
+             rows(1))
+    return tmp_path / "logs"
+
+
+def test_campaign_matrix_counts_and_time_left(campaign):
+    report = status.scan(campaign)
+    assert [r.name for r in report.runs] == ["solo"]  # campaign runs are not listed twice
+    (c,) = report.campaigns
+    assert c.name == "sweep" and c.state == "running"
+    states = {r.name: r.state for r in c.runs}
+    assert states == {"grpo_s1": "done", "grpo_s2": "running", "rloo_s1": "failed",
+                      "rloo_s2": "pending"}
+    assert c.counts == {"running": 1, "done": 1, "failed": 1, "pending": 1}
+    assert {r.name: r.attempts for r in c.runs}["rloo_s1"] == 2
+    # open runs: grpo_s2 (6 steps left) + rloo_s2 (10); median step 2.5s; 2 workers
+    assert c.steps_left == 16
+    assert c.time_left_s == pytest.approx(2.5 * 16 / 2)
+    assert c.api_slots_in_use is None or isinstance(c.api_slots_in_use, int)
+
+
+def test_campaign_plain_output(campaign, capsys):
+    assert run_app(["status", str(campaign)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"{campaign}: 1 run (1 done), 1 campaign"
+    assert "campaign 'sweep'" in out and "4 runs (1 running, 1 done, 1 failed, 1 pending)" in out
+    assert "16 steps left, ~20s" in out
+    matrix = [line for line in out.splitlines() if line.startswith("  grpo ")]
+    assert matrix and "done 10/10" in matrix[0] and "running 4/10" in matrix[0]
+    rloo = [line for line in out.splitlines() if line.startswith("  rloo ")][0]
+    assert "failed 1/10 (x2)" in rloo and "pending 0/10" in rloo
+    assert "failed: rloo_s1: boom" in out
+
+
+def test_campaign_slots_in_use(campaign, monkeypatch, capsys):
+    sem = types.ModuleType("retrain.campaign.semaphore")
+    seen = []
+    sem.slots_in_use = lambda folder: seen.append(folder) or 3
+    monkeypatch.setitem(sys.modules, "retrain.campaign.semaphore", sem)
+    (c,) = status.scan(campaign).campaigns
+    assert c.api_slots_in_use == 3 and seen == [campaign / "sweep" / "slots"]
+    assert "API slots 3/4 in use" in status.campaign_header(c)
+
+
+def test_dead_campaign_runner_is_stale_and_running_entry_without_folder(tmp_path):
+    root = tmp_path / "c"
+    manifest(root, [entry("grpo_s1", "grpo", 1, "running", pid=dead_pid()),
+                    entry("grpo_s2", "grpo", 2, "interrupted", last_step=3)],
+             runner={"pid": dead_pid(), "host": HOST})
+    (c,) = status.scan(tmp_path).campaigns
+    assert c.state == "stale"
+    assert [r.state for r in c.runs] == ["stale", "interrupted"]
+    assert c.runs[1].step == 3
+    assert c.time_left_s is None and c.steps_left == 17
+
+
+def test_broken_manifest_is_tolerated(tmp_path, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "manifest.json").write_text('{"runs": [1, {"name": "x"}, "y"], "seeds": 3')
+    assert run_app(["status", str(tmp_path)]) == 0
+    (tmp_path / "c" / "manifest.json").write_text('{"runs": [1, {"name": "x"}], "seeds": 3}')
+    assert run_app(["status", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+
+
+def test_rich_and_watch(campaign, monkeypatch, capsys):
+    monkeypatch.setattr(status.render, "stdout_is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert run_app(["status", str(campaign)]) == 0
+    out = capsys.readouterr().out
+    assert "sweep" in out and "grpo_s2" in out
+    from rich.console import Console
+
+    buf = StringIO()
+    status.watch_status(campaign, interval=0.01, iterations=2,
+                        console=Console(file=buf, force_terminal=True, width=150))
+    assert "grpo_s2" in buf.getvalue()
+
+
+def test_watch_when_piped_prints_plain_reports(campaign, capsys):
+    status.watch_status(campaign, interval=0.01, iterations=1)
+    out = capsys.readouterr().out
+    assert out.count("campaign 'sweep'") == 2 and "\x1b[" not in out
+
+
+def test_watch_and_json_do_not_mix(tmp_path, capsys):
+    assert run_app(["status", str(tmp_path), "--watch", "--json"]) == 2
+    assert "do not mix" in capsys.readouterr().err

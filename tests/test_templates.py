@@ -1,0 +1,104 @@
+"""`retrain init` templates: they load, keep the promised profiles, explain every line, and
+ship inside the package."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from retrain import config, templates
+from retrain.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+NAMES = [name for name, _ in templates.list_templates()]
+
+
+def test_the_three_templates_exist():
+    assert NAMES == ["quickstart", "experiment", "campaign"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_template_loads(tmp_path, name):
+    path = templates.write_template(name, tmp_path / f"{name}.toml")
+    cfg = config.load_config(path)
+    assert config.loads_config(config.dumps_config(cfg)) == cfg
+
+
+def test_quickstart_is_the_smoke_profile_on_built_ins(tmp_path):
+    cfg = config.load_config(templates.write_template("quickstart", tmp_path / "q.toml"))
+    assert not cfg.is_campaign
+    assert cfg.model.name == "smollm2-135m-instruct"
+    assert cfg.data.source == "arithmetic" and cfg.backend.backend == "local"
+    t = cfg.training
+    assert (t.batch_size, t.group_size, t.max_tokens) == (2, 8, 1024)
+
+
+def test_experiment_is_the_standard_profile(tmp_path):
+    cfg = config.load_config(templates.write_template("experiment", tmp_path / "e.toml"))
+    t = cfg.training
+    assert not cfg.is_campaign
+    assert (t.batch_size, t.group_size, t.max_tokens) == (8, 16, 10240)
+
+
+def test_campaign_has_conditions_seeds_workers_and_backpressure(tmp_path):
+    path = templates.write_template("campaign", tmp_path / "c.toml")
+    cfg = config.load_config(path)
+    assert cfg.is_campaign and cfg.campaign.parallel and cfg.campaign.max_workers >= 2
+    assert len(cfg.campaign.conditions) >= 2 and len(cfg.campaign.seeds) >= 2
+    raw = tomllib.loads(path.read_text())
+    assert set(raw["backpressure"]) >= {"enabled", "warmup_steps", "min_batch_size",
+                                        "max_batch_size"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_key_line_has_a_comment_above_it(name):
+    lines = templates.template_text(name).splitlines()
+    assert lines[0].startswith("#")
+    for i, line in enumerate(lines):
+        if line.strip() and not line.startswith(("#", "[")):
+            assert lines[i - 1].startswith("#"), f"{name}.toml line {i + 1} has no comment: {line}"
+
+
+def test_write_refuses_to_overwrite_without_force(tmp_path):
+    path = templates.write_template("quickstart", tmp_path / "q.toml")
+    path.write_text("# my edits\n")
+    with pytest.raises(UserError, match="already exists.*--force"):
+        templates.write_template("quickstart", path)
+    assert path.read_text() == "# my edits\n"
+    templates.write_template("quickstart", path, force=True)
+    assert "smollm2" in path.read_text()
+
+
+def test_default_path_and_folder_target(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert templates.write_template("campaign") == Path("campaign.toml")
+    assert (tmp_path / "campaign.toml").is_file()
+    (tmp_path / "cfg").mkdir()
+    assert templates.write_template("experiment", tmp_path / "cfg") == \
+        tmp_path / "cfg" / "experiment.toml"
+    assert templates.write_template("quickstart", tmp_path / "new" / "dir" / "q.toml").is_file()
+
+
+def test_unknown_template_suggests_a_name():
+    with pytest.raises(UserError, match="did you mean 'quickstart'"):
+        templates.template_text("quikstart")
+
+
+def test_unwritable_target_is_a_user_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot write"):
+        templates.write_template("quickstart", blocker / "q.toml")
+
+
+def test_templates_ship_inside_the_package():
+    # retrain/_templates is the package-data view of the top-level templates/ folder.
+    packaged = REPO / "retrain" / "_templates"
+    assert packaged.resolve() == (REPO / "templates").resolve()
+    for name in NAMES:
+        assert (packaged / f"{name}.toml").read_text() == templates.template_text(name)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "_templates/*.toml" in pyproject["tool"]["setuptools"]["package-data"]["retrain"]
+
