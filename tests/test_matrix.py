@@ -169,14 +169,19 @@ def test_condition_and_grid_may_not_set_the_same_key():
         expand(cfg)
 
 
-def test_matrix_hash_tracks_run_configs_not_campaign_scheduling():
+def _hash(cfg: Config, where: str = "/a") -> str:
+    return matrix_hash({s.name: run_config_for(cfg, s, where) for s in expand(cfg)})
+
+
+def test_matrix_hash_tracks_run_configs_not_scheduling_or_location():
     cfg = _cfg()
-    h = matrix_hash(cfg, expand(cfg))
+    h = _hash(cfg)
+    assert _hash(cfg, "/elsewhere") == h
     sched = _cfg(CAMPAIGN.replace("seeds = [1, 2, 3]",
                                   "seeds = [1, 2, 3]\nmax_workers = 9\nparallel = true"))
-    assert matrix_hash(sched, expand(sched)) == h
+    assert _hash(sched) == h
     changed = _cfg(CAMPAIGN.replace("max_steps = 3", "max_steps = 4"))
-    assert matrix_hash(changed, expand(changed)) != h
+    assert _hash(changed) != h
 
 
 def test_run_spec_overrides_are_copies():

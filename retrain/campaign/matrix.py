@@ -22,7 +22,7 @@ MAX_NAME = 80          # folder-name budget for a run name, seed suffix included
 BASE_CONDITION = "base"
 # Keys the campaign sets for every run, so a condition may not.
 RESERVED_KEYS = {
-    "training.seed": "use [campaign] seeds = [...] to vary the seed",
+    "training.seed": "vary the seed with [campaign].seeds",
     "logging.log_dir": "runs always write inside the campaign folder",
     "logging.run_name": "run names come from the condition and seed",
     "backend.max_concurrent": "the API cap is campaign-wide; set it in [backend]",
@@ -93,12 +93,13 @@ def _merge_into(node: dict, key: str, value: Any) -> None:
         node[key] = copy.deepcopy(value)
 
 
-def matrix_hash(cfg: Config, specs: list[RunSpec]) -> str:
-    """Hash of every run's resolved config (independent of where the campaign folder is)."""
+def matrix_hash(run_configs: dict[str, Config]) -> str:
+    """Hash of every run's name and resolved config, independent of the campaign's location."""
     h = hashlib.sha256()
-    for spec in specs:
-        h.update(spec.name.encode() + b"\0")
-        h.update(config_mod.dumps_config(run_config_for(cfg, spec, "<campaign>")).encode())
+    for name, run in run_configs.items():
+        placed = copy.deepcopy(run)
+        placed.logging.log_dir = ""
+        h.update(name.encode() + b"\0" + config_mod.dumps_config(placed).encode() + b"\0")
     return h.hexdigest()[:16]
 
 

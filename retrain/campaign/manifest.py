@@ -1,0 +1,115 @@
+"""manifest.json: the campaign plan and each run's status, always written atomically.
+
+Schema: see the campaign section of docs/campaigns.md. Readers (status, resume) get
+defaults for missing keys, so an older manifest never breaks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrain import runlog
+from retrain.errors import UserError
+
+RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
+CAMPAIGN_STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+@dataclass
+class RunEntry:
+    """One run's line in the manifest. `failures` counts failed attempts (for max_retries)."""
+
+    name: str
+    condition: str
+    seed: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+    status: str = "pending"
+    attempts: int = 0
+    failures: int = 0
+    exit_code: int | None = None
+    pid: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    log_dir: str = ""
+    last_step: int = 0
+    max_steps: int = 0
+    final_metrics: dict[str, Any] = field(default_factory=dict)
+    error: str = ""   # last lines of worker.log when the run failed
+
+
+@dataclass
+class Manifest:
+    """The whole manifest.json."""
+
+    campaign: str
+    config_file: str
+    config_hash: str
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = 0.0
+    runner: dict[str, Any] = field(default_factory=dict)
+    status: str = "running"
+    parallel: bool = False
+    max_workers: int = 0
+    stagger_seconds: float = 0.0
+    max_concurrent: int = 1
+    slots_dir: str = "slots"
+    conditions: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    runs: list[RunEntry] = field(default_factory=list)
+    retired_runs: list[RunEntry] = field(default_factory=list)  # left the matrix under --force
+
+    def entry(self, name: str) -> RunEntry | None:
+        return next((r for r in self.runs if r.name == name), None)
+
+    def counts(self) -> dict[str, int]:
+        """How many runs are in each status."""
+        out = dict.fromkeys(RUN_STATUSES, 0)
+        for r in self.runs:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Manifest:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for key in ("runs", "retired_runs"):
+            known[key] = [_entry(r) for r in known.get(key, []) if isinstance(r, dict)]
+        for key in ("campaign", "config_file", "config_hash"):
+            known.setdefault(key, "")
+        return cls(**known)
+
+
+def _entry(d: dict) -> RunEntry:
+    known = {k: v for k, v in d.items() if k in RunEntry.__dataclass_fields__}
+    known.setdefault("name", "?")
+    known.setdefault("condition", "")
+    known.setdefault("seed", 0)
+    return RunEntry(**known)
+
+
+def manifest_path(campaign_dir: str | Path) -> Path:
+    return Path(campaign_dir) / runlog.MANIFEST_FILE
+
+
+def save_manifest(campaign_dir: str | Path, manifest: Manifest) -> None:
+    """Atomically replace manifest.json (readers see the old or the new file, never half)."""
+    manifest.updated_at = time.time()
+    runlog.write_json_atomic(manifest_path(campaign_dir), manifest.to_dict())
+
+
+def load_manifest(campaign_dir: str | Path) -> Manifest | None:
+    """The campaign's manifest, None when there is none; UserError when it is unreadable."""
+    path = manifest_path(campaign_dir)
+    if not path.exists():
+        return None
+    data = runlog.read_json(path)
+    if data is None:
+        raise UserError(f"{path}: not a readable manifest; move it aside, or start a fresh "
+                        "campaign with --new")
+    return Manifest.from_dict(data)

@@ -1,0 +1,520 @@
+"""Run a campaign: one worker process per run, stagger, manifest, resume, clean shutdown.
+
+Every run is a normal single run (`python -m retrain run <run>/config.toml`) in its own
+process, so a crash never takes the campaign down. The runner only schedules, watches and
+records; the trainer resumes an unfinished run folder by itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from retrain import config as config_mod
+from retrain import runlog, toml_io
+from retrain.campaign import executor as ex
+from retrain.campaign.manifest import Manifest, RunEntry, load_manifest, save_manifest
+from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for, safe_name
+from retrain.campaign.semaphore import ENV_VAR, env_value
+from retrain.config import Config, ConfigError
+from retrain.errors import UserError
+
+GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
+TICK_S = 0.02           # scheduler poll interval
+PROGRESS_EVERY_S = 2.0  # how often running runs' last_step is copied into the manifest
+TAIL_LINES = 15
+SLOTS_DIR = "slots"
+LOCK_FILE = ".runner.lock"
+WORKER_LOG = "worker.log"
+
+
+@dataclass
+class PlannedRun:
+    """A run of the matrix with its resolved config and folder."""
+
+    spec: RunSpec
+    config: Config
+    run_dir: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / runlog.CONFIG_FILE
+
+
+def run_campaign(cfg: Config, config_path: str | Path, new: bool = False, force: bool = False,
+                 *, executor: ex.Executor | None = None) -> int:
+    """Run (or resume) every run of the campaign in `cfg`; returns the exit status."""
+    config_path = Path(config_path).resolve()
+    try:
+        specs = expand(cfg)
+    except ConfigError as exc:
+        raise ConfigError(str(config_path), exc.issues) from None
+    root = Path(cfg.logging.log_dir).expanduser().resolve()
+    name = safe_name(cfg.campaign.name or config_path.stem, "campaign")
+    campaign_dir = locate_campaign(root, name, new=new)
+    campaign_dir.mkdir(parents=True, exist_ok=True)
+    with runner_lock(campaign_dir):
+        plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
+                                            config_path.parent), campaign_dir / s.name)
+                 for s in specs]
+        manifest, adopted = prepare_manifest(cfg, config_path, campaign_dir, plans, force)
+        runner = Runner(cfg, campaign_dir, plans, manifest, executor or ex.LocalExecutor())
+        return runner.run(adopted)
+
+
+# ---------------------------------------------------------------------------- campaign folder
+
+
+def locate_campaign(root: Path, name: str, new: bool) -> Path:
+    """The newest `<name>` or `<name>-<k>` folder under root; with `new`, the next free one."""
+    pattern = re.compile(re.escape(name) + r"(?:-(\d+))?")
+    found = {1 if m.group(1) is None else int(m.group(1))
+             for p in (root.iterdir() if root.is_dir() else ())
+             if p.is_dir() and (m := pattern.fullmatch(p.name))}
+    found.discard(0)
+    if not found:
+        return root / name
+    k = max(found) + 1 if new else max(found)
+    return root / (name if k == 1 else f"{name}-{k}")
+
+
+@contextmanager
+def runner_lock(campaign_dir: Path) -> Iterator[None]:
+    """One runner per campaign folder at a time (a flock: a killed runner frees it)."""
+    fd = os.open(campaign_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            old = load_manifest(campaign_dir)
+            who = f" (runner pid {old.runner.get('pid')})" if old and old.runner else ""
+            raise UserError(f"{campaign_dir} is already being run by another runner{who}; "
+                            "wait for it, stop it, or start a fresh campaign with --new") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def anchor_paths(run: Config, config_dir: Path) -> Config:
+    """Make paths that are relative to the campaign's TOML absolute (the run's TOML lives
+    elsewhere): data.path, a reward file `x.py:fn`, and a model given as a local folder."""
+    if run.data.path and not Path(run.data.path).expanduser().is_absolute():
+        run.data.path = os.path.normpath(config_dir / run.data.path)
+    module, sep, fn = run.reward.function.rpartition(":")
+    if sep and module.endswith(".py") and not Path(module).expanduser().is_absolute():
+        run.reward.function = f"{os.path.normpath(config_dir / module)}:{fn}"
+    local_model = config_dir / run.model.name
+    if run.model.name and not Path(run.model.name).is_absolute() and local_model.is_dir():
+        run.model.name = str(local_model.resolve())
+    return run
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def prepare_manifest(cfg: Config, config_path: Path, campaign_dir: Path,
+                     plans: list[PlannedRun], force: bool
+                     ) -> tuple[Manifest, dict[str, ex.Worker]]:
+    """Load or create the manifest, refuse a changed matrix unless forced, and reconcile
+    runs left 'running' by a runner that died. Returns it with any still-live workers."""
+    new_hash = matrix_hash({p.spec.name: p.config for p in plans})
+    old = load_manifest(campaign_dir)
+    if old is None:
+        if (campaign_dir / runlog.STATE_FILE).exists():
+            raise UserError(f"{campaign_dir} holds a single run, not a campaign; set "
+                            "[campaign].name to another name, or use --new")
+        manifest = Manifest(campaign=campaign_dir.name, config_file=str(config_path),
+                            config_hash=new_hash)
+        manifest.runs = [_new_entry(p) for p in plans]
+    else:
+        changes = describe_changes(old, plans, new_hash)
+        if changes and not force:
+            raise UserError(f"{config_path}: the campaign matrix changed since "
+                            f"{campaign_dir / runlog.MANIFEST_FILE} was written:\n  - "
+                            + "\n  - ".join(changes) + "\nRun with --new to start a fresh "
+                            "campaign, or --force to continue this one with the new matrix "
+                            "(finished runs are kept as they are).")
+        manifest = _merge(old, plans, new_hash)
+    _describe_campaign(manifest, cfg, config_path)
+    adopted = _reconcile(manifest, plans)
+    save_manifest(campaign_dir, manifest)
+    return manifest, adopted
+
+
+def _new_entry(plan: PlannedRun) -> RunEntry:
+    s = plan.spec
+    return RunEntry(name=s.name, condition=s.condition, seed=s.seed, overrides=s.overrides,
+                    log_dir=s.name, max_steps=plan.config.training.max_steps)
+
+
+def _merge(old: Manifest, plans: list[PlannedRun], new_hash: str) -> Manifest:
+    """Keep the history of runs still in the matrix; retire (never delete) the others."""
+    by_name = {r.name: r for r in old.runs}
+    runs = []
+    for p in plans:
+        entry = by_name.pop(p.spec.name, None) or _new_entry(p)
+        entry.condition, entry.seed = p.spec.condition, p.spec.seed
+        entry.overrides, entry.max_steps = p.spec.overrides, p.config.training.max_steps
+        entry.log_dir = p.spec.name
+        runs.append(entry)
+    old.runs = runs
+    old.retired_runs = old.retired_runs + list(by_name.values())
+    old.config_hash = new_hash
+    return old
+
+
+def _describe_campaign(m: Manifest, cfg: Config, config_path: Path) -> None:
+    c = cfg.campaign
+    m.config_file = str(config_path)
+    m.runner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+    m.status = "running"
+    m.parallel, m.max_workers, m.stagger_seconds = c.parallel, c.max_workers, c.stagger_seconds
+    m.max_concurrent, m.slots_dir = cfg.backend.max_concurrent, SLOTS_DIR
+    m.conditions = list(dict.fromkeys(r.condition for r in m.runs))
+    m.seeds = list(dict.fromkeys(r.seed for r in m.runs))
+
+
+def describe_changes(old: Manifest, plans: list[PlannedRun], new_hash: str) -> list[str]:
+    """What differs between the manifest's matrix and the new one, in words (empty: nothing)."""
+    old_runs = {r.name: r for r in old.runs}
+    new_names = [p.spec.name for p in plans]
+    lines = []
+    added = [n for n in new_names if n not in old_runs]
+    removed = [n for n in old_runs if n not in set(new_names)]
+    if added:
+        lines.append("new runs: " + _some(added))
+    if removed:
+        lines.append("runs no longer in the matrix: " + _some(removed))
+    for p in plans:
+        entry = old_runs.get(p.spec.name)
+        if entry is not None and entry.overrides != p.spec.overrides:
+            lines.append(f"{p.spec.name}: overrides {entry.overrides} -> {p.spec.overrides}")
+    if old.config_hash != new_hash:
+        key_lines = _key_changes(plans)
+        lines += key_lines or [f"the resolved run configs changed (hash {old.config_hash} -> "
+                               f"{new_hash})"]
+    return lines
+
+
+def _key_changes(plans: list[PlannedRun]) -> list[str]:
+    """Key-by-key differences between each run's config.toml on disk and its new config."""
+    diffs: dict[tuple[str, str, str], int] = {}
+    for p in plans:
+        try:
+            before = config_mod.flatten(toml_io.loads(p.config_path.read_text()))
+        except (OSError, ValueError):
+            continue
+        after = config_mod.flatten(config_mod.to_dict(p.config))
+        for key in sorted(set(before) | set(after)):
+            if key == "logging.log_dir" or before.get(key) == after.get(key):
+                continue
+            change = (key, _show(before.get(key)), _show(after.get(key)))
+            diffs[change] = diffs.get(change, 0) + 1
+    return [f"{k}: {a} -> {b} ({n} run{'s' if n > 1 else ''})"
+            for (k, a, b), n in diffs.items()]
+
+
+def _show(value: object) -> str:
+    return "(unset)" if value is None else toml_io.format_value(value)
+
+
+def _some(names: list[str], limit: int = 6) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _reconcile(m: Manifest, plans: list[PlannedRun]) -> dict[str, ex.Worker]:
+    """Runs a dead runner left 'running': adopt the live workers, mark the rest interrupted.
+    Runs whose state.json says completed are completed (their runner died before noting it)."""
+    adopted: dict[str, ex.Worker] = {}
+    for plan in plans:
+        entry = m.entry(plan.spec.name)
+        if entry is None:
+            continue
+        if entry.status == "running":
+            if ex.is_worker_of(entry.pid, plan.config_path):
+                adopted[entry.name] = ex.AdoptedWorker(entry.pid, plan.run_dir)
+                continue
+            entry.status = "interrupted"
+        state = runlog.load_state(plan.run_dir)
+        if entry.status != "completed" and state is not None and state.status == "completed":
+            entry.status, entry.exit_code = "completed", 0
+            _record_progress(entry, plan.run_dir, final=True)
+    return adopted
+
+
+def _record_progress(entry: RunEntry, run_dir: Path, final: bool = False) -> bool:
+    """Copy the run's last step (and, at the end, its last metrics row) into the entry."""
+    state = runlog.load_state(run_dir)
+    changed = False
+    if state is not None and state.step != entry.last_step:
+        entry.last_step, changed = state.step, True
+    if final:
+        rows = runlog.read_metrics(run_dir / runlog.METRICS_FILE).rows
+        if rows:
+            last = dict(rows[-1])
+            evals = [r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None]
+            if evals:
+                last["eval_accuracy"] = evals[-1]
+            entry.final_metrics = last
+            if state is None and isinstance(last.get("step"), int):
+                entry.last_step = last["step"]
+        changed = True
+    return changed
+
+
+# ---------------------------------------------------------------------------- scheduling
+
+
+class _Stop:
+    """Signal flags set by the handlers; the scheduler loop acts on them."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.hard = False
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        else:
+            self.hard = True  # a second Ctrl-C: stop waiting for checkpoints
+
+
+class Runner:
+    """Schedules the runs of one campaign and keeps its manifest up to date."""
+
+    def __init__(self, cfg: Config, campaign_dir: Path, plans: list[PlannedRun],
+                 manifest: Manifest, executor: ex.Executor):
+        c = cfg.campaign
+        self.dir = campaign_dir
+        self.plans = {p.spec.name: p for p in plans}
+        self.m = manifest
+        self.executor = executor
+        self.max_retries = c.max_retries
+        n = len(plans)
+        self.cap = (c.max_workers or n) if c.parallel else 1
+        self.stagger = c.stagger_seconds if c.parallel else 0.0
+        self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent)}
+        self.alive: dict[str, ex.Worker] = {}
+        self.stop = _Stop()
+        self.t0 = time.monotonic()
+
+    def run(self, adopted: dict[str, ex.Worker]) -> int:
+        self.alive.update(adopted)
+        for name in adopted:
+            self.say(f"{name}: still running from a previous runner (pid {adopted[name].pid}); "
+                     "watching it")
+        todo = [e for e in self.m.runs if self._wants_run(e)]
+        gave_up = [e for e in self.m.runs if e.status == "failed" and not self._wants_run(e)]
+        done = sum(e.status == "completed" for e in self.m.runs)
+        self.say(f"campaign {self.m.campaign}: {len(self.m.runs)} runs, {done} completed, "
+                 f"{len(todo)} to run" + (f", {len(gave_up)} failed too often (max_retries = "
+                                          f"{self.max_retries})" if gave_up else "")
+                 + f"; manifest {self.dir / runlog.MANIFEST_FILE}")
+        with self._signals():
+            self._schedule(todo)
+            if self.stop.signum is not None:
+                self._shutdown()
+        return self._finish()
+
+    def _wants_run(self, e: RunEntry) -> bool:
+        if e.status in ("pending", "interrupted"):
+            return True
+        return e.status == "failed" and e.failures <= self.max_retries
+
+    def _schedule(self, todo: list[RunEntry]) -> None:
+        next_launch = 0.0
+        next_progress = time.monotonic() + PROGRESS_EVERY_S
+        while (todo or self.alive) and self.stop.signum is None:
+            self._reap()
+            now = time.monotonic()
+            if todo and len(self.alive) < self.cap and now >= next_launch:
+                next_launch = now + self.stagger
+                self._launch(todo.pop(0))
+                continue
+            if now >= next_progress:
+                next_progress = now + PROGRESS_EVERY_S
+                self._progress()
+            wait = TICK_S
+            if todo and len(self.alive) < self.cap:
+                wait = min(wait, max(0.0, next_launch - now))
+            time.sleep(wait)
+
+    def _launch(self, entry: RunEntry) -> None:
+        plan = self.plans[entry.name]
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        plan.config_path.write_text(config_mod.dumps_config(plan.config), encoding="utf-8")
+        log_path = plan.run_dir / WORKER_LOG
+        entry.attempts += 1
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"\n=== attempt {entry.attempts} of {entry.name} at "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+        entry.started_at, entry.ended_at, entry.exit_code = time.time(), None, None
+        worker = self.executor.launch(ex.Job(entry.name, plan.config_path, log_path, self.env))
+        entry.status, entry.pid, entry.error = "running", worker.pid, ""
+        self.alive[entry.name] = worker
+        self._save()
+        self.say(f"start {entry.name} (attempt {entry.attempts}, pid {worker.pid})")
+
+    def _reap(self, stopping: bool = False) -> None:
+        for name, worker in list(self.alive.items()):
+            code = worker.poll()
+            if code is None:
+                continue
+            del self.alive[name]
+            entry = self.m.entry(name)
+            assert entry is not None
+            plan = self.plans[name]
+            state = runlog.load_state(plan.run_dir)
+            entry.exit_code, entry.ended_at = code, time.time()
+            entry.status = _outcome(code, state, stopping)
+            _record_progress(entry, plan.run_dir, final=True)
+            if entry.status == "failed":
+                entry.failures += 1
+                entry.error = log_tail(plan.run_dir / WORKER_LOG)
+            self._save()
+            took = entry.ended_at - (entry.started_at or entry.ended_at)
+            detail = "" if entry.status == "completed" else f", {describe_exit(code)}"
+            self.say(f"{name} {entry.status} at step {entry.last_step}/{entry.max_steps} "
+                     f"in {took:.1f}s{detail}")
+
+    def _progress(self) -> None:
+        changed = [_record_progress(self.m.entry(n), self.plans[n].run_dir) for n in self.alive]
+        if any(changed):
+            self._save()
+
+    def _shutdown(self) -> None:
+        """Forward SIGTERM, give workers GRACE_S to checkpoint, then SIGKILL the rest."""
+        sig = signal.Signals(self.stop.signum).name
+        if self.alive:
+            self.say(f"{sig}: asking {len(self.alive)} worker(s) to checkpoint and stop "
+                     f"(up to {GRACE_S:.0f}s; press Ctrl-C again to kill them now)")
+        for worker in self.alive.values():
+            worker.terminate()
+        deadline = time.monotonic() + GRACE_S
+        while self.alive and time.monotonic() < deadline and not self.stop.hard:
+            self._reap(stopping=True)
+            time.sleep(TICK_S)
+        for worker in self.alive.values():
+            worker.kill()
+        self._reap(stopping=True)
+        for name in list(self.alive):  # killed but not yet reaped (adopted pids)
+            entry = self.m.entry(name)
+            entry.status, entry.ended_at = "interrupted", time.time()
+        self.alive.clear()
+
+    def _finish(self) -> int:
+        counts = self.m.counts()
+        if self.stop.signum is not None:
+            self.m.status = "interrupted"
+        elif counts["failed"]:
+            self.m.status = "failed"
+        elif counts["completed"] == len(self.m.runs):
+            self.m.status = "completed"
+        else:
+            self.m.status = "interrupted"
+        self._save()
+        print(summary(self.m, self.dir), flush=True)
+        if self.stop.signum is not None:
+            return 128 + self.stop.signum
+        return 0 if self.m.status == "completed" else 1
+
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+        old = {s: signal.signal(s, self.stop) for s in sigs}
+        try:
+            yield
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def _save(self) -> None:
+        save_manifest(self.dir, self.m)
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
+
+
+def _outcome(code: int, state: runlog.RunState | None, stopping: bool) -> str:
+    """completed | failed | interrupted, from the exit status and the run's own state.json."""
+    if code == 0 or (state is not None and state.status == "completed"):
+        return "completed"
+    if stopping:
+        return "interrupted"
+    if state is not None and state.status == "interrupted" and code in (130, 143, -2, -15):
+        return "interrupted"  # someone stopped this worker on purpose; it checkpointed
+    return "failed"
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES, max_chars: int = 4000) -> str:
+    """The last lines of the latest attempt in a worker log."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    text = text.rsplit("\n=== attempt ", 1)[-1]
+    tail = "\n".join(text.rstrip("\n").splitlines()[1:][-lines:])
+    return tail[-max_chars:]
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+def summary(m: Manifest, campaign_dir: Path) -> str:
+    """The final table: one line per run, then the tail of each failed run's log."""
+    counts = m.counts()
+    parts = [f"{n} {s}" for s, n in counts.items() if n]
+    lines = [f"\ncampaign {m.campaign} ({campaign_dir}): {len(m.runs)} runs: " + ", ".join(parts)]
+    header = ("run", "status", "tries", "steps", "mean_reward", "correct_rate", "time")
+    rows = [header]
+    for r in m.runs:
+        took = (r.ended_at - r.started_at) if r.started_at and r.ended_at else None
+        rows.append((r.name, r.status, str(r.attempts), f"{r.last_step}/{r.max_steps}",
+                     _num(r.final_metrics.get("mean_reward")),
+                     _num(r.final_metrics.get("correct_rate")),
+                     f"{took:.1f}s" if took is not None else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    for r in m.runs:
+        if r.status == "failed":
+            lines.append(f"\n{r.name} failed ({describe_exit(r.exit_code)}, attempt "
+                         f"{r.attempts}); last lines of {campaign_dir / r.log_dir / WORKER_LOG}:")
+            lines += ["    " + ln for ln in (r.error or "(empty log)").splitlines()]
+    if counts["failed"]:
+        lines.append(f"\n{counts['failed']} run(s) failed; run the same command again to "
+                     "retry them (up to [campaign].max_retries extra attempts each)")
+    if counts["interrupted"] or counts["pending"]:
+        lines.append("\nrun the same command again to resume the unfinished runs")
+    return "\n".join(lines)
+
+
+def _num(x: object) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
