@@ -279,3 +279,35 @@ def test_same_step_as_the_local_backend(tmp_path, env, tiny_model):
         for (_, a), (_, b) in zip(local.params.items(), backend_id.params.items(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
         remote.close()
+
+
+def test_two_workers_share_the_campaign_semaphore(tmp_path, env, tiny_model):
+    """Two backends (as two campaign workers) on the real cross-process semaphore with 2
+    slots: both finish (no deadlock) and the server never has more than 2 requests."""
+    from retrain.campaign.semaphore import CountingSemaphore
+
+    with Served(_engine(tiny_model, delay_s=0.02), tmp_path, hold_s=2.0) as served:
+        backends = [_backend(served.url, slots=CountingSemaphore(tmp_path / "slots", 2))
+                    for _ in range(2)]
+        served.traffic.reset_peak()
+        errors = []
+
+        def work(b):
+            try:
+                for _ in range(3):
+                    comps = b.sample([[1, 70]] * 4, 2, SamplingParams(max_tokens=3))
+                    b.forward_backward([make_datum([1, 70], c, 1.0) for g in comps for c in g],
+                                       LossConfig())
+                    b.optim_step(AdamParams(learning_rate=0.1))
+                    b.save_state("s")
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(b,)) for b in backends]
+        [t.start() for t in threads]
+        [t.join(60) for t in threads]
+        assert not errors and not any(t.is_alive() for t in threads)
+        assert served.traffic.peak <= 2
+        assert sum(b.slots.wait_s for b in backends) > 0  # they did queue for slots
+        for b in backends:
+            b.close()
