@@ -445,6 +445,8 @@ def test_fault_plan_parse():
     assert 0.15 < drawn.count("429") / 400 < 0.35 and 0.4 < drawn.count("hang") / 400 < 0.6
     with pytest.raises(ValueError):
         FaultPlan.parse("418=0.5")
+    once = FaultPlan.parse("502=1,after=2,limit=1")
+    assert [once.draw("asample") for _ in range(5)] == [None, None, "502", None, None]
 
 
 def test_sequencer_orders_and_dedupes():

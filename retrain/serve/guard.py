@@ -8,7 +8,8 @@ server still counts the request.
 Fault injection (tests, chaos drills): a `FaultPlan` answers a fraction of requests with
 429/502/504 before they reach the API (so a retry is always safe), or holds them for
 `hang_s` seconds and then answers 504. Set it in code or with $RETRAIN_SERVE_FAULTS, e.g.
-`429=0.1,502=0.05,504=0.05,hang=0.02,hang_s=20,seed=1,routes=asample+optim_step`.
+`429=0.1,502=0.05,504=0.05,hang=0.02,hang_s=20,seed=1,routes=asample+optim_step`; `after=N`
+lets the first N eligible requests through untouched and `limit=N` stops after N faults.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class FaultPlan:
     hang_s: float = 30.0
     seed: int = 0
     routes: frozenset[str] = frozenset()
+    after: int = 0              # eligible requests let through before any fault
+    limit: int | None = None    # at most this many faults (None = no limit)
 
     def __post_init__(self):
         bad = [k for k in self.rates if k not in FAULT_CODES]
@@ -44,6 +47,8 @@ class FaultPlan:
             raise ValueError(f"fault rates must be among {FAULT_CODES} and sum to <= 1, "
                              f"got {self.rates}")
         self._rng = random.Random(self.seed)
+        self._seen = 0
+        self._injected = 0
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
@@ -58,6 +63,8 @@ class FaultPlan:
                 kwargs["seed"] = int(value)
             elif key == "routes":
                 kwargs["routes"] = frozenset(filter(None, value.split("+")))
+            elif key in ("after", "limit"):
+                kwargs[key] = int(value)
             else:
                 rates[key] = float(value)
         return cls(rates=rates, **kwargs)
@@ -71,10 +78,14 @@ class FaultPlan:
         """The fault to inject for one request on `route`, or None."""
         if route in UNTHROTTLED or (self.routes and route not in self.routes):
             return None
+        self._seen += 1
+        if self._seen <= self.after or (self.limit is not None and self._injected >= self.limit):
+            return None
         x = self._rng.random()
         for kind in FAULT_CODES:
             x -= self.rates.get(kind, 0.0)
             if x < 0:
+                self._injected += 1
                 return kind
         return None
 
