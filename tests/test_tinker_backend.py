@@ -177,17 +177,19 @@ def test_every_request_holds_a_slot(tmp_path, env, tiny_model, n_slots):
     requests in flight than there are slots, and one slot cannot deadlock."""
     slots = CountingSlots(n_slots)
     with Served(_engine(tiny_model, delay_s=0.05), tmp_path, hold_s=2.0) as served:
-        backend = _backend(served.url, slots=slots)
+        backend = TinkerBackend(base_model="bigram-test", lora_rank=4, seed=0,
+                                base_url=served.url, request_timeout_s=30, slots=slots,
+                                final_step=100)
         prompt = backend.tokenizer.encode("a")
         served.traffic.reset_peak()
-        for _ in range(2):
+        for step in range(1, 4):
             comps = backend.sample([prompt] * 8, 2, SamplingParams(max_tokens=3))
             datums = [make_datum(prompt, c, 1.0) for group in comps for c in group]
             backend.forward_backward(datums, LossConfig())
             backend.optim_step(AdamParams(learning_rate=0.1))
-        backend.save_state("s1")
+            backend.save_state(f"step-{step}")  # the third save deletes the first
         backend.close()
-        assert slots.held == 0 and slots.entries >= 2 * (8 + 3) + 1
+        assert slots.held == 0 and slots.entries >= 3 * (8 + 3 + 1) + 1
         assert served.traffic.peak <= n_slots
         if n_slots == 2:
             assert served.engine.peak == 2  # parallel sampling did happen
@@ -311,3 +313,16 @@ def test_two_workers_share_the_campaign_semaphore(tmp_path, env, tiny_model):
         assert sum(b.slots.wait_s for b in backends) > 0  # they did queue for slots
         for b in backends:
             b.close()
+
+
+def test_superseded_checkpoints_are_deleted_on_the_service(tmp_path, env, tiny_model):
+    """Like the trainer's own pruning: keep every save_every-th, the final, the newest two."""
+    with Served(_engine(tiny_model), tmp_path, hold_s=2.0) as served:
+        backend = TinkerBackend(base_model="bigram-test", lora_rank=2, seed=0,
+                                base_url=served.url, request_timeout_s=30, keep_every=3,
+                                final_step=7)
+        paths = [backend.save_state(f"step-{i:06d}") for i in range(1, 8)]
+        backend.close()
+        run_dir = served.service.state_dir / "runs" / paths[0].split("/")[2] / "weights"
+        assert sorted(p.name for p in run_dir.iterdir()) == \
+            ["step-000003", "step-000006", "step-000007"]

@@ -16,7 +16,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib.metadata
+import logging
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from retrain.errors import UserError
 if TYPE_CHECKING:
     from retrain.config import Config
 
+log = logging.getLogger("retrain.tinker")
 TINKER_VERSION = "0.38.0"
 KEY_ENV = "TINKER_API_KEY"
 SAMPLE_THREADS = 32
@@ -98,7 +101,8 @@ class TinkerBackend:
     """Sampling and LoRA training on a Tinker service (hosted, or `retrain serve`)."""
 
     def __init__(self, *, base_model: str, lora_rank: int, seed: int, base_url: str | None,
-                 request_timeout_s: float, slots: ApiSlots | None = None):
+                 request_timeout_s: float, slots: ApiSlots | None = None,
+                 keep_every: int = 0, final_step: int | None = None):
         check_sdk()
         key = os.environ.get(KEY_ENV, "")
         if not key:
@@ -123,6 +127,11 @@ class TinkerBackend:
         self._broken: str | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(SAMPLE_THREADS,
                                                            thread_name_prefix="tinker-call")
+        self._keep_every = keep_every
+        self._final_step = final_step
+        self._saved: list[tuple[str, str]] = []  # (name, tinker path), oldest first
+        self._deletions: list[concurrent.futures.Future] = []
+        self._rest: Any = None
 
     @classmethod
     def from_config(cls, cfg: Config, slots: ApiSlots | None = None) -> TinkerBackend:
@@ -133,7 +142,8 @@ class TinkerBackend:
                           "importance ratio; use 1.0 with backend = 'tinker'", stacklevel=2)
         return cls(base_model=cfg.model.name, lora_rank=cfg.model.lora_rank,
                    seed=cfg.training.seed, base_url=cfg.backend.base_url or None,
-                   request_timeout_s=cfg.backend.request_timeout_s, slots=slots)
+                   request_timeout_s=cfg.backend.request_timeout_s, slots=slots,
+                   keep_every=cfg.training.save_every, final_step=cfg.training.max_steps)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -305,7 +315,37 @@ class TinkerBackend:
         """Weights + optimizer on the service; returns the tinker:// path to resume from."""
         self._settle()
         tc = self.training
-        return self._call("save_state", lambda: tc.save_state(name, overwrite=True)).path
+        path = self._call("save_state", lambda: tc.save_state(name, overwrite=True)).path
+        self._saved.append((name, path))
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        """Delete superseded step checkpoints on the service, like the trainer prunes its
+        folder: keep every `save_every`-th, the final one, and always the newest two (the
+        run's state.json names the newest only once it is written)."""
+        if self._final_step is None:  # not told the run's plan: keep everything
+            return
+        for entry in self._saved[:-2]:
+            step = _step_of(entry[0])
+            if step is not None and not self._keeps(step):
+                self._saved.remove(entry)
+                self._deletions.append(self._pool.submit(self._delete, entry[1]))
+
+    def _keeps(self, step: int) -> bool:
+        return step == self._final_step or bool(self._keep_every and step % self._keep_every == 0)
+
+    def _delete(self, path: str) -> None:
+        """Best effort: a checkpoint that cannot be deleted only costs storage."""
+        def submit() -> Any:  # inside the slot: creating the client sends requests too
+            if self._rest is None:
+                self._rest = self._tinker.RestClient(base_url=self.base_url)
+            return self._rest.delete_checkpoint_from_tinker_path(path)
+
+        try:
+            self._call("delete_checkpoint", submit, fatal_timeout=False)
+        except BackendError as exc:
+            log.warning("%s (checkpoint %s kept)", exc, path)
 
     def load_state(self, ref: str) -> None:
         """Continue from a save_state path: a new training client with weights + optimizer."""
@@ -319,6 +359,7 @@ class TinkerBackend:
         """Finish the session (best effort) and stop the worker threads."""
         with contextlib.suppress(BackendError):
             self._settle()
+        concurrent.futures.wait(self._deletions, timeout=min(self.timeout_s, 10))
         try:
             with self.slots:
                 self._service.close("success").result(timeout=min(self.timeout_s, 30))
@@ -365,6 +406,12 @@ def _completion(seq: Any, stop: set[int]) -> Completion:
             return Completion(tokens[:i + 1], logprobs[:i + 1], "stop")
     reason = "stop" if seq.stop_reason == "stop" else "length"
     return Completion(tokens, logprobs, reason)
+
+
+def _step_of(name: str) -> int | None:
+    """The step number at the end of a checkpoint name ('step-000012' -> 12)."""
+    match = re.search(r"(\d+)$", name)
+    return int(match.group(1)) if match else None
 
 
 def _grad_norm(metrics: dict[str, float]) -> float:

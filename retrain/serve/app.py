@@ -111,6 +111,9 @@ def build_routes(service: TinkerService) -> list[Route]:
         req = await _parse(request, types.FutureRetrieveRequest)
         return await _retrieve(s.futures, req.request_id, request)
 
+    async def delete_checkpoint(request: Request):
+        return s.delete_checkpoint(request.path_params["run"], request.path_params["cid"])
+
     async def ignore(request: Request):
         return {}
 
@@ -142,6 +145,7 @@ def build_routes(service: TinkerService) -> list[Route]:
         ("POST", "asample", asample),
         ("POST", "retrieve_future", retrieve_future),
         ("POST", "cancel_future", ignore),
+        ("DELETE", "training_runs/{run}/checkpoints/{cid:path}", delete_checkpoint),
         ("POST", "telemetry", telemetry),
         ("GET", "healthz", healthz),
         ("GET", "get_server_capabilities", capabilities),

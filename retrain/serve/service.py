@@ -387,6 +387,12 @@ class TinkerService:
                            f"server serves {self.engine.base_model!r}")
         return folder, meta
 
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
+        """DELETE training_runs/<run>/checkpoints/<kind>/<name> (rolling checkpoints)."""
+        folder, _ = self._find_checkpoint(f"tinker://{run_id}/{checkpoint_id}", None)
+        shutil.rmtree(folder, ignore_errors=True)
+        return {}
+
     def _write_atomically(self, folder: Path, write: Callable[[Path], None], meta: dict) -> None:
         """Write a checkpoint into a temp folder, then rename it into place (runs in a thread)."""
         tmp = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:6]}.tmp"
