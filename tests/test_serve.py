@@ -540,3 +540,45 @@ def test_sdk_over_the_tiny_model(tmp_path, sdk_env, tiny_engine):
             time.sleep(0.05)
         assert set(left) == {tiny_engine._sampler.adapter}  # the session's adapters were freed
         assert not served.service.models and not served.service.samplers
+
+
+def test_exposure_warning():
+    from retrain.serve.server import exposure_warning
+
+    assert exposure_warning("127.0.0.1", False) is None
+    assert "set --api-key" in exposure_warning("0.0.0.0", False)
+    assert "--api-key" not in exposure_warning("0.0.0.0", True)
+
+
+def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
+    """`retrain serve` as users start it: a free port, a shared key, the SDK on top."""
+    import subprocess
+
+    env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"),
+           "RETRAIN_SERVE_API_KEY": KEY}
+    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+                             "--port", "0", "--dtype", "float32"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.time() + 60
+        while "retrain serve: http://" not in line and time.time() < deadline:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "retrain serve exited"
+        url = line.split("retrain serve: ")[1].split()[0]
+        service = tinker.ServiceClient(base_url=url)
+        tc = service.create_lora_training_client(base_model="tiny-random", rank=2).result()
+        sc = tc.save_weights_and_get_sampling_client().result()
+        res = sc.sample(types.ModelInput.from_ints([1, 70]), 2,
+                        types.SamplingParams(max_tokens=3)).result()
+        assert len(res.sequences) == 2
+        service.close("success").result()
+        with pytest.raises(tinker.AuthenticationError):
+            tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_lora_training_client(
+                base_model="tiny-random").result()
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[1]
+    # uvicorn shuts down cleanly on SIGTERM, then re-raises it (exit -15)
+    assert proc.returncode in (0, -15) and "Traceback" not in out, out[-2000:]
+    assert KEY not in out

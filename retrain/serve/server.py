@@ -45,11 +45,20 @@ def _config(app, log_level: str) -> uvicorn.Config:
                           lifespan="on", timeout_keep_alive=75, access_log=False)
 
 
+def exposure_warning(host: str, has_key: bool) -> str | None:
+    """What to tell the user when the server is reachable from other machines."""
+    if host in LOOPBACK:
+        return None
+    return (f"warning: retrain serve listens on {host}: anyone who can reach this machine "
+            "can train and sample on it" + ("" if has_key else "; set --api-key (or "
+                                              "$RETRAIN_SERVE_API_KEY) to require a key"))
+
+
 def run(app: Guard, host: str, port: int) -> None:
     """Serve until interrupted."""
-    if host not in LOOPBACK:
-        print(f"warning: retrain serve listens on {host}: anyone who can reach this machine "
-              "can use it" + ("" if app.api_key else "; set --api-key"), file=sys.stderr)
+    warning = exposure_warning(host, app.api_key is not None)
+    if warning:
+        print(warning, file=sys.stderr)
     sock = bind(host, port)
     print(f"retrain serve: http://{host}:{sock.getsockname()[1]} "
           f"(TINKER_BASE_URL for clients)", file=sys.stderr, flush=True)
