@@ -582,3 +582,29 @@ def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
     # uvicorn shuts down cleanly on SIGTERM, then re-raises it (exit -15)
     assert proc.returncode in (0, -15) and "Traceback" not in out, out[-2000:]
     assert KEY not in out
+
+
+def test_queued_samples_are_decoded_in_one_batch(tiny_engine):
+    """Requests that pile up while the model is busy share one batched decode."""
+    calls = []
+    real = tiny_engine._sampler.sample
+
+    def spy(prompts, n, params, adapter=None):
+        calls.append(len(prompts))
+        return real(prompts, n, params, adapter=adapter)
+
+    tiny_engine._sampler.sample = spy
+    try:
+        spec = SampleSpec(max_tokens=4, seed=1)
+        results = {}
+        with tiny_engine.model.lock:  # the model is busy (e.g. training)
+            threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+                i, tiny_engine.sample(None, [1, 70 + i], 3, spec, False))) for i in range(5)]
+            [t.start() for t in threads]
+            time.sleep(0.3)
+        [t.join(10) for t in threads]
+    finally:
+        del tiny_engine._sampler.sample
+    assert calls == [5]
+    assert sorted(results) == list(range(5))
+    assert all(len(r.sequences) == 3 for r in results.values())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class LocalEngine:
         self._snapshot_of: dict[str, str] = {}  # snapshot adapter -> training model id
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._queued: dict[tuple, list[_Queued]] = {}
         self._sampler = self._new_backend("base", rank=self.lora.lora_rank, seed=0)
 
     @classmethod
@@ -178,17 +180,50 @@ class LocalEngine:
 
     def sample(self, snap: Any, prompt: list[int], n: int, spec: SampleSpec,
                prompt_logprobs: bool) -> SampleResult:
+        """Requests that wait for the model together are decoded together: whichever gets
+        the model lock first decodes every queued request with the same weights and
+        settings in one batch (seeded with the first one's seed)."""
         if prompt_logprobs:
             raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
                               "retrain serve")
         if spec.top_k not in (-1, 0):
             raise EngineError("top_k sampling is not supported by retrain serve")
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
-                                top_p=spec.top_p, seed=spec.seed)
-        adapter = snap or self._sampler.adapter
-        groups = self._sampler.sample([prompt], n, params, adapter=adapter)
+        key = (snap, n, spec.max_tokens, spec.temperature, spec.top_p)
+        mine = _Queued(prompt, spec.seed)
+        with self._lock:
+            self._queued.setdefault(key, []).append(mine)
+        with self.model.lock:
+            if mine.result is None and mine.error is None:
+                with self._lock:
+                    batch = self._queued.pop(key, [])
+                self._decode(batch, snap, n, spec)
+        if mine.error is not None:
+            raise mine.error
         stops = set(spec.stop_tokens) - self.model.eos_ids
-        return SampleResult([_cut(c, stops) for c in groups[0]])
+        return SampleResult([_cut(c, stops) for c in mine.result])
+
+    def _decode(self, batch: list[_Queued], snap: Any, n: int, spec: SampleSpec) -> None:
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
+                                top_p=spec.top_p, seed=batch[0].seed)
+        try:
+            groups = self._sampler.sample([q.prompt for q in batch], n, params,
+                                          adapter=snap or self._sampler.adapter)
+        except BaseException as exc:
+            for q in batch:
+                q.error = exc
+            return
+        for q, group in zip(batch, groups, strict=True):
+            q.result = group
+
+
+@dataclass
+class _Queued:
+    """A sample request waiting for the model; the batch that serves it fills `result`."""
+
+    prompt: list[int]
+    seed: int | None
+    result: list | None = None
+    error: BaseException | None = None
 
 
 def _local_datum(d: TrainDatum, positions: int) -> Datum:

@@ -73,7 +73,7 @@ class TinkerService:
     """All server state; every method runs on the event loop thread."""
 
     def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
-                 workers: int = 8):
+                 workers: int = 32):
         self.engine = engine
         self.state_dir = Path(state_dir)
         self.futures = futures or FutureStore()
