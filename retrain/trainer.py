@@ -258,7 +258,7 @@ class Trainer:
         decision = self.controller.observe(batch_size, sampled.tokens, step_time)
         self.batch_size = max(1, min(decision.batch_size, self.oom_cap or decision.batch_size))
         self._report_reward_errors(step, sampled.errors)
-        return _ordered(row, self.controller.metrics())
+        return _ordered(row, decision.metrics())
 
     def _attempt(self, step: int, batch_size: int) -> _Sampled:
         tc = self.tc
