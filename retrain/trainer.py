@@ -41,10 +41,10 @@ from retrain.backends.base import (
     BackendOOMError,
     Datum,
     LossConfig,
-    NoSlots,
     SamplingParams,
     make_datum,
 )
+from retrain.campaign.semaphore import slots_from_env
 from retrain.config import Config, run_config
 from retrain.eval import evaluate
 from retrain.progress import Progress
@@ -76,7 +76,7 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     config_dir = config_path.resolve().parent
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
     scorer = build_scorer(cfg.reward, config_dir)
-    slots = NoSlots()
+    slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     backend = create_backend(cfg, slots, config_dir=config_dir)
     cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
     trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)

@@ -1,0 +1,421 @@
+"""The Tinker backend: the Backend contract on the official `tinker` SDK (pinned version).
+
+- Sampling goes through a sampling client that is refreshed (save_weights_for_sampler)
+  after every optimizer step, so completions always come from the current weights.
+- `forward_backward` submits at once and returns a result that is fetched on first use;
+  `optim_step` queues the optimizer step right behind it and then waits for both.
+- Every API request holds one of the campaign's API slots while it is in flight (`with
+  slots:` per request, never while waiting for another slot, so workers cannot deadlock).
+- Every wait has a deadline (`backend.request_timeout_s`); a terminal failure raises
+  BackendError with a message that says what to do. The API key is read only from
+  $TINKER_API_KEY and is scrubbed from every message this module produces.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib.metadata
+import logging
+import os
+import re
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from retrain.backends.base import (
+    AdamParams,
+    ApiSlots,
+    BackendError,
+    Completion,
+    Datum,
+    LossConfig,
+    LossOutput,
+    NoSlots,
+    OptimOutput,
+    SamplingParams,
+    TokenIds,
+)
+from retrain.errors import UserError
+
+if TYPE_CHECKING:
+    from retrain.config import Config
+
+log = logging.getLogger("retrain.tinker")
+TINKER_VERSION = "0.38.0"
+KEY_ENV = "TINKER_API_KEY"
+SAMPLE_THREADS = 32
+
+
+def check_sdk() -> None:
+    """Fail early, and clearly, when the SDK is missing or not the pinned version."""
+    try:
+        installed = importlib.metadata.version("tinker")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"backend = 'tinker' needs the tinker SDK: pip install "
+                        f"'retrain[tinker]' (tinker=={TINKER_VERSION})") from None
+    if installed != TINKER_VERSION:
+        raise UserError(f"backend = 'tinker' is built and tested against tinker=="
+                        f"{TINKER_VERSION}, but {installed} is installed; run pip install "
+                        f"'tinker=={TINKER_VERSION}' (the wire protocol changes between "
+                        "versions)")
+
+
+class _Secret:
+    """Holds the API key only to scrub it from messages; never prints it."""
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self._value, "***") if self._value else text
+
+    def __repr__(self) -> str:
+        return "_Secret(***)"
+
+
+class _PendingLoss(LossOutput):
+    """A submitted forward_backward; its numbers are fetched on first access."""
+
+    def __init__(self, resolve: Callable[[], LossOutput], submitted: threading.Event):
+        self._resolve = resolve
+        self.submitted = submitted  # set once the request is on its way
+        self._value: LossOutput | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> LossOutput:
+        with self._lock:
+            if self._value is None:
+                self._value = self._resolve()
+            return self._value
+
+    loss = property(lambda self: self.get().loss)                # type: ignore[assignment]
+    logprobs = property(lambda self: self.get().logprobs)        # type: ignore[assignment]
+    metrics = property(lambda self: self.get().metrics)          # type: ignore[assignment]
+
+
+class TinkerBackend:
+    """Sampling and LoRA training on a Tinker service (hosted, or `retrain serve`)."""
+
+    def __init__(self, *, base_model: str, lora_rank: int, seed: int, base_url: str | None,
+                 request_timeout_s: float, slots: ApiSlots | None = None,
+                 keep_every: int = 0, final_step: int | None = None):
+        check_sdk()
+        key = os.environ.get(KEY_ENV, "")
+        if not key:
+            raise UserError(f"backend = 'tinker' needs ${KEY_ENV} in the environment (the key "
+                            "is never read from config files)")
+        self._secret = _Secret(key)
+        del key
+        import tinker
+
+        self._tinker = tinker
+        self.base_model = base_model
+        self.lora_rank = lora_rank
+        self.seed = seed
+        self.base_url = base_url or os.environ.get("TINKER_BASE_URL") or None
+        self.timeout_s = request_timeout_s
+        self.slots: ApiSlots = slots or NoSlots()
+        self._service = tinker.ServiceClient(base_url=self.base_url)
+        self._training: Any = None
+        self._sampler: Any = None
+        self._tokenizer: Any = None
+        self._pending: _PendingLoss | None = None
+        self._broken: str | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(SAMPLE_THREADS,
+                                                           thread_name_prefix="tinker-call")
+        self._keep_every = keep_every
+        self._final_step = final_step
+        self._saved: list[tuple[str, str]] = []  # (name, tinker path), oldest first
+        self._deletions: list[concurrent.futures.Future] = []
+        self._rest: Any = None
+
+    @classmethod
+    def from_config(cls, cfg: Config, slots: ApiSlots | None = None) -> TinkerBackend:
+        """`[backend] backend = "tinker"`: base model = model.name, rank = model.lora_rank."""
+        if cfg.training.temperature != 1.0:
+            warnings.warn("Tinker computes training log-probs at temperature 1, so "
+                          f"training.temperature = {cfg.training.temperature} biases the "
+                          "importance ratio; use 1.0 with backend = 'tinker'", stacklevel=2)
+        return cls(base_model=cfg.model.name, lora_rank=cfg.model.lora_rank,
+                   seed=cfg.training.seed, base_url=cfg.backend.base_url or None,
+                   request_timeout_s=cfg.backend.request_timeout_s, slots=slots,
+                   keep_every=cfg.training.save_every, final_step=cfg.training.max_steps)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _fail(self, what: str, exc: BaseException) -> BackendError:
+        tinker = self._tinker
+        if isinstance(exc, TimeoutError):
+            hint = (f"no answer within backend.request_timeout_s = {self.timeout_s:g} s; the "
+                    "run stops here and resumes from its last checkpoint when started again")
+        elif isinstance(exc, tinker.AuthenticationError):
+            hint = f"the service rejected the API key; check ${KEY_ENV}"
+        elif isinstance(exc, tinker.APIConnectionError):
+            hint = f"cannot reach {self.base_url or 'the Tinker service'}; is it up?"
+        else:
+            hint = f"{type(exc).__name__}: {exc}"
+        return BackendError(self._secret.scrub(f"tinker {what} failed: {hint}"))
+
+    def _wait(self, what: str, future: Any, *, fatal_timeout: bool = True) -> Any:
+        """The future's result within the deadline, or a BackendError (never a raw SDK error)."""
+        try:
+            return future.result(timeout=self.timeout_s)
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError):
+                future.future().cancel()
+                if fatal_timeout:  # the training client is stuck behind this request
+                    self._broken = what
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise self._fail(what, exc) from None
+
+    def _call(self, what: str, submit: Callable[[], Any], *, fatal_timeout: bool = True,
+              submitted: threading.Event | None = None) -> Any:
+        """One API request: hold a slot, submit, wait for the result."""
+        self._check_usable()
+        with self.slots:
+            try:
+                future = submit()
+            except Exception as exc:
+                raise self._fail(what, exc) from None
+            finally:
+                if submitted is not None:
+                    submitted.set()
+            return self._wait(what, future, fatal_timeout=fatal_timeout)
+
+    def _check_usable(self) -> None:
+        if self._broken:
+            raise BackendError(f"tinker {self._broken} timed out earlier, so this training "
+                               "client cannot continue; the run resumes from its last "
+                               "checkpoint when started again")
+
+    @property
+    def training(self) -> Any:
+        """The training client, created on first use (a new LoRA adapter on the service)."""
+        if self._training is None:
+            self._training = self._call("create_lora_training_client", lambda: (
+                self._service.create_lora_training_client(
+                    base_model=self.base_model, rank=self.lora_rank, seed=self.seed)))
+        return self._training
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = self.training.get_tokenizer()
+            except BackendError:
+                raise
+            except Exception as exc:
+                raise self._fail("get_tokenizer", exc) from None
+        return self._tokenizer
+
+    def _refresh_sampler(self) -> None:
+        tc = self.training  # (created outside the slot: never hold one while taking another)
+        self._sampler = self._call("save_weights_for_sampler",
+                                   tc.save_weights_and_get_sampling_client)
+
+    def _settle(self) -> None:
+        """Finish a forward_backward that nobody has read yet (frees its slot)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.get()
+
+    # ------------------------------------------------------------------ the contract
+
+    def sample(self, prompts: list[TokenIds], n: int,
+               params: SamplingParams) -> list[list[Completion]]:
+        """`n` completions per prompt from the current weights; one API request per prompt."""
+        self._settle()
+        if self._sampler is None:
+            self._refresh_sampler()
+        types = self._tinker.types
+        stop = sorted(_stop_ids(self.tokenizer))
+
+        def one(i: int, prompt: TokenIds) -> list[Completion]:
+            sp = types.SamplingParams(
+                max_tokens=params.max_tokens, temperature=params.temperature,
+                top_p=params.top_p, stop=stop or None,
+                seed=None if params.seed is None else params.seed + i)
+            res = self._call("sample", lambda: self._sampler.sample(
+                types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
+            return [_completion(s, set(stop)) for s in res.sequences]
+
+        futures = [self._pool.submit(one, i, p) for i, p in enumerate(prompts)]
+        return [f.result() for f in futures]
+
+    def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput:
+        """Submit at once; the numbers are fetched when first read (or by optim_step)."""
+        self._settle()
+        if not datums:
+            raise BackendError("forward_backward needs at least one datum")
+        scale = advantage_scale(datums)
+        data = [_tinker_datum(self._tinker.types, d, scale) for d in datums]
+        config = None
+        if loss.name == "ppo":
+            config = {"clip_low_threshold": 1.0 - loss.clip_eps,
+                      "clip_high_threshold": 1.0 + loss.clip_eps_high}
+        elif loss.name != "importance_sampling":
+            raise BackendError(f"loss {loss.name!r} is not supported by the tinker backend")
+        tc = self.training
+        self._check_usable()
+        submitted = threading.Event()
+
+        def run() -> Any:  # in a worker thread: take a slot, submit, wait
+            try:
+                return self._call("forward_backward",
+                                  lambda: tc.forward_backward(data, loss.name, config),
+                                  submitted=submitted)
+            finally:
+                submitted.set()
+
+        job = self._pool.submit(run)
+
+        def resolve() -> LossOutput:
+            out = job.result()
+            logprobs = [np.asarray(o["logprobs"].data, dtype=np.float64).tolist()
+                        for o in out.loss_fn_outputs]
+            metrics = {k: float(v) for k, v in out.metrics.items()}
+            # the advantages were scaled, so Tinker's sum already is the local backend's mean
+            return LossOutput(loss=metrics.get("loss:sum", float("nan")),
+                              logprobs=logprobs, metrics=metrics)
+
+        self._pending = _PendingLoss(resolve, submitted)
+        return self._pending
+
+    def optim_step(self, adam: AdamParams) -> OptimOutput:
+        """Queue the step right behind the pending forward_backward, wait, refresh the sampler."""
+        types = self._tinker.types
+        params = types.AdamParams(learning_rate=adam.learning_rate, beta1=adam.beta1,
+                                  beta2=adam.beta2, eps=adam.eps, weight_decay=adam.weight_decay,
+                                  grad_clip_norm=adam.grad_clip_norm)
+        tc = self.training
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            # Pipelining: the step is submitted as soon as the forward_backward is (the SDK
+            # keeps them in order), each in its own thread with its own slot, so no thread
+            # ever holds a slot while waiting for another.
+            pending.submitted.wait()
+        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params))
+        try:
+            if pending is not None:
+                pending.get()
+        except BaseException:
+            concurrent.futures.wait([queued])
+            raise
+        result = queued.result()
+        self._refresh_sampler()
+        metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
+        return OptimOutput(grad_norm=_grad_norm(metrics), metrics=metrics)
+
+    def save_state(self, name: str) -> str:
+        """Weights + optimizer on the service; returns the tinker:// path to resume from."""
+        self._settle()
+        tc = self.training
+        path = self._call("save_state", lambda: tc.save_state(name, overwrite=True)).path
+        self._saved.append((name, path))
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        """Delete superseded step checkpoints on the service, like the trainer prunes its
+        folder: keep every `save_every`-th, the final one, and always the newest two (the
+        run's state.json names the newest only once it is written)."""
+        if self._final_step is None:  # not told the run's plan: keep everything
+            return
+        for entry in self._saved[:-2]:
+            step = _step_of(entry[0])
+            if step is not None and not self._keeps(step):
+                self._saved.remove(entry)
+                self._deletions.append(self._pool.submit(self._delete, entry[1]))
+
+    def _keeps(self, step: int) -> bool:
+        return step == self._final_step or bool(self._keep_every and step % self._keep_every == 0)
+
+    def _delete(self, path: str) -> None:
+        """Best effort: a checkpoint that cannot be deleted only costs storage."""
+        def submit() -> Any:  # inside the slot: creating the client sends requests too
+            if self._rest is None:
+                self._rest = self._tinker.RestClient(base_url=self.base_url)
+            return self._rest.delete_checkpoint_from_tinker_path(path)
+
+        try:
+            self._call("delete_checkpoint", submit, fatal_timeout=False)
+        except BackendError as exc:
+            log.warning("%s (checkpoint %s kept)", exc, path)
+
+    def load_state(self, ref: str) -> None:
+        """Continue from a save_state path: a new training client with weights + optimizer."""
+        self._settle()
+        self._training = self._call(
+            "load_state", lambda: self._service.create_training_client_from_state_with_optimizer(
+                ref))
+        self._refresh_sampler()
+
+    def close(self) -> None:
+        """Finish the session (best effort) and stop the worker threads."""
+        with contextlib.suppress(BackendError):
+            self._settle()
+        concurrent.futures.wait(self._deletions, timeout=min(self.timeout_s, 10))
+        try:
+            with self.slots:
+                self._service.close("success").result(timeout=min(self.timeout_s, 30))
+        except Exception:  # closing is best effort: the service times the session out
+            pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def advantage_scale(datums: list[Datum]) -> float:
+    """Tinker's losses are sums over tokens, the local backend's a mean over the call's
+    completion tokens: scaling the advantages by 1 / that count makes them the same loss."""
+    tokens = sum(1 for d in datums for m in d.mask if m > 0)
+    return 1.0 / tokens if tokens else 0.0
+
+
+def _tinker_datum(types: Any, d: Datum, scale: float) -> Any:
+    """The shifted datum on the wire: model_input = input tokens, inputs aligned to targets."""
+    adv = np.asarray(d.advantages, dtype=np.float32) * np.asarray(d.mask, dtype=np.float32)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(list(d.input_tokens)),
+        loss_fn_inputs={
+            "target_tokens": np.asarray(d.target_tokens, dtype=np.int64),
+            "logprobs": np.asarray(d.logprobs, dtype=np.float32),
+            "advantages": adv * np.float32(scale),
+        })
+
+
+def _stop_ids(tokenizer: Any) -> set[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        return {eos}
+    return {int(e) for e in eos or []}
+
+
+def _completion(seq: Any, stop: set[int]) -> Completion:
+    """Tokens up to and including the first stop token; nothing after it."""
+    tokens = [int(t) for t in seq.tokens]
+    logprobs = [float(x) for x in (seq.logprobs or [])]
+    if len(logprobs) != len(tokens):
+        raise BackendError(f"tinker sample returned {len(logprobs)} log-probs for "
+                           f"{len(tokens)} tokens; the sampler must report every token's")
+    for i, t in enumerate(tokens):
+        if t in stop:
+            return Completion(tokens[:i + 1], logprobs[:i + 1], "stop")
+    reason = "stop" if seq.stop_reason == "stop" else "length"
+    return Completion(tokens, logprobs, reason)
+
+
+def _step_of(name: str) -> int | None:
+    """The step number at the end of a checkpoint name ('step-000012' -> 12)."""
+    match = re.search(r"(\d+)$", name)
+    return int(match.group(1)) if match else None
+
+
+def _grad_norm(metrics: dict[str, float]) -> float:
+    for key, value in metrics.items():
+        if key.split(":")[0] == "grad_norm":
+            return value
+    return float("nan")

@@ -1,0 +1,223 @@
+"""HTTP routes of the Tinker API (the subset the SDK needs for an RL loop), on Starlette.
+
+Each handler parses the body into the SDK's own pydantic request type, calls
+`TinkerService`, and answers JSON, or protobuf for finished forward_backward / sample
+futures. Unknown routes answer a JSON error naming the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+import pydantic
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from tinker import types
+
+from retrain.serve import wire
+from retrain.serve.engine import Engine, EngineError
+from retrain.serve.futures import FutureStore
+from retrain.serve.guard import FaultPlan, Guard, Traffic
+from retrain.serve.service import ApiError, TinkerService
+
+log = logging.getLogger("retrain.serve")
+PROTO = "application/x-protobuf"
+
+# Flags for the SDK (ClientConfigResponse): API keys without a JWT exchange.
+CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key"}
+
+
+def _error(status: int, message: str, category: str = "user") -> JSONResponse:
+    return JSONResponse({"error": message, "category": category}, status_code=status)
+
+
+async def _parse(request: Request, model: type[pydantic.BaseModel]):
+    try:
+        return model.model_validate_json(await request.body())
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(400, f"bad {request.url.path} body: {where}: {first.get('msg')}") from None
+
+
+def build_routes(service: TinkerService) -> list[Route]:
+    """The API routes, bound to one service."""
+    s = service
+
+    async def client_config(request: Request):
+        return CLIENT_CONFIG
+
+    async def dynamic_config(request: Request):
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    async def create_session(request: Request):
+        return s.create_session(await _parse(request, types.CreateSessionRequest))
+
+    async def heartbeat(request: Request):
+        return s.heartbeat((await _parse(request, types.SessionHeartbeatRequest)).session_id)
+
+    async def finish(request: Request):
+        return s.finish_session(request.path_params["sid"])
+
+    async def create_model(request: Request):
+        return s.create_model(await _parse(request, types.CreateModelRequest))
+
+    async def get_info(request: Request):
+        return s.get_info((await _parse(request, types.GetInfoRequest)).model_id)
+
+    async def forward_backward(request: Request):
+        if PROTO not in request.headers.get("content-type", ""):
+            raise ApiError(415, "forward_backward takes a protobuf body (tinker SDK >= 0.25)")
+        body = await request.body()
+        if request.headers.get("content-encoding") == "zstd":
+            import zstandard
+
+            body = zstandard.ZstdDecompressor().decompress(body)
+        try:
+            call = wire.decode_forward_backward(body)
+        except EngineError as exc:
+            raise ApiError(400, str(exc)) from None
+        return s.forward_backward(call)
+
+    async def optim_step(request: Request):
+        return s.optim_step(await _parse(request, types.OptimStepRequest))
+
+    async def save_weights(request: Request):
+        return s.save_weights(await _parse(request, types.SaveWeightsRequest))
+
+    async def save_for_sampler(request: Request):
+        return s.save_weights_for_sampler(
+            await _parse(request, types.SaveWeightsForSamplerRequest))
+
+    async def load_weights(request: Request):
+        return s.load_weights(await _parse(request, types.LoadWeightsRequest))
+
+    async def create_sampling_session(request: Request):
+        return await s.create_sampling_session(
+            await _parse(request, types.CreateSamplingSessionRequest))
+
+    async def get_sampler(request: Request):
+        return s.get_sampler(request.path_params["sid"])
+
+    async def asample(request: Request):
+        return await s.asample(await _parse(request, types.SampleRequest))
+
+    async def retrieve_future(request: Request):
+        req = await _parse(request, types.FutureRetrieveRequest)
+        return await _retrieve(s.futures, req.request_id, request)
+
+    async def delete_checkpoint(request: Request):
+        return s.delete_checkpoint(request.path_params["run"], request.path_params["cid"])
+
+    async def ignore(request: Request):
+        return {}
+
+    async def telemetry(request: Request):
+        return {"status": "accepted"}
+
+    async def healthz(request: Request):
+        return {"status": "ok"}
+
+    async def capabilities(request: Request):
+        return {"supported_models": [{"model_name": s.engine.base_model, "trainable": True,
+                                      "sampleable": True}]}
+
+    table = [
+        ("POST", "client/config", client_config),
+        ("POST", "client/dynamic_config", dynamic_config),
+        ("POST", "create_session", create_session),
+        ("POST", "session_heartbeat", heartbeat),
+        ("POST", "sessions/{sid}/finish", finish),
+        ("POST", "create_model", create_model),
+        ("POST", "get_info", get_info),
+        ("POST", "forward_backward", forward_backward),
+        ("POST", "optim_step", optim_step),
+        ("POST", "save_weights", save_weights),
+        ("POST", "save_weights_for_sampler", save_for_sampler),
+        ("POST", "load_weights", load_weights),
+        ("POST", "create_sampling_session", create_sampling_session),
+        ("GET", "samplers/{sid}", get_sampler),
+        ("POST", "asample", asample),
+        ("POST", "retrieve_future", retrieve_future),
+        ("POST", "cancel_future", ignore),
+        ("DELETE", "training_runs/{run}/checkpoints/{cid:path}", delete_checkpoint),
+        ("POST", "telemetry", telemetry),
+        ("GET", "healthz", healthz),
+        ("GET", "get_server_capabilities", capabilities),
+    ]
+    return [Route(f"/api/v1/{path}", _wrap(fn), methods=[method]) for method, path, fn in table]
+
+
+def _wrap(handler):
+    """JSON-encode a handler's dict; turn ApiError into a JSON error reply."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            result = await handler(request)
+        except ApiError as exc:
+            return _error(exc.status, exc.message)
+        return result if isinstance(result, Response) else JSONResponse(result)
+    return endpoint
+
+
+async def _retrieve(futures: FutureStore, request_id: str, request: Request) -> Response:
+    """Long-poll one future: its result, an error object, or `try_again` after hold_s."""
+    if not futures.known(request_id):
+        return _error(410, f"unknown or expired request {request_id}; resubmit it")
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        reply = await futures.wait(request_id, disconnected=gone)
+    finally:
+        gone.cancel()
+    if reply is None:
+        return JSONResponse({"type": "try_again", "request_id": request_id,
+                             "queue_state": "active"})
+    if reply.error is not None:
+        return JSONResponse({"error": reply.error, "category": reply.category})
+    if reply.proto is not None:
+        if PROTO not in request.headers.get("accept", ""):
+            return _error(406, "this result is protobuf; use tinker SDK >= 0.25")
+        return Response(reply.proto, media_type=PROTO)
+    return JSONResponse(reply.json)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(404, f"retrain serve does not implement {request.method} {request.url.path}")
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return _error(405, f"{request.method} is not allowed on {request.url.path}")
+
+
+def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
+              faults: FaultPlan | None = None, hold_s: float = 30.0,
+              reap_every_s: float = 60.0) -> tuple[Guard, TinkerService]:
+    """The ASGI app (Starlette behind the Guard middleware) and its service."""
+    service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async def reap():
+            while True:
+                await asyncio.sleep(reap_every_s)
+                service.reap_sessions()
+        task = asyncio.create_task(reap())
+        try:
+            yield
+        finally:
+            task.cancel()
+            service.close()
+
+    app = Starlette(routes=build_routes(service), lifespan=lifespan,
+                    exception_handlers={404: _not_found, 405: _not_allowed})
+    return Guard(app, api_key=api_key, faults=faults, traffic=Traffic()), service

@@ -1,0 +1,128 @@
+"""What `retrain serve` needs from a model: the engine interface and its datatypes.
+
+The HTTP/protobuf/futures layer talks only to an `Engine`; the real one runs the local
+backend (`local_engine.py`), tests use small doubles. Engine methods are blocking and are
+called from worker threads, never from the event loop. Pure: numpy only, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+# Loss functions the server accepts (Tinker names) and the per-token inputs each reads.
+# Both are sums over all positions: -sum(r * A) and -sum(min(r * A, clip(r) * A)), with
+# r = exp(logprob - sampler logprob) and the clip range from `clip_low_threshold` /
+# `clip_high_threshold` (ratios, default 0.8 / 1.2).
+LOSS_INPUTS: dict[str, tuple[str, ...]] = {
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+}
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve because of what the client sent (category "user")."""
+
+
+@dataclass
+class TrainDatum:
+    """One sequence as the client sent it: `tokens[i]` predicts `inputs['target_tokens'][i]`."""
+
+    tokens: list[int]
+    inputs: dict[str, np.ndarray]
+
+
+@dataclass
+class FwdBwdResult:
+    """Per-datum target log-probs (float32) and Tinker-style metrics ("loss:sum", ...)."""
+
+    logprobs: list[np.ndarray]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SampleSpec:
+    """Sampling knobs from the request; `stop_tokens` end a sequence like EOS does."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_tokens: tuple[int, ...] = ()
+
+
+@dataclass
+class SampledSeq:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+
+
+@dataclass
+class SampleResult:
+    sequences: list[SampledSeq]
+    prompt_logprobs: list[float] | None = None  # NaN at position 0
+
+
+@dataclass
+class AdamStep:
+    """The optimizer hyper-parameters one `optim_step` request carries."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+class Engine(Protocol):
+    """One base model in memory; named LoRA adapters, each with its own optimizer."""
+
+    base_model: str      # the name clients pass as `base_model`
+    tokenizer_id: str    # reported by get_info: a local folder, so clients load it offline
+    arch: str
+
+    def accepts(self, base_model: str) -> bool:
+        """Whether `base_model` names the model this engine serves."""
+        ...
+
+    def create_adapter(self, model_id: str, rank: int, seed: int | None) -> None: ...
+
+    def drop_adapter(self, model_id: str) -> None: ...
+
+    def forward_backward(self, model_id: str, data: list[TrainDatum], loss_fn: str,
+                         config: dict[str, float], forward_only: bool) -> FwdBwdResult:
+        """Tinker semantics: the loss is a sum over datums and tokens; gradients accumulate."""
+        ...
+
+    def optim_step(self, model_id: str, adam: AdamStep) -> dict[str, float]: ...
+
+    def save_state(self, model_id: str, folder: Path) -> None:
+        """Adapter weights + optimizer state into `folder` (which exists and is empty)."""
+        ...
+
+    def load_state(self, model_id: str, folder: Path, optimizer: bool) -> None: ...
+
+    def snapshot(self, model_id: str) -> Any:
+        """A frozen copy of the adapter's weights to sample from while training goes on."""
+        ...
+
+    def drop_snapshot(self, snap: Any) -> None:
+        """Free a snapshot from `snapshot` or `read_snapshot` (None: nothing to free)."""
+        ...
+
+    def write_snapshot(self, snap: Any, folder: Path) -> None: ...
+
+    def read_snapshot(self, folder: Path) -> Any:
+        """Sampler weights from a folder written by `write_snapshot` or `save_state`."""
+        ...
+
+    def sample(self, snap: Any, prompt: list[int], n: int, spec: SampleSpec,
+               prompt_logprobs: bool) -> SampleResult:
+        """`n` continuations of `prompt` under `snap` (None = the base model)."""
+        ...

@@ -1,0 +1,188 @@
+"""ASGI middleware in front of the API: shared-key check, traffic counting, fault injection.
+
+Traffic counts concurrent API requests (heartbeat and telemetry excluded: the SDK sends
+them from a background loop, outside any client-side throttling). A request stops
+counting just before its last byte is sent, so a client can never see a reply while the
+server still counts the request.
+
+Fault injection (tests, chaos drills): a `FaultPlan` answers a fraction of requests with
+429/502/504 before they reach the API (so a retry is always safe), or holds them for
+`hang_s` seconds and then answers 504. Set it in code or with $RETRAIN_SERVE_FAULTS, e.g.
+`429=0.1,502=0.05,504=0.05,hang=0.02,hang_s=20,seed=1,routes=asample+optim_step`; `after=N`
+lets the first N eligible requests through untouched and `limit=N` stops after N faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+
+log = logging.getLogger("retrain.serve")
+
+PREFIX = "/api/v1/"
+UNTHROTTLED = frozenset({"session_heartbeat", "telemetry"})
+FAULT_CODES = ("429", "502", "504", "hang")
+
+
+@dataclass
+class FaultPlan:
+    """Fractions of requests to fail, by kind; `routes` limits which routes (empty = all)."""
+
+    rates: dict[str, float] = field(default_factory=dict)
+    hang_s: float = 30.0
+    seed: int = 0
+    routes: frozenset[str] = frozenset()
+    after: int = 0              # eligible requests let through before any fault
+    limit: int | None = None    # at most this many faults (None = no limit)
+
+    def __post_init__(self):
+        bad = [k for k in self.rates if k not in FAULT_CODES]
+        if bad or sum(self.rates.values()) > 1:
+            raise ValueError(f"fault rates must be among {FAULT_CODES} and sum to <= 1, "
+                             f"got {self.rates}")
+        self._rng = random.Random(self.seed)
+        self._seen = 0
+        self._injected = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """'429=0.1,hang=0.05,hang_s=5,seed=3,routes=asample+forward_backward'."""
+        rates: dict[str, float] = {}
+        kwargs: dict = {}
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = item.partition("=")
+            if key == "hang_s":
+                kwargs["hang_s"] = float(value)
+            elif key == "seed":
+                kwargs["seed"] = int(value)
+            elif key == "routes":
+                kwargs["routes"] = frozenset(filter(None, value.split("+")))
+            elif key in ("after", "limit"):
+                kwargs[key] = int(value)
+            else:
+                rates[key] = float(value)
+        return cls(rates=rates, **kwargs)
+
+    @classmethod
+    def from_env(cls) -> FaultPlan | None:
+        text = os.environ.get("RETRAIN_SERVE_FAULTS", "")
+        return cls.parse(text) if text.strip() else None
+
+    def draw(self, route: str) -> str | None:
+        """The fault to inject for one request on `route`, or None."""
+        if route in UNTHROTTLED or (self.routes and route not in self.routes):
+            return None
+        self._seen += 1
+        if self._seen <= self.after or (self.limit is not None and self._injected >= self.limit):
+            return None
+        x = self._rng.random()
+        for kind in FAULT_CODES:
+            x -= self.rates.get(kind, 0.0)
+            if x < 0:
+                self._injected += 1
+                return kind
+        return None
+
+
+@dataclass
+class Traffic:
+    """Concurrent API requests now and at peak, and how many faults were injected."""
+
+    inflight: int = 0
+    peak: int = 0
+    requests: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+
+    def enter(self) -> None:
+        self.inflight += 1
+        self.requests += 1
+        self.peak = max(self.peak, self.inflight)
+
+    def leave(self) -> None:
+        self.inflight -= 1
+
+    def reset_peak(self) -> None:
+        self.peak = self.inflight
+
+
+class Guard:
+    """ASGI middleware: key check, then counting, then fault injection, then the app."""
+
+    def __init__(self, app, api_key: str | None = None, faults: FaultPlan | None = None,
+                 traffic: Traffic | None = None):
+        self.app = app
+        self.api_key = api_key
+        self.faults = faults
+        self.traffic = traffic or Traffic()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        route = path[len(PREFIX):] if path.startswith(PREFIX) else path
+        if self.api_key is not None and not self._key_ok(scope):
+            return await _json(send, 401, {"error": "missing or wrong API key: set "
+                                           "TINKER_API_KEY to the key `retrain serve` was "
+                                           "started with", "category": "user"})
+        counted = route not in UNTHROTTLED
+        if not counted:
+            return await self.app(scope, receive, send)
+        self.traffic.enter()
+        left = False
+
+        async def counted_send(message):
+            nonlocal left
+            if (message["type"] == "http.response.body" and not message.get("more_body")
+                    and not left):
+                left = True
+                self.traffic.leave()
+            await send(message)
+
+        try:
+            fault = self.faults.draw(route) if self.faults else None
+            if fault is None:
+                await self.app(scope, receive, counted_send)
+            else:
+                self.traffic.faults[fault] = self.traffic.faults.get(fault, 0) + 1
+                await self._inject(fault, receive, counted_send)
+        finally:
+            if not left:
+                self.traffic.leave()
+
+    def _key_ok(self, scope) -> bool:
+        for name, value in scope.get("headers", []):
+            if name == b"x-api-key":
+                return hmac.compare_digest(value, self.api_key.encode())
+        return False
+
+    async def _inject(self, fault: str, receive, send) -> None:
+        if fault == "hang":
+            await _until_disconnect(receive, self.faults.hang_s)
+            fault = "504"
+        status = int(fault)
+        headers = [(b"retry-after", b"0")] if status == 429 else []
+        await _json(send, status, {"error": f"injected fault {status}", "category": "server"},
+                    headers)
+
+
+async def _until_disconnect(receive, timeout: float) -> None:
+    """Wait `timeout` seconds, or less if the client hangs up first."""
+    async def watch():
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(watch(), timeout)
+
+
+async def _json(send, status: int, body: dict, headers: list | None = None) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,244 @@
+"""The Engine over the local backend: one LocalModel, one LocalBackend (adapter + AdamW) per
+training model, sampler snapshots as frozen adapters on the same model.
+
+Tinker semantics on top of the local backend's: Tinker losses are sums over every position
+of every datum, the local backend takes the token mean over the positions it is asked to
+train. So each datum is trained on all of its positions (mask 1; positions the client does
+not want trained carry advantage 0) and the advantages are multiplied by that position
+count, which makes the local mean exactly the Tinker sum.
+
+LoRA hyper-parameters other than the rank (alpha, dropout, target modules) are the local
+backend's defaults (`[model]` in the config), so a run against `retrain serve` trains the
+same adapter as a local run with the same seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrain.backends.base import AdamParams, BackendError, Datum, LossConfig, SamplingParams
+from retrain.backends.local import ADAPTER_WEIGHTS, LocalBackend, LocalModel
+from retrain.config import ModelConfig
+from retrain.serve.engine import (
+    AdamStep,
+    EngineError,
+    FwdBwdResult,
+    SampledSeq,
+    SampleResult,
+    SampleSpec,
+    TrainDatum,
+)
+
+
+class LocalEngine:
+    """Serves one base model; adapters are named by the server's model ids."""
+
+    arch = "causal-lm"
+
+    def __init__(self, model: LocalModel, name: str, lora: ModelConfig | None = None):
+        self.model = model
+        self.base_model = name
+        self.tokenizer_id = model.name_or_path
+        self.lora = lora or ModelConfig()
+        self._backends: dict[str, LocalBackend] = {}
+        self._snapshot_of: dict[str, str] = {}  # snapshot adapter -> training model id
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._queued: dict[tuple, list[_Queued]] = {}
+        self._sampler = self._new_backend("base", rank=self.lora.lora_rank, seed=0)
+
+    @classmethod
+    def load(cls, name: str, dtype: str = "bfloat16", device: str = "auto",
+             threads: int = 0) -> LocalEngine:
+        """Load `name` (a built-in name, a folder or a cached hub id) once."""
+        from retrain.models import resolve_model
+
+        path = resolve_model(name)
+        return cls(LocalModel.load(path, dtype, device, threads), name)
+
+    def accepts(self, base_model: str) -> bool:
+        return base_model in (self.base_model, self.model.name_or_path)
+
+    def _new_backend(self, prefix: str, rank: int, seed: int) -> LocalBackend:
+        with self._lock:
+            name = f"{prefix}{next(self._ids)}"
+        m = self.lora
+        return self.model.new_backend(name, rank, m.lora_alpha, m.lora_dropout,
+                                      m.lora_target_modules, seed=seed)
+
+    def _backend(self, model_id: str) -> LocalBackend:
+        backend = self._backends.get(model_id)
+        if backend is None:
+            raise EngineError(f"no adapter for model {model_id}")
+        return backend
+
+    # ------------------------------------------------------------------ adapters
+
+    def create_adapter(self, model_id: str, rank: int, seed: int | None) -> None:
+        self._backends[model_id] = self._new_backend("train", rank, seed or 0)
+
+    def drop_adapter(self, model_id: str) -> None:
+        backend = self._backends.pop(model_id, None)
+        if backend is not None:
+            backend.close()
+            self._delete(backend.adapter)
+
+    def _delete(self, adapter: str) -> None:
+        with warnings.catch_warnings():  # peft warns when the active adapter goes away
+            warnings.simplefilter("ignore", UserWarning)
+            self.model.delete_adapter(adapter)
+
+    # ------------------------------------------------------------------ training
+
+    def forward_backward(self, model_id: str, data: list[TrainDatum], loss_fn: str,
+                         config: dict[str, float], forward_only: bool) -> FwdBwdResult:
+        if forward_only:
+            raise EngineError("forward-only passes are not supported by retrain serve; "
+                              "use forward_backward")
+        backend = self._backend(model_id)
+        positions = sum(len(d.tokens) for d in data)
+        datums = [_local_datum(d, positions) for d in data]
+        loss = LossConfig(name=loss_fn,
+                          clip_eps=1.0 - config.get("clip_low_threshold", 0.8),
+                          clip_eps_high=config.get("clip_high_threshold", 1.2) - 1.0,
+                          temperature=config.get("temperature", 1.0))
+        out = backend.forward_backward(datums, loss)
+        metrics = {"loss:sum": out.loss}
+        if "clip_fraction" in out.metrics:
+            metrics["clip_fraction:mean"] = out.metrics["clip_fraction"]
+        return FwdBwdResult([np.asarray(lp, dtype=np.float32) for lp in out.logprobs], metrics)
+
+    def optim_step(self, model_id: str, adam: AdamStep) -> dict[str, float]:
+        out = self._backend(model_id).optim_step(AdamParams(
+            learning_rate=adam.learning_rate, beta1=adam.beta1, beta2=adam.beta2, eps=adam.eps,
+            weight_decay=adam.weight_decay, grad_clip_norm=adam.grad_clip_norm))
+        return {"grad_norm": out.grad_norm, **out.metrics}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_state(self, model_id: str, folder: Path) -> None:
+        backend = self._backend(model_id)
+        backend.checkpoint_dir = folder.parent  # the local backend writes <dir>/<name>
+        backend.save_state(folder.name)
+
+    def load_state(self, model_id: str, folder: Path, optimizer: bool) -> None:
+        backend = self._backend(model_id)
+        try:
+            backend.load_state(str(folder))
+        except BackendError as exc:
+            raise EngineError(str(exc)) from None
+        if not optimizer:
+            backend.optimizer.state.clear()
+
+    def snapshot(self, model_id: str) -> str:
+        backend = self._backend(model_id)
+        with self._lock:
+            name = f"snap{next(self._ids)}"
+        backend.snapshot(name)
+        self._snapshot_of[name] = model_id
+        return name
+
+    def drop_snapshot(self, snap: Any) -> None:
+        if snap is not None and self._snapshot_of.pop(snap, None) is not None:
+            self._delete(snap)
+
+    def write_snapshot(self, snap: str, folder: Path) -> None:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        with self.model.lock:
+            weights = get_peft_model_state_dict(self.model.peft, adapter_name=snap)
+            weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+            save_file(weights, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+            self.model.lora_configs[snap].save_pretrained(str(folder))
+
+    def read_snapshot(self, folder: Path) -> str:
+        """A frozen adapter from a sampler or training checkpoint folder."""
+        from peft import LoraConfig, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        with self._lock:
+            name = f"snap{next(self._ids)}"
+        config = LoraConfig.from_pretrained(str(folder))
+        with self.model.lock:
+            self.model.add_adapter(name, config, seed=0)
+            weights = load_file(str(folder / ADAPTER_WEIGHTS), device=str(self.model.device))
+            set_peft_model_state_dict(self.model.peft, weights, adapter_name=name)
+            for p in self.model.adapter_params(name).values():
+                p.requires_grad_(False)
+        self._snapshot_of[name] = ""
+        return name
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(self, snap: Any, prompt: list[int], n: int, spec: SampleSpec,
+               prompt_logprobs: bool) -> SampleResult:
+        """Requests that wait for the model together are decoded together: whichever gets
+        the model lock first decodes every queued request with the same weights and
+        settings in one batch (seeded with the first one's seed)."""
+        if prompt_logprobs:
+            raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
+                              "retrain serve")
+        if spec.top_k not in (-1, 0):
+            raise EngineError("top_k sampling is not supported by retrain serve")
+        key = (snap, n, spec.max_tokens, spec.temperature, spec.top_p)
+        mine = _Queued(prompt, spec.seed)
+        with self._lock:
+            self._queued.setdefault(key, []).append(mine)
+        with self.model.lock:
+            if mine.result is None and mine.error is None:
+                with self._lock:
+                    batch = self._queued.pop(key, [])
+                self._decode(batch, snap, n, spec)
+        if mine.error is not None:
+            raise mine.error
+        stops = set(spec.stop_tokens) - self.model.eos_ids
+        return SampleResult([_cut(c, stops) for c in mine.result])
+
+    def _decode(self, batch: list[_Queued], snap: Any, n: int, spec: SampleSpec) -> None:
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
+                                top_p=spec.top_p, seed=batch[0].seed)
+        try:
+            groups = self._sampler.sample([q.prompt for q in batch], n, params,
+                                          adapter=snap or self._sampler.adapter)
+        except BaseException as exc:
+            for q in batch:
+                q.error = exc
+            return
+        for q, group in zip(batch, groups, strict=True):
+            q.result = group
+
+
+@dataclass
+class _Queued:
+    """A sample request waiting for the model; the batch that serves it fills `result`."""
+
+    prompt: list[int]
+    seed: int | None
+    result: list | None = None
+    error: BaseException | None = None
+
+
+def _local_datum(d: TrainDatum, positions: int) -> Datum:
+    """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum."""
+    n = len(d.tokens)
+    return Datum(input_tokens=list(d.tokens),
+                 target_tokens=d.inputs["target_tokens"].astype(int).tolist(),
+                 logprobs=d.inputs["logprobs"].astype(float).tolist(),
+                 advantages=(d.inputs["advantages"].astype(float) * positions).tolist(),
+                 mask=[1.0] * n)
+
+
+def _cut(c: Any, stops: set[int]) -> SampledSeq:
+    """Apply extra stop tokens the model's EOS set does not cover."""
+    for i, t in enumerate(c.tokens):
+        if t in stops:
+            return SampledSeq(c.tokens[:i + 1], c.logprobs[:i + 1], "stop")
+    return SampledSeq(list(c.tokens), list(c.logprobs), c.finish_reason)

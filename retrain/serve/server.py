@@ -1,0 +1,106 @@
+"""Running the app under uvicorn: in the foreground (`retrain serve`) or in a thread (tests)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from retrain.serve.app import build_app
+from retrain.serve.engine import Engine
+from retrain.serve.guard import FaultPlan, Guard
+
+log = logging.getLogger("retrain.serve")
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def default_state_dir() -> Path:
+    """Where served checkpoints live: $RETRAIN_SERVE_DIR, else <retrain cache>/serve."""
+    if os.environ.get("RETRAIN_SERVE_DIR"):
+        return Path(os.environ["RETRAIN_SERVE_DIR"])
+    from retrain.models import cache_dir
+
+    return cache_dir().parent / "serve"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0 = any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(app, log_level: str) -> uvicorn.Config:
+    # h11 + asyncio: pure-Python, predictable on every platform; no websockets needed.
+    return uvicorn.Config(app, log_level=log_level, http="h11", loop="asyncio", ws="none",
+                          lifespan="on", timeout_keep_alive=75, access_log=False)
+
+
+def exposure_warning(host: str, has_key: bool) -> str | None:
+    """What to tell the user when the server is reachable from other machines."""
+    if host in LOOPBACK:
+        return None
+    return (f"warning: retrain serve listens on {host}: anyone who can reach this machine "
+            "can train and sample on it" + ("" if has_key else "; set --api-key (or "
+                                              "$RETRAIN_SERVE_API_KEY) to require a key"))
+
+
+def run(app: Guard, host: str, port: int) -> None:
+    """Serve until interrupted."""
+    warning = exposure_warning(host, app.api_key is not None)
+    if warning:
+        print(warning, file=sys.stderr)
+    sock = bind(host, port)
+    print(f"retrain serve: http://{host}:{sock.getsockname()[1]} "
+          f"(TINKER_BASE_URL for clients)", file=sys.stderr, flush=True)
+    uvicorn.Server(_config(app, "warning")).run(sockets=[sock])
+
+
+class ServerThread:
+    """The app served on 127.0.0.1 from a daemon thread; `url` is its base URL."""
+
+    def __init__(self, app: Guard, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning"):
+        self.app = app
+        self.sock = bind(host, port)
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(_config(app, log_level))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="retrain-serve", daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("retrain serve failed to start")
+            self.thread.join(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
+                  api_key: str | None = None, dtype: str = "bfloat16",
+                  engine: Engine | None = None, state_dir: Path | None = None) -> None:
+    """`retrain serve`: the Tinker API over the local backend, until Ctrl-C."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
+    if engine is None:
+        from retrain.serve.local_engine import LocalEngine
+
+        engine = LocalEngine.load(model, dtype=dtype)
+    app, _ = build_app(engine, state_dir or default_state_dir(), api_key=api_key,
+                       faults=FaultPlan.from_env())
+    run(app, host, port)

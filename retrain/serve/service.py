@@ -1,0 +1,472 @@
+"""The Tinker API's semantics over an Engine: sessions, models, samplers, futures, checkpoints.
+
+Independent of HTTP: `app.py` parses requests into the SDK's own pydantic types and calls
+these methods on the event loop. Engine work runs in a thread pool; training ops of one
+model run in seq_id order (`ordering.Sequencer`), sampling runs concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinker import types
+
+from retrain.serve import wire
+from retrain.serve.engine import AdamStep, Engine, EngineError, SampleSpec
+from retrain.serve.futures import FutureStore, Reply
+from retrain.serve.ordering import Sequencer
+
+log = logging.getLogger("retrain.serve")
+
+SAMPLERS_KEPT_PER_MODEL = 8  # ephemeral sampler snapshots kept per training model
+SESSION_TIMEOUT_S = 300.0    # no heartbeat for this long: the session's adapters are freed
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_KINDS = {"weights": "training", "sampler_weights": "sampler"}
+
+
+class ApiError(Exception):
+    """An immediate HTTP error: status code + message (never a traceback)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Session:
+    session_id: str
+    last_seen: float = field(default_factory=time.monotonic)
+    models: set[str] = field(default_factory=set)
+    samplers: set[str] = field(default_factory=set)
+    finished: bool = False
+
+
+@dataclass
+class Model:
+    model_id: str
+    session_id: str
+    rank: int
+    seq: Sequencer = field(default_factory=Sequencer)
+    samplers: list[str] = field(default_factory=list)  # ephemeral sampler ids, oldest first
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    snap: Any                    # engine snapshot; None = the base model
+    model_path: str | None = None
+
+
+class TinkerService:
+    """All server state; every method runs on the event loop thread."""
+
+    def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
+                 workers: int = 32):
+        self.engine = engine
+        self.state_dir = Path(state_dir)
+        self.futures = futures or FutureStore()
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="retrain-serve")
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, Model] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self._creating: dict[str, str] = {}          # model_id -> request id of its creation
+        self._samples: dict[tuple[str, int], dict] = {}  # (sampler, seq_id) -> asample reply
+        self._tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ sessions
+
+    def create_session(self, req: types.CreateSessionRequest) -> dict:
+        session_id = f"sess-{uuid.uuid4().hex[:12]}"
+        self.sessions[session_id] = Session(session_id)
+        return {"type": "create_session", "session_id": session_id}
+
+    def heartbeat(self, session_id: str) -> dict:
+        session = self.sessions.get(session_id)
+        if session is None or session.finished:
+            raise ApiError(410, f"session {session_id} is over")
+        session.last_seen = time.monotonic()
+        return {"type": "session_heartbeat"}
+
+    def finish_session(self, session_id: str) -> dict:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            self._close_session(session)
+        return {}
+
+    def reap_sessions(self, timeout_s: float = SESSION_TIMEOUT_S) -> list[str]:
+        """Close sessions whose client stopped heart-beating (a crashed worker)."""
+        now = time.monotonic()
+        gone = [s for s in self.sessions.values()
+                if not s.finished and now - s.last_seen > timeout_s]
+        for session in gone:
+            log.info("session %s timed out; freeing its adapters", session.session_id)
+            self._close_session(session)
+        return [s.session_id for s in gone]
+
+    def _close_session(self, session: Session) -> None:
+        session.finished = True
+        for sampler_id in session.samplers:
+            self._drop_sampler(sampler_id)
+        for model_id in session.models:
+            if model_id in self.models:
+                self.models[model_id].seq.when_idle(lambda m=model_id: self._drop_model(m))
+
+    def _drop_sampler(self, sampler_id: str) -> None:
+        sampler = self.samplers.pop(sampler_id, None)
+        if sampler is not None and sampler.snap is not None:
+            self._background(self._in_thread(self.engine.drop_snapshot, sampler.snap))
+
+    def _drop_model(self, model_id: str) -> None:
+        if self.models.pop(model_id, None) is not None:
+            self._background(self._in_thread(self.engine.drop_adapter, model_id))
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None or session.finished:
+            raise ApiError(404, f"unknown or finished session {session_id!r}; create a new "
+                           "ServiceClient")
+        session.last_seen = time.monotonic()
+        return session
+
+    # ------------------------------------------------------------------ models
+
+    def create_model(self, req: types.CreateModelRequest) -> dict:
+        session = self._session(req.session_id)
+        self._check_base(req.base_model)
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        if model_id in self._creating:  # a retried submit
+            return {"request_id": self._creating[model_id], "model_id": model_id}
+        rank = req.lora_config.rank if req.lora_config else 32
+        seed = req.lora_config.seed if req.lora_config else None
+        request_id = self.futures.create()
+        self._creating[model_id] = request_id
+
+        async def job() -> None:
+            await self._in_thread(self.engine.create_adapter, model_id, rank, seed)
+            self.models[model_id] = Model(model_id, req.session_id, rank)
+            session.models.add(model_id)
+
+        self._run(request_id, job, lambda _: {"type": "create_model", "model_id": model_id})
+        return {"request_id": request_id, "model_id": model_id}
+
+    def get_info(self, model_id: str) -> dict:
+        model = self._model(model_id)
+        name = self.engine.base_model
+        return {"type": "get_info", "model_id": model_id, "is_lora": True,
+                "lora_rank": model.rank, "model_name": name,
+                "model_data": {"arch": self.engine.arch, "model_name": name,
+                               "tokenizer_id": self.engine.tokenizer_id},
+                "optimizer_config": {"type": "adamw"}}
+
+    def _model(self, model_id: str) -> Model:
+        model = self.models.get(model_id)
+        if model is None:
+            raise ApiError(404, f"unknown model_id {model_id!r} (finished, timed out, or "
+                           "created on another server)")
+        self.sessions[model.session_id].last_seen = time.monotonic()
+        return model
+
+    def _check_base(self, base_model: str | None) -> None:
+        if base_model and not self.engine.accepts(base_model):
+            raise ApiError(400, f"this server serves {self.engine.base_model!r}, not "
+                           f"{base_model!r}; set model.name to match `retrain serve --model`")
+
+    def _ordered(self, model: Model, seq_id: int | None, job: Callable, encode: Callable) -> dict:
+        """Queue a training op on `model` in seq_id order; a repeated seq_id is a retry."""
+        if seq_id is not None and (known := model.seq.seen(seq_id)) is not None:
+            return {"request_id": known, "model_id": model.model_id}
+        request_id = self.futures.create()
+        try:
+            model.seq.submit(seq_id, request_id, lambda: self._execute(request_id, job, encode))
+        except ValueError as exc:
+            raise ApiError(409, str(exc)) from None
+        return {"request_id": request_id, "model_id": model.model_id}
+
+    # ------------------------------------------------------------------ training
+
+    def forward_backward(self, call: wire.FwdBwdCall) -> dict:
+        model = self._model(call.model_id)
+
+        def work():
+            return self.engine.forward_backward(model.model_id, call.data, call.loss_fn,
+                                                call.config, call.forward_only)
+
+        return self._ordered(model, call.seq_id or None, lambda: self._in_thread(work),
+                             lambda result: Reply(proto=wire.encode_forward_backward(result)))
+
+    def optim_step(self, req: types.OptimStepRequest) -> dict:
+        model = self._model(req.model_id)
+        p = req.optim_params
+        if not isinstance(p, types.AdamParams):
+            raise ApiError(400, "retrain serve supports the adamw optimizer only")
+        adam = AdamStep(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay,
+                        p.grad_clip_norm)
+        return self._ordered(
+            model, req.seq_id,
+            lambda: self._in_thread(self.engine.optim_step, model.model_id, adam),
+            lambda metrics: Reply(json={"type": "optim_step", "metrics": metrics}))
+
+    def save_weights(self, req: types.SaveWeightsRequest) -> dict:
+        model = self._model(req.model_id)
+        name = req.path or f"ckpt-{uuid.uuid4().hex[:8]}"
+        path, folder = self._checkpoint(model.model_id, "weights", name)
+        if folder.exists() and not req.overwrite:
+            raise ApiError(409, f"checkpoint {path} exists; pass overwrite=True to replace it")
+
+        def work():
+            self._write_atomically(folder, lambda tmp: self.engine.save_state(model.model_id, tmp),
+                                   {"rank": model.rank, "kind": "training"})
+
+        return self._ordered(model, req.seq_id, lambda: self._in_thread(work),
+                             lambda _: Reply(json={"type": "save_weights", "path": path}))
+
+    def save_weights_for_sampler(self, req: types.SaveWeightsForSamplerRequest) -> dict:
+        model = self._model(req.model_id)
+        if req.path is None:
+            return self._ephemeral_sampler(model, req)
+        path, folder = self._checkpoint(model.model_id, "sampler_weights", req.path)
+
+        def work():
+            snap = self.engine.snapshot(model.model_id)
+            try:
+                self._write_atomically(folder, lambda tmp: self.engine.write_snapshot(snap, tmp),
+                                       {"rank": model.rank, "kind": "sampler"})
+            finally:
+                self.engine.drop_snapshot(snap)
+
+        return self._ordered(model, req.seq_id, lambda: self._in_thread(work),
+                             lambda _: Reply(json={"path": path}))
+
+    def _ephemeral_sampler(self, model: Model, req: types.SaveWeightsForSamplerRequest) -> dict:
+        sampler_id = f"{model.session_id}:sample:{req.sampling_session_seq_id}"
+
+        async def job():
+            snap = await self._in_thread(self.engine.snapshot, model.model_id)
+            self._add_sampler(Sampler(sampler_id, snap), model.session_id)
+            model.samplers.append(sampler_id)
+            while len(model.samplers) > SAMPLERS_KEPT_PER_MODEL:
+                self._drop_sampler(model.samplers.pop(0))
+
+        return self._ordered(model, req.seq_id, job,
+                             lambda _: Reply(json={"sampling_session_id": sampler_id}))
+
+    def load_weights(self, req: types.LoadWeightsRequest) -> dict:
+        folder, meta = self._find_checkpoint(req.path, "weights")
+        if req.model_id is not None:  # into an existing model, in its seq order
+            model = self._model(req.model_id)
+            return self._ordered(
+                model, req.seq_id,
+                lambda: self._in_thread(self.engine.load_state, model.model_id, folder,
+                                        req.optimizer),
+                lambda _: Reply(json={"path": req.path, "model_id": model.model_id}))
+        if req.session_id is None or req.model_seq_id is None:
+            raise ApiError(400, "load_weights needs model_id, or session_id and model_seq_id")
+        session = self._session(req.session_id)
+        self._check_base(req.base_model)
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"  # the SDK derives this id too
+        if model_id in self._creating:
+            return {"request_id": self._creating[model_id], "model_id": model_id}
+        request_id = self.futures.create()
+        self._creating[model_id] = request_id
+        rank = int(meta["rank"])
+
+        async def job() -> None:
+            def work():
+                self.engine.create_adapter(model_id, rank, None)
+                self.engine.load_state(model_id, folder, req.optimizer)
+            await self._in_thread(work)
+            self.models[model_id] = Model(model_id, req.session_id, rank)
+            session.models.add(model_id)
+
+        self._run(request_id, job, lambda _: {"path": req.path, "model_id": model_id})
+        return {"request_id": request_id, "model_id": model_id}
+
+    # ------------------------------------------------------------------ sampling
+
+    async def create_sampling_session(self, req: types.CreateSamplingSessionRequest) -> dict:
+        session = self._session(req.session_id)
+        sampler_id = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
+        if sampler_id in self.samplers:
+            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+        snap = None
+        if req.model_path:
+            folder, _ = self._find_checkpoint(req.model_path, None)
+            snap = await self._in_thread(self.engine.read_snapshot, folder)
+        else:
+            self._check_base(req.base_model)
+        self._add_sampler(Sampler(sampler_id, snap, req.model_path), session.session_id)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+    def get_sampler(self, sampler_id: str) -> dict:
+        sampler = self._sampler(sampler_id)
+        return {"sampler_id": sampler_id, "base_model": self.engine.base_model,
+                "model_path": sampler.model_path}
+
+    def _add_sampler(self, sampler: Sampler, session_id: str) -> None:
+        self.samplers[sampler.sampler_id] = sampler
+        self.sessions[session_id].samplers.add(sampler.sampler_id)
+
+    def _sampler(self, sampler_id: str) -> Sampler:
+        sampler = self.samplers.get(sampler_id)
+        if sampler is None:
+            raise ApiError(404, f"unknown or expired sampler {sampler_id!r}; this server keeps "
+                           f"the last {SAMPLERS_KEPT_PER_MODEL} sampler snapshots per model")
+        return sampler
+
+    async def asample(self, req: types.SampleRequest) -> dict:
+        own_snapshot = False  # a legacy request naming a checkpoint: load it for this call
+        if req.sampling_session_id:
+            sampler = self._sampler(req.sampling_session_id)
+        elif req.model_path:
+            folder, _ = self._find_checkpoint(req.model_path, None)
+            sampler = Sampler("", await self._in_thread(self.engine.read_snapshot, folder))
+            own_snapshot = True
+        else:
+            self._check_base(req.base_model)
+            sampler = Sampler("", None)
+        key = (sampler.sampler_id, req.seq_id)
+        if sampler.sampler_id and req.seq_id is not None and key in self._samples:
+            return self._samples[key]  # a retried submit
+        prompt = _prompt_tokens(req.prompt)
+        spec = _sample_spec(req.sampling_params, self.engine)
+        request_id = self.futures.create()
+        reply = {"request_id": request_id,
+                 "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
+        if sampler.sampler_id and req.seq_id is not None:
+            self._samples[key] = reply
+            if len(self._samples) > 100_000:  # bounded memory for long-lived servers
+                self._samples.pop(next(iter(self._samples)))
+
+        def work():
+            try:
+                return self.engine.sample(sampler.snap, prompt, req.num_samples, spec,
+                                          bool(req.prompt_logprobs))
+            finally:
+                if own_snapshot:
+                    self.engine.drop_snapshot(sampler.snap)
+
+        self._run(request_id, lambda: self._in_thread(work),
+                  lambda result: Reply(proto=wire.encode_sample(result)))
+        return reply
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
+        if not _NAME.match(name):
+            raise ApiError(400, f"checkpoint name {name!r} must be letters, digits, '.', '_' "
+                           "or '-' (at most 128)")
+        run_id = model_id.replace(":", "-")
+        return f"tinker://{run_id}/{kind}/{name}", self.state_dir / "runs" / run_id / kind / name
+
+    def _find_checkpoint(self, path: str, want_kind: str | None) -> tuple[Path, dict]:
+        parts = path[len("tinker://"):].split("/") if path.startswith("tinker://") else []
+        if len(parts) != 3 or parts[1] not in _KINDS or not all(_NAME.match(p) for p in parts):
+            raise ApiError(400, f"{path!r} is not a tinker://<run>/weights/<name> path")
+        if want_kind is not None and parts[1] != want_kind:
+            raise ApiError(400, f"{path!r}: load_weights needs a training checkpoint "
+                           "(tinker://<run>/weights/<name>), not sampler weights")
+        folder = self.state_dir / "runs" / parts[0] / parts[1] / parts[2]
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError):
+            raise ApiError(404, f"no checkpoint at {path} on this server") from None
+        if meta.get("base_model") != self.engine.base_model:
+            raise ApiError(400, f"{path} was saved from {meta.get('base_model')!r}, but this "
+                           f"server serves {self.engine.base_model!r}")
+        return folder, meta
+
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
+        """DELETE training_runs/<run>/checkpoints/<kind>/<name> (rolling checkpoints)."""
+        folder, _ = self._find_checkpoint(f"tinker://{run_id}/{checkpoint_id}", None)
+        shutil.rmtree(folder, ignore_errors=True)
+        return {}
+
+    def _write_atomically(self, folder: Path, write: Callable[[Path], None], meta: dict) -> None:
+        """Write a checkpoint into a temp folder, then rename it into place (runs in a thread)."""
+        tmp = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:6]}.tmp"
+        tmp.mkdir(parents=True)
+        try:
+            write(tmp)
+            meta = {**meta, "base_model": self.engine.base_model, "created": time.time()}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp.rename(folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _in_thread(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def _run(self, request_id: str, job: Callable, encode: Callable) -> None:
+        """Run `job` now (not ordered) and resolve `request_id` with its encoded result."""
+        self._background(self._execute(request_id, job, encode))
+
+    async def _execute(self, request_id: str, job: Callable, encode: Callable) -> None:
+        try:
+            result = await job()
+            reply = encode(result)
+            if not isinstance(reply, Reply):
+                reply = Reply(json=reply)
+        except EngineError as exc:
+            reply = Reply(error=str(exc), category="user")
+        except ApiError as exc:
+            reply = Reply(error=exc.message, category="user")
+        except Exception as exc:  # a bug or an OOM: the client gets a message, the log the trace
+            log.exception("request %s failed", request_id)
+            reply = Reply(error=f"server error: {type(exc).__name__}: {exc}", category="server")
+        self.futures.resolve(request_id, reply)
+
+    def _background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
+    tokens: list[int] = []
+    for chunk in prompt.chunks:
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise ApiError(400, "retrain serve samples from text prompts only "
+                           "(encoded_text chunks)")
+        tokens.extend(chunk.tokens)
+    if not tokens:
+        raise ApiError(400, "the prompt is empty")
+    return tokens
+
+
+def _sample_spec(p: types.SamplingParams, engine: Engine) -> SampleSpec:
+    stops: list[int] = []
+    raw = p.stop
+    if isinstance(raw, str):
+        raw = [raw]
+    for item in raw or []:
+        if isinstance(item, int):
+            stops.append(item)
+        else:
+            raise ApiError(400, "retrain serve takes stop sequences as token ids "
+                           f"(SamplingParams.stop=[id, ...]), not strings like {item!r}")
+    if p.max_tokens is None or p.max_tokens < 1:
+        raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
+    if p.temperature < 0:
+        raise ApiError(400, "SamplingParams.temperature must be >= 0 (0 = greedy)")
+    return SampleSpec(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                      top_k=p.top_k, seed=p.seed, stop_tokens=tuple(stops))

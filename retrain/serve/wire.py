@@ -1,0 +1,112 @@
+"""Tinker wire formats <-> engine datatypes: protobuf for forward_backward and samples.
+
+Uses the message classes of the pinned SDK (`tinker.proto.tinker_public_pb2`), so the
+server speaks exactly the schema the client was built with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+
+from retrain.serve.engine import LOSS_INPUTS, EngineError, FwdBwdResult, SampleResult, TrainDatum
+
+_DTYPES = {
+    pb.DTYPE_FLOAT32: np.float32,
+    pb.DTYPE_INT64: np.int64,
+    pb.DTYPE_INT32: np.int32,
+}
+
+
+@dataclass
+class FwdBwdCall:
+    """A decoded ForwardBackwardRequest."""
+
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    config: dict[str, float]
+    forward_only: bool
+    data: list[TrainDatum]
+
+
+def decode_forward_backward(body: bytes) -> FwdBwdCall:
+    """Parse a protobuf ForwardBackwardRequest; EngineError names what is unsupported."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise EngineError(f"forward_backward body is not a ForwardBackwardRequest: {exc}") from None
+    if msg.loss_fn not in LOSS_INPUTS:
+        raise EngineError(f"loss_fn {msg.loss_fn!r} is not supported by retrain serve; "
+                          f"use one of {', '.join(LOSS_INPUTS)}")
+    config = {k: float(v) for k, v in msg.loss_fn_config.items()}
+    for key, value in msg.loss_fn_config_v2.items():  # servers prefer v2 (SDK note)
+        if value.WhichOneof("value") == "number":
+            config[key] = float(value.number)
+    data = [_decode_datum(d, i, msg.loss_fn, msg.forward_only) for i, d in enumerate(msg.data)]
+    return FwdBwdCall(msg.model_id, int(msg.seq_id), msg.loss_fn, config,
+                      bool(msg.forward_only), data)
+
+
+def _decode_datum(d: pb.Datum, index: int, loss_fn: str, forward_only: bool) -> TrainDatum:
+    tokens: list[int] = []
+    for chunk in d.model_input:
+        if chunk.WhichOneof("chunk") != "encoded_text":
+            raise EngineError(f"datum {index}: only text chunks are supported by retrain serve")
+        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+    inputs = {name: _decode_tensor(t, f"datum {index}: {name}") for name, t in
+              d.loss_fn_inputs.items()}
+    needed = LOSS_INPUTS[loss_fn] if not forward_only else ("target_tokens",)
+    for name in needed:
+        if name not in inputs:
+            raise EngineError(f"datum {index}: loss_fn {loss_fn!r} needs loss_fn_inputs[{name!r}]")
+        if len(inputs[name]) != len(tokens):
+            raise EngineError(f"datum {index}: {name} has {len(inputs[name])} entries for "
+                              f"{len(tokens)} input tokens; they must align")
+    return TrainDatum(tokens, inputs)
+
+
+def _decode_tensor(t: pb.Tensor, where: str) -> np.ndarray:
+    if t.WhichOneof("encoding") != "dense":
+        raise EngineError(f"{where}: sparse tensors are not supported by retrain serve")
+    if t.dtype not in _DTYPES:
+        raise EngineError(f"{where}: unsupported dtype {t.dtype}")
+    if len(t.shape) > 1:
+        raise EngineError(f"{where}: only 1-D loss inputs are supported, got shape {list(t.shape)}")
+    return np.frombuffer(t.dense, dtype=_DTYPES[t.dtype]).copy()
+
+
+def encode_forward_backward(result: FwdBwdResult) -> bytes:
+    """ForwardBackwardOutput: one ArrayRecord with each datum's target `logprobs`."""
+    arrays = [np.asarray(a, dtype=np.float32).reshape(-1) for a in result.logprobs]
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([a.nbytes for a in arrays])
+    record = pb.ArrayRecord(num_datums=len(arrays))
+    field = record.fields["logprobs"]
+    field.data = b"".join(a.tobytes() for a in arrays)
+    field.offsets = offsets.tobytes()
+    field.dtype = pb.DTYPE_FLOAT32
+    out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    out.loss_fn_outputs.append(record)
+    for key, value in result.metrics.items():
+        out.metrics[key] = float(value)
+    return out.SerializeToString()
+
+
+def encode_sample(result: SampleResult) -> bytes:
+    """SampleResponse: tokens as int32, log-probs as float32, little-endian."""
+    out = pb.SampleResponse()
+    for seq in result.sequences:
+        out.sequences.append(pb.SampledSequence(
+            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+            logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
+        ))
+    if result.prompt_logprobs is not None:
+        values = [math.nan if v is None else v for v in result.prompt_logprobs]
+        out.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    return out.SerializeToString()

@@ -1,0 +1,610 @@
+"""`retrain serve` against the unmodified tinker SDK, over a bigram engine double.
+
+The bigram double (numpy, analytic gradients) makes the HTTP / protobuf / futures / ordering
+layer testable in milliseconds; the same SDK flows then run over the real local engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from retrain.serve.app import build_app  # noqa: E402
+from retrain.serve.engine import (  # noqa: E402
+    AdamStep,
+    EngineError,
+    FwdBwdResult,
+    SampledSeq,
+    SampleResult,
+    SampleSpec,
+)
+from retrain.serve.guard import FaultPlan  # noqa: E402
+from retrain.serve.server import ServerThread  # noqa: E402
+
+KEY = "tml-test-not-a-real-key-0123456789"
+
+
+# ------------------------------------------------------------------------------ engine double
+
+
+class BigramEngine:
+    """A bigram policy per adapter (logits table + Adam), with Tinker loss semantics.
+
+    `calls` records (op, model_id) in execution order; `delay_s` slows each op so tests
+    can observe concurrency; `concurrent`/`peak` count engine calls running at once.
+    """
+
+    arch = "bigram"
+
+    def __init__(self, vocab: int = 16, eos: int = 1, tokenizer_id: str = "", delay_s: float = 0):
+        self.base_model = "bigram-test"
+        self.tokenizer_id = tokenizer_id
+        self.vocab = vocab
+        self.eos = eos
+        self.delay_s = delay_s
+        self.adapters: dict[str, dict] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.concurrent = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def accepts(self, base_model):
+        return base_model == self.base_model
+
+    def _enter(self, op, model_id):
+        with self._lock:
+            self.calls.append((op, model_id))
+            self.concurrent += 1
+            self.peak = max(self.peak, self.concurrent)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+
+    def _leave(self):
+        with self._lock:
+            self.concurrent -= 1
+
+    def create_adapter(self, model_id, rank, seed):
+        rng = np.random.default_rng(seed or 0)
+        self.adapters[model_id] = {"w": rng.normal(0, 0.1, (self.vocab, self.vocab)),
+                                   "g": np.zeros((self.vocab, self.vocab)),
+                                   "m": np.zeros((self.vocab, self.vocab)),
+                                   "v": np.zeros((self.vocab, self.vocab)), "t": 0,
+                                   "rank": rank}
+
+    def drop_adapter(self, model_id):
+        self.adapters.pop(model_id, None)
+
+    def _a(self, model_id):
+        if model_id not in self.adapters:
+            raise EngineError(f"no adapter {model_id}")
+        return self.adapters[model_id]
+
+    @staticmethod
+    def _logp(w):
+        z = w - w.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+    def forward_backward(self, model_id, data, loss_fn, config, forward_only):
+        self._enter("forward_backward", model_id)
+        try:
+            a = self._a(model_id)
+            logp = self._logp(a["w"])
+            out, total = [], 0.0
+            lo, hi = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
+            for d in data:
+                x = np.asarray(d.tokens)
+                y = d.inputs["target_tokens"].astype(int)
+                lp = logp[x, y]
+                out.append(lp.astype(np.float32))
+                ratio = np.exp(lp - d.inputs["logprobs"])
+                adv = d.inputs["advantages"]
+                if loss_fn == "ppo":
+                    clipped = np.clip(ratio, lo, hi)
+                    obj = np.minimum(ratio * adv, clipped * adv)
+                    dlp = np.where(ratio * adv <= clipped * adv, -ratio * adv, 0.0)
+                else:
+                    obj = ratio * adv
+                    dlp = -ratio * adv
+                total += float(-obj.sum())
+                if not forward_only:
+                    p = np.exp(logp[x])
+                    grad = -p * dlp[:, None]
+                    grad[np.arange(len(x)), y] += dlp
+                    np.add.at(a["g"], x, grad)
+            return FwdBwdResult(out, {"loss:sum": total})
+        finally:
+            self._leave()
+
+    def optim_step(self, model_id, adam: AdamStep):
+        self._enter("optim_step", model_id)
+        try:
+            a = self._a(model_id)
+            g = a["g"]
+            norm = float(np.sqrt((g * g).sum()))
+            if adam.grad_clip_norm > 0 and norm > adam.grad_clip_norm:
+                g = g * (adam.grad_clip_norm / norm)
+            a["t"] += 1
+            a["m"] = adam.beta1 * a["m"] + (1 - adam.beta1) * g
+            a["v"] = adam.beta2 * a["v"] + (1 - adam.beta2) * g * g
+            mhat = a["m"] / (1 - adam.beta1 ** a["t"])
+            vhat = a["v"] / (1 - adam.beta2 ** a["t"])
+            a["w"] = a["w"] - adam.learning_rate * mhat / (np.sqrt(vhat) + adam.eps)
+            a["g"] = np.zeros_like(g)
+            return {"grad_norm:mean": norm}
+        finally:
+            self._leave()
+
+    def save_state(self, model_id, folder: Path):
+        a = self._a(model_id)
+        np.savez(folder / "state.npz", w=a["w"], m=a["m"], v=a["v"], t=a["t"])
+
+    def load_state(self, model_id, folder: Path, optimizer):
+        a = self._a(model_id)
+        z = np.load(folder / ("state.npz" if (folder / "state.npz").exists() else "sampler.npz"))
+        a["w"] = z["w"].copy()
+        if optimizer:
+            a["m"], a["v"], a["t"] = z["m"].copy(), z["v"].copy(), int(z["t"])
+
+    def snapshot(self, model_id):
+        return self._a(model_id)["w"].copy()
+
+    def drop_snapshot(self, snap):
+        self.dropped = getattr(self, "dropped", 0) + (snap is not None)
+
+    def write_snapshot(self, snap, folder: Path):
+        np.savez(folder / "sampler.npz", w=snap)
+
+    def read_snapshot(self, folder: Path):
+        name = "state.npz" if (folder / "state.npz").exists() else "sampler.npz"
+        return np.load(folder / name)["w"].copy()
+
+    def sample(self, snap, prompt, n, spec: SampleSpec, prompt_logprobs):
+        self._enter("sample", "")
+        try:
+            w = snap if snap is not None else np.zeros((self.vocab, self.vocab))
+            logp = self._logp(w / max(spec.temperature, 1e-6))
+            rng = np.random.default_rng(spec.seed)
+            stops = {self.eos, *spec.stop_tokens}
+            seqs = []
+            for _ in range(n):
+                prev, toks, lps, reason = prompt[-1], [], [], "length"
+                for _ in range(spec.max_tokens):
+                    p = np.exp(logp[prev])
+                    tok = int(rng.choice(self.vocab, p=p / p.sum()))
+                    toks.append(tok)
+                    lps.append(float(logp[prev, tok]))
+                    prev = tok
+                    if tok in stops:
+                        reason = "stop"
+                        break
+                seqs.append(SampledSeq(toks, lps, reason))
+            plp = None
+            if prompt_logprobs:
+                pairs = zip(prompt, prompt[1:], strict=False)
+                plp = [math.nan] + [float(logp[a, b]) for a, b in pairs]
+            return SampleResult(seqs, plp)
+        finally:
+            self._leave()
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+class Served:
+    """A running server plus handles on its engine, service and traffic counters."""
+
+    def __init__(self, engine, tmp_path: Path, **kwargs):
+        self.engine = engine
+        self.app, self.service = build_app(engine, tmp_path / "serve-state", **kwargs)
+        self.thread = ServerThread(self.app)
+        self.url = self.thread.url
+        self.traffic = self.app.traffic
+
+    def __enter__(self):
+        self.thread.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.thread.__exit__(*exc)
+
+
+@pytest.fixture
+def sdk_env(monkeypatch):
+    monkeypatch.setenv("TINKER_API_KEY", KEY)
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+
+
+@pytest.fixture
+def bigram_server(tmp_path, sdk_env):
+    with Served(BigramEngine(), tmp_path, hold_s=2.0) as served:
+        yield served
+
+
+def _datum(prompt, completion, sampled_lp, adv):
+    tokens = list(prompt) + list(completion)
+    n_prompt = len(prompt) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "logprobs": [0.0] * n_prompt + list(sampled_lp),
+            "advantages": [0.0] * n_prompt + [adv] * len(completion),
+        })
+
+
+# ------------------------------------------------------------------------------ SDK flows
+
+
+def test_sdk_full_loop_save_and_load_state(bigram_server):
+    """Create, sample, forward_backward(IS), optim_step, save, load into a new client, sample."""
+    service = tinker.ServiceClient(base_url=bigram_server.url)
+    tc = service.create_lora_training_client(base_model="bigram-test", rank=4, seed=1).result()
+    assert tc.get_info().lora_rank == 4
+    sc = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([3, 4])
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+    res = sc.sample(prompt, num_samples=4, sampling_params=params).result()
+    assert len(res.sequences) == 4
+    seq = res.sequences[0]
+    assert len(seq.tokens) == len(seq.logprobs) and seq.stop_reason in ("stop", "length")
+    data = [_datum([3, 4], s.tokens, s.logprobs, 1.0 if i % 2 else -1.0)
+            for i, s in enumerate(res.sequences)]
+    fb = tc.forward_backward(data, "importance_sampling")
+    opt = tc.optim_step(types.AdamParams(learning_rate=0.05))
+    out, step = fb.result(), opt.result()
+    assert len(out.loss_fn_outputs) == 4
+    for d, o in zip(data, out.loss_fn_outputs, strict=True):
+        assert o["logprobs"].shape == [d.model_input.length]
+        # on-policy: the trainer's target logprobs equal the sampler's on sampled tokens
+        got = np.asarray(o["logprobs"].data)[1:]
+        want = np.asarray(d.loss_fn_inputs["logprobs"].data)[1:]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert "loss:sum" in out.metrics and step.metrics["grad_norm:mean"] > 0
+
+    saved = tc.save_state("ckpt-1").result().path
+    assert saved.startswith("tinker://") and saved.endswith("/weights/ckpt-1")
+    sampler_path = tc.save_weights_for_sampler("samp-1").result().path
+    before = bigram_server.engine.snapshot(tc.model_id)
+
+    tc2 = service.create_training_client_from_state_with_optimizer(saved).result()
+    assert tc2.model_id != tc.model_id
+    a, b = bigram_server.engine.adapters[tc.model_id], bigram_server.engine.adapters[tc2.model_id]
+    np.testing.assert_array_equal(a["w"], b["w"])
+    np.testing.assert_array_equal(a["m"], b["m"])
+    assert b["t"] == 1
+    sc2 = service.create_sampling_client(model_path=sampler_path).result()
+    res2 = sc2.sample(prompt, num_samples=2, sampling_params=params).result()
+    assert len(res2.sequences) == 2
+    np.testing.assert_array_equal(before, bigram_server.engine.snapshot(tc.model_id))
+    lps = sc2.compute_logprobs(types.ModelInput.from_ints([3, 4, 5])).result()
+    assert lps[0] is None and len(lps) == 3 and lps[2] < 0
+    service.close("success").result()
+
+
+def test_training_ops_run_in_seq_order_and_learn(bigram_server):
+    """Pipelined fwd/bwd + optim over many steps: executed strictly in order; reward rises."""
+    service = tinker.ServiceClient(base_url=bigram_server.url)
+    tc = service.create_lora_training_client(base_model="bigram-test", rank=2, seed=0).result()
+    target = 5
+    params = types.SamplingParams(max_tokens=4, temperature=1.0)
+    prompt = types.ModelInput.from_ints([2])
+    rewards = []
+    for _ in range(25):
+        sc = tc.save_weights_and_get_sampling_client().result()
+        res = sc.sample(prompt, num_samples=16, sampling_params=params).result()
+        r = [float(np.mean([t == target for t in s.tokens])) for s in res.sequences]
+        rewards.append(np.mean(r))
+        mean = np.mean(r)
+        data = [_datum([2], s.tokens, s.logprobs, ri - mean)
+                for s, ri in zip(res.sequences, r, strict=True)]
+        futures = [tc.forward_backward(data, "ppo"), tc.optim_step(
+            types.AdamParams(learning_rate=0.3))]
+        [f.result() for f in futures]
+    assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.2
+    ops = [op for op, mid in bigram_server.engine.calls if mid == tc.model_id]
+    assert ops == ["forward_backward", "optim_step"] * 25
+    service.close("success").result()
+
+
+def test_two_training_clients_share_the_engine(bigram_server):
+    service = tinker.ServiceClient(base_url=bigram_server.url)
+    a = service.create_lora_training_client(base_model="bigram-test", rank=2, seed=1).result()
+    b = service.create_lora_training_client(base_model="bigram-test", rank=2, seed=2).result()
+    assert a.model_id != b.model_id
+    data = [_datum([1, 2], [3, 4], [-1.0, -1.0], 1.0)]
+    a.forward_backward(data, "importance_sampling").result()
+    a.optim_step(types.AdamParams(learning_rate=0.5)).result()
+    eng = bigram_server.engine
+    assert not np.allclose(eng.adapters[a.model_id]["w"], eng.adapters[b.model_id]["w"])
+    assert eng.adapters[b.model_id]["t"] == 0
+    service.close("success").result()
+    deadline = time.time() + 5
+    while eng.adapters and time.time() < deadline:  # finish frees the session's adapters
+        time.sleep(0.05)
+    assert not eng.adapters
+
+
+def test_errors_are_clear(bigram_server):
+    service = tinker.ServiceClient(base_url=bigram_server.url)
+    with pytest.raises(tinker.BadRequestError, match="this server serves 'bigram-test'"):
+        service.create_lora_training_client(base_model="Qwen/Qwen3-8B").result()
+    tc = service.create_lora_training_client(base_model="bigram-test", rank=2).result()
+    bad = [types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                       loss_fn_inputs={"target_tokens": [2, 3]})]
+    with pytest.raises(tinker.BadRequestError, match="needs loss_fn_inputs\\['logprobs'\\]"):
+        tc.forward_backward(bad, "importance_sampling").result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        service.create_training_client_from_state("tinker://nope/weights/x").result()
+    service.close("success").result()
+
+
+def test_unknown_route_and_key_check(tmp_path, sdk_env):
+    import httpx
+
+    with Served(BigramEngine(), tmp_path, api_key=KEY) as served:
+        r = httpx.post(f"{served.url}/api/v1/create_custom_loss", json={},
+                       headers={"X-API-Key": KEY})
+        assert r.status_code == 404 and "does not implement POST" in r.json()["error"]
+        r = httpx.get(f"{served.url}/api/v1/healthz", headers={"X-API-Key": "tml-wrong"})
+        assert r.status_code == 401 and KEY not in r.text
+        assert httpx.get(f"{served.url}/api/v1/healthz",
+                         headers={"X-API-Key": KEY}).json() == {"status": "ok"}
+        service = tinker.ServiceClient(base_url=served.url, api_key="tml-wrong-key")
+        with pytest.raises(tinker.AuthenticationError):
+            service.create_lora_training_client(base_model="bigram-test").result()
+
+
+def test_long_poll_holds_then_try_again(tmp_path, sdk_env):
+    """retrieve_future waits for the result instead of answering at once."""
+    import httpx
+
+    engine = BigramEngine(delay_s=0.6)
+    with Served(engine, tmp_path, hold_s=0.3) as served:
+        h = {"X-API-Key": KEY}
+        sess = httpx.post(f"{served.url}/api/v1/create_session", headers=h,
+                          json={"tags": [], "user_metadata": {}, "sdk_version": "x"}).json()
+        fut = httpx.post(f"{served.url}/api/v1/create_model", headers=h, json={
+            "session_id": sess["session_id"], "model_seq_id": 0, "base_model": "bigram-test",
+            "lora_config": {"rank": 2}}).json()
+        rid = fut["request_id"]
+        t0 = time.monotonic()
+        first = httpx.post(f"{served.url}/api/v1/retrieve_future", headers=h,
+                           json={"request_id": rid}).json()
+        # create_adapter itself is instant, so the first poll already has the result
+        assert first["model_id"] == fut["model_id"] and time.monotonic() - t0 < 0.3
+        body = types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(
+                data=[_datum([1], [2], [-1.0], 1.0)], loss_fn="importance_sampling"),
+            model_id=fut["model_id"], seq_id=1)
+        from tinker.proto.request_conv import forward_backward_request_to_proto
+
+        r = httpx.post(f"{served.url}/api/v1/forward_backward",
+                       content=forward_backward_request_to_proto(body).SerializeToString(),
+                       headers={**h, "Content-Type": "application/x-protobuf"}).json()
+        t0 = time.monotonic()
+        again = httpx.post(f"{served.url}/api/v1/retrieve_future", headers=h,
+                           json={"request_id": r["request_id"]}).json()
+        assert again["type"] == "try_again" and 0.25 < time.monotonic() - t0 < 0.6
+        done = httpx.post(f"{served.url}/api/v1/retrieve_future",
+                          headers={**h, "Accept": "application/x-protobuf"},
+                          json={"request_id": r["request_id"]})
+        assert done.headers["content-type"] == "application/x-protobuf"
+        gone = httpx.post(f"{served.url}/api/v1/retrieve_future", headers=h,
+                          json={"request_id": "req-unknown"})
+        assert gone.status_code == 410
+
+
+def test_sampling_runs_concurrently_training_in_order(tmp_path, sdk_env):
+    engine = BigramEngine(delay_s=0.2)
+    with Served(engine, tmp_path, hold_s=2.0) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        sc = service.create_sampling_client(base_model="bigram-test").result()
+        params = types.SamplingParams(max_tokens=2)
+        t0 = time.monotonic()
+        futs = [sc.sample(types.ModelInput.from_ints([1]), 1, params) for _ in range(6)]
+        [f.result() for f in futs]
+        assert engine.peak >= 3 and time.monotonic() - t0 < 6 * 0.2
+        service.close("success").result()
+
+
+@pytest.mark.parametrize("fault", ["429", "502", "504"])
+def test_sdk_survives_injected_faults(tmp_path, sdk_env, fault):
+    plan = FaultPlan(rates={fault: 0.2}, seed=3)
+    with Served(BigramEngine(), tmp_path, hold_s=2.0, faults=plan) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        tc = service.create_lora_training_client(base_model="bigram-test", rank=2).result()
+        for _ in range(3):
+            sc = tc.save_weights_and_get_sampling_client().result()
+            res = sc.sample(types.ModelInput.from_ints([1]), 4,
+                            types.SamplingParams(max_tokens=3)).result()
+            data = [_datum([1], s.tokens, s.logprobs, 0.5) for s in res.sequences]
+            tc.forward_backward(data, "importance_sampling").result()
+            tc.optim_step(types.AdamParams(learning_rate=0.01)).result()
+        assert served.traffic.faults.get(fault, 0) >= 3
+        ops = [op for op, mid in served.engine.calls if mid == tc.model_id]
+        assert ops == ["forward_backward", "optim_step"] * 3  # retries never ran an op twice
+        service.close("success").result()
+
+
+def test_fault_plan_parse():
+    plan = FaultPlan.parse("429=0.25,hang=0.5,hang_s=3,seed=2,routes=asample+optim_step")
+    assert plan.rates == {"429": 0.25, "hang": 0.5} and plan.hang_s == 3
+    assert plan.draw("telemetry") is None and plan.draw("create_model") is None
+    drawn = [plan.draw("asample") for _ in range(400)]
+    assert 0.15 < drawn.count("429") / 400 < 0.35 and 0.4 < drawn.count("hang") / 400 < 0.6
+    with pytest.raises(ValueError):
+        FaultPlan.parse("418=0.5")
+    once = FaultPlan.parse("502=1,after=2,limit=1")
+    assert [once.draw("asample") for _ in range(5)] == [None, None, "502", None, None]
+
+
+def test_sequencer_orders_and_dedupes():
+    from retrain.serve.ordering import Sequencer
+
+    async def main():
+        seq, order = Sequencer(), []
+
+        def job(n):
+            async def run():
+                await asyncio.sleep(0.01)
+                order.append(n)
+            return run
+
+        seq.submit(3, "c", job(3))
+        seq.submit(2, "b", job(2))
+        assert seq.seen(2) == "b" and not seq.idle
+        seq.submit(1, "a", job(1))
+        with pytest.raises(ValueError):
+            seq.submit(2, "again", job(2))
+        idle = asyncio.Event()
+        seq.when_idle(idle.set)
+        await asyncio.wait_for(idle.wait(), 2)
+        assert order == [1, 2, 3] and seq.next_seq == 4
+        assert seq.submit(None, "d", job(4)) == 4
+
+    asyncio.run(main())
+
+
+def test_checkpoint_files_are_complete(bigram_server):
+    service = tinker.ServiceClient(base_url=bigram_server.url)
+    tc = service.create_lora_training_client(base_model="bigram-test", rank=3).result()
+    path = tc.save_state("final").result().path
+    run_id = path.split("/")[2]
+    folder = bigram_server.service.state_dir / "runs" / run_id / "weights" / "final"
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["rank"] == 3 and meta["base_model"] == "bigram-test"
+    assert not [p for p in folder.parent.iterdir() if p.name.endswith(".tmp")]
+    service.close("success").result()
+
+
+# ------------------------------------------------------------------------------ the real engine
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model):
+    from retrain.backends.local import LocalModel
+    from retrain.serve.local_engine import LocalEngine
+
+    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+
+
+def test_sdk_over_the_tiny_model(tmp_path, sdk_env, tiny_engine):
+    """The brief's flow on the real local engine: LoRA client, sample, IS step, save state,
+    load it into a new client, sample from the saved sampler weights."""
+    with Served(tiny_engine, tmp_path, hold_s=2.0) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        tc = service.create_lora_training_client(base_model="tiny-random", rank=4, seed=3).result()
+        tok = tc.get_tokenizer()
+        assert tok.eos_token_id == 2 and tc.get_info().model_data.tokenizer_id == \
+            tiny_engine.tokenizer_id
+        prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}],
+                                         add_generation_prompt=True, tokenize=True)["input_ids"]
+        sc = tc.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=5, stop=[2])
+        res = sc.sample(types.ModelInput.from_ints(prompt), 4, params).result()
+        assert len(res.sequences) == 4
+        data = [_datum(prompt, s.tokens, s.logprobs, 1.0 if i < 2 else -1.0)
+                for i, s in enumerate(res.sequences)]
+        out = tc.forward_backward(data, "importance_sampling").result()
+        for d, o, s in zip(data, out.loss_fn_outputs, res.sequences, strict=True):
+            lp = np.asarray(o["logprobs"].data)
+            assert lp.shape == (d.model_input.length,)
+            np.testing.assert_allclose(lp[-len(s.tokens):], s.logprobs, atol=1e-4)
+        step = tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        assert step.metrics["grad_norm"] > 0
+        path = tc.save_state("s1").result().path
+        sampler_path = tc.save_weights_for_sampler("w1").result().path
+
+        tc2 = service.create_training_client_from_state_with_optimizer(path).result()
+        sc_saved = service.create_sampling_client(model_path=sampler_path).result()
+        greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+        a = sc_saved.sample(types.ModelInput.from_ints(prompt), 1, greedy).result()
+        b = tc2.save_weights_and_get_sampling_client().result().sample(
+            types.ModelInput.from_ints(prompt), 1, greedy).result()
+        assert a.sequences[0].tokens == b.sequences[0].tokens
+        service.close("success").result()
+        deadline = time.time() + 5
+        left = tiny_engine.model.lora_configs
+        while len(left) > 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert set(left) == {tiny_engine._sampler.adapter}  # the session's adapters were freed
+        assert not served.service.models and not served.service.samplers
+
+
+def test_exposure_warning():
+    from retrain.serve.server import exposure_warning
+
+    assert exposure_warning("127.0.0.1", False) is None
+    assert "set --api-key" in exposure_warning("0.0.0.0", False)
+    assert "--api-key" not in exposure_warning("0.0.0.0", True)
+
+
+def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
+    """`retrain serve` as users start it: a free port, a shared key, the SDK on top."""
+    import subprocess
+
+    env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"),
+           "RETRAIN_SERVE_API_KEY": KEY}
+    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+                             "--port", "0", "--dtype", "float32"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.time() + 60
+        while "retrain serve: http://" not in line and time.time() < deadline:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "retrain serve exited"
+        url = line.split("retrain serve: ")[1].split()[0]
+        service = tinker.ServiceClient(base_url=url)
+        tc = service.create_lora_training_client(base_model="tiny-random", rank=2).result()
+        sc = tc.save_weights_and_get_sampling_client().result()
+        res = sc.sample(types.ModelInput.from_ints([1, 70]), 2,
+                        types.SamplingParams(max_tokens=3)).result()
+        assert len(res.sequences) == 2
+        service.close("success").result()
+        with pytest.raises(tinker.AuthenticationError):
+            tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_lora_training_client(
+                base_model="tiny-random").result()
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[1]
+    # uvicorn shuts down cleanly on SIGTERM, then re-raises it (exit -15)
+    assert proc.returncode in (0, -15) and "Traceback" not in out, out[-2000:]
+    assert KEY not in out
+
+
+def test_queued_samples_are_decoded_in_one_batch(tiny_engine):
+    """Requests that pile up while the model is busy share one batched decode."""
+    calls = []
+    real = tiny_engine._sampler.sample
+
+    def spy(prompts, n, params, adapter=None):
+        calls.append(len(prompts))
+        return real(prompts, n, params, adapter=adapter)
+
+    tiny_engine._sampler.sample = spy
+    try:
+        spec = SampleSpec(max_tokens=4, seed=1)
+        results = {}
+        with tiny_engine.model.lock:  # the model is busy (e.g. training)
+            threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+                i, tiny_engine.sample(None, [1, 70 + i], 3, spec, False))) for i in range(5)]
+            [t.start() for t in threads]
+            time.sleep(0.3)
+        [t.join(10) for t in threads]
+    finally:
+        del tiny_engine._sampler.sample
+    assert calls == [5]
+    assert sorted(results) == list(range(5))
+    assert all(len(r.sequences) == 3 for r in results.values())

@@ -1,0 +1,219 @@
+"""End to end: the real `retrain` CLI with backend = "tinker" against `retrain serve` on
+127.0.0.1 (tiny model, in this process), compared with the local backend; a campaign
+throttled by the API semaphore; injected faults; and the API key never leaking.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tinker")
+pytest.importorskip("retrain.trainer")
+pytest.importorskip("retrain.backpressure")
+pytest.importorskip("retrain.campaign.runner")
+
+from test_serve import Served  # noqa: E402
+
+from retrain.serve.guard import FaultPlan  # noqa: E402
+
+KEY = f"tml-e2e-{secrets.token_hex(12)}"   # unique, so any leak is found by a plain search
+
+REWARD = '''def digits(completion: str, answer: str) -> float:
+    """Fraction of digit characters: the tiny model learns it in a few dozen steps."""
+    text = completion.strip()
+    return sum(ch.isdigit() for ch in text) / max(1, len(text))
+'''
+
+
+def write_config(folder: Path, name: str, *, backend: str, url: str = "", steps: int = 30,
+                 seed: int = 1, timeout_s: float = 30, extra: str = "") -> Path:
+    (folder / "reward.py").write_text(REWARD)
+    path = folder / f"{name}.toml"
+    path.write_text(f"""
+[model]
+name = "tiny-random"
+dtype = "float32"
+device = "cpu"
+threads = 1
+lora_rank = 8
+
+[data]
+source = "arithmetic"
+size = 200
+eval_size = 0
+
+[reward]
+type = "custom"
+function = "reward.py:digits"
+
+[training]
+seed = {seed}
+batch_size = 4
+group_size = 8
+max_tokens = 10
+max_steps = {steps}
+lr = 0.03
+
+[backend]
+backend = "{backend}"
+base_url = "{url}"
+request_timeout_s = {timeout_s}
+
+[logging]
+log_dir = "logs"
+{extra}
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    from retrain.backends.local import LocalModel
+    from retrain.serve.local_engine import LocalEngine
+
+    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+
+
+@pytest.fixture
+def server(engine, tmp_path):
+    with Served(engine, tmp_path, hold_s=5.0) as served:
+        yield served
+
+
+@pytest.fixture
+def env(cli_env):
+    return {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"}
+
+
+class Outputs:
+    """Every subprocess's stdout + stderr, to search for the key afterwards."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def run(self, python, args, env, cwd, timeout=180) -> subprocess.CompletedProcess:
+        proc = subprocess.run([python, "-m", "retrain", *args], env=env, cwd=cwd,
+                              capture_output=True, text=True, timeout=timeout)
+        self.texts += [proc.stdout, proc.stderr]
+        return proc
+
+    def start(self, python, args, env, cwd) -> subprocess.Popen:
+        return subprocess.Popen([python, "-m", "retrain", *args], env=env, cwd=cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(self, proc: subprocess.Popen, timeout=180) -> int:
+        out, err = proc.communicate(timeout=timeout)
+        self.texts += [out, err]
+        return proc.returncode
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state.json").read_text())
+
+
+def assert_key_never_leaked(folder: Path, outputs: Outputs) -> None:
+    """Test (5): not in any file under the log folder, not in any output."""
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files
+    for p in files:
+        assert KEY.encode() not in p.read_bytes(), f"API key written to {p}"
+    for text in outputs.texts:
+        assert KEY not in text, "API key printed"
+
+
+def mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
+def test_tinker_run_learns_like_the_local_backend(server, tmp_path, env, python):
+    """Test (2): same task, same seed; both reward curves rise from ~0.05 to well above 0.5."""
+    out = Outputs()
+    write_config(tmp_path, "local", backend="local")
+    write_config(tmp_path, "remote", backend="tinker", url=server.url)
+    procs = [out.start(python, [f"{n}.toml"], env, tmp_path) for n in ("local", "remote")]
+    codes = [out.finish(p) for p in procs]
+    assert codes == [0, 0], out.texts[-2:]
+    local, remote = rows(tmp_path / "logs/local"), rows(tmp_path / "logs/remote")
+    assert [r["step"] for r in remote] == list(range(1, 31))
+    curves = {}
+    for name, rs in (("local", local), ("remote", remote)):
+        rewards = [r["mean_reward"] for r in rs]
+        curves[name] = (mean(rewards[:5]), mean(rewards[-5:]))
+        assert curves[name][0] < 0.15 and curves[name][1] > 0.5, (name, rewards)
+    # sampling draws differ between the two, so the curves match in shape, not step by step
+    assert abs(curves["local"][1] - curves["remote"][1]) < 0.35, curves
+    # on-policy: the service's trainer log-probs match its sampler's
+    diffs = [r["sampler_trainer_logprob_diff"] for r in remote
+             if r["sampler_trainer_logprob_diff"] is not None]
+    assert diffs and max(diffs) < 1e-3
+    assert state(tmp_path / "logs/remote")["checkpoint"].startswith("tinker://")
+    assert_key_never_leaked(tmp_path / "logs", out)
+
+
+def test_campaign_never_exceeds_max_concurrent(server, tmp_path, env, python):
+    """Test (3): 4 tinker runs, 4 workers, max_concurrent = 2: the server never has more
+    than 2 of the campaign's requests in flight."""
+    out = Outputs()
+    cfg = write_config(tmp_path, "camp", backend="tinker", url=server.url, steps=4,
+                       extra="\n[campaign]\nseeds = [1, 2, 3, 4]\nparallel = true\n"
+                             "max_workers = 4\nstagger_seconds = 0\n")
+    text = cfg.read_text().replace("request_timeout_s", "max_concurrent = 2\nrequest_timeout_s")
+    cfg.write_text(text)
+    server.traffic.reset_peak()
+    before = server.traffic.requests
+    proc = out.run(python, [cfg.name], env, tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((tmp_path / "logs/camp/manifest.json").read_text())
+    assert [r["status"] for r in manifest["runs"]] == ["completed"] * 4
+    assert server.traffic.requests - before > 4 * 4 * 5  # every run talked to the server
+    assert server.traffic.peak <= 2, server.traffic.peak
+    assert server.traffic.peak == 2  # and the two slots were used in parallel
+    assert_key_never_leaked(tmp_path / "logs", out)
+
+
+def test_injected_429_502_504_are_survived(server, tmp_path, env, python):
+    """Test (4a): a run survives transient errors on every route by retrying."""
+    out = Outputs()
+    server.app.faults = FaultPlan(rates={"429": 0.03, "502": 0.04, "504": 0.04}, seed=11)
+    cfg = write_config(tmp_path, "flaky", backend="tinker", url=server.url, steps=8)
+    proc = out.run(python, [cfg.name], env, tmp_path)
+    server.app.faults = None
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "logs/flaky"
+    assert [r["step"] for r in rows(run)] == list(range(1, 9))
+    assert state(run)["status"] == "completed"
+    assert all(server.traffic.faults.get(k, 0) > 0 for k in ("429", "502", "504")), \
+        server.traffic.faults
+    assert_key_never_leaked(tmp_path / "logs", out)
+
+
+def test_a_hung_request_stops_cleanly_and_resumes(server, tmp_path, env, python):
+    """Test (4b): a request that hangs hits backend.request_timeout_s; the run stops with
+    its last checkpoint, and the same command resumes it without losing or repeating a step."""
+    out = Outputs()
+    server.app.faults = FaultPlan(rates={"hang": 1.0}, routes=frozenset({"optim_step"}),
+                                  after=3, limit=1, hang_s=60)
+    cfg = write_config(tmp_path, "hang", backend="tinker", url=server.url, steps=6, timeout_s=3)
+    first = out.run(python, [cfg.name], env, tmp_path)
+    assert first.returncode == 1
+    assert "request_timeout_s" in first.stderr and "resumes" in first.stderr
+    run = tmp_path / "logs/hang"
+    s = state(run)
+    assert s["status"] == "failed" and s["step"] == 3
+    assert s["checkpoint"].startswith("tinker://") and s["checkpoint"].endswith("step-000003")
+    second = out.run(python, [cfg.name], env, tmp_path)
+    server.app.faults = None
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [r["step"] for r in rows(run)] == list(range(1, 7))
+    assert state(run)["status"] == "completed"
+    assert server.traffic.faults.get("hang") == 1
+    assert_key_never_leaked(tmp_path / "logs", out)
