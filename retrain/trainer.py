@@ -46,6 +46,7 @@ from retrain.backends.base import (
     make_datum,
 )
 from retrain.config import Config, run_config
+from retrain.errors import UserError
 from retrain.eval import evaluate
 from retrain.progress import Progress
 from retrain.rewards import build_scorer
@@ -77,7 +78,10 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
     scorer = build_scorer(cfg.reward, config_dir)
     slots = NoSlots()
-    backend = create_backend(cfg, slots, config_dir=config_dir)
+    try:
+        backend = create_backend(cfg, slots, config_dir=config_dir)
+    except BackendError as exc:  # e.g. a model that cannot be found or loaded
+        raise UserError(f"model.name = {cfg.model.name!r}: {exc}") from None
     cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
     trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
     try:
@@ -187,7 +191,11 @@ class Trainer:
         return 1
 
     def _restore(self, saved: runlog.RunState) -> int:
-        self.backend.load_state(saved.checkpoint)
+        try:
+            self.backend.load_state(saved.checkpoint)
+        except BackendError as exc:
+            raise UserError(f"{self.run_dir}: cannot resume from checkpoint "
+                            f"{saved.checkpoint!r} ({exc}); start over with --new") from None
         self.cursor.load_state_dict(saved.data_cursor)
         self.controller.load_state_dict(saved.controller)
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)

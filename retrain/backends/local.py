@@ -109,8 +109,9 @@ class LocalModel:
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
-        except OSError as exc:
-            raise BackendError(f"cannot load model {name_or_path!r}: {exc}") from exc
+        except (OSError, ValueError) as exc:  # missing files, unknown architecture, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BackendError(f"cannot load model {name_or_path!r}: {first}") from exc
         model.to(dev)
         model.eval()
         return cls(model, tokenizer, dev, name_or_path)
