@@ -159,14 +159,18 @@ class Trainer:
     def run(self, resume: runlog.RunState | None) -> int:
         """Steps until max_steps, an interrupt or an error; returns the exit status."""
         checkpoint.write_config(self.run_dir, self.cfg)
+        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
         self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
-        first = self._restore(resume) if resume else self._fresh()
+        try:
+            first = self._restore(resume) if resume else self._fresh()
+        except BaseException:
+            trackers.close()
+            raise
         self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
             socket.gethostname()
         self.state.started_at = self.state.started_at or time.time()
         self.state.max_steps, self.state.error = self.tc.max_steps, ""
         runlog.save_state(self.run_dir, self.state)
-        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
         self.stop.install()
         try:
             return self._loop(first, trackers)

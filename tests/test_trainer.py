@@ -220,3 +220,14 @@ def test_a_missing_checkpoint_is_a_user_error_that_suggests_new(workdir):
     shutil.rmtree(workdir / "logs" / "run" / "checkpoints")
     with pytest.raises(UserError, match="--new"):
         run(path)
+
+
+def test_trackers_that_are_not_installed_are_a_user_error(workdir):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    path = write_config(workdir, logging={"wandb_project": "p"}, data={"eval_size": 0})
+    with pytest.raises(UserError, match="pip install wandb"):
+        run(path)
+    assert runlog.load_state(workdir / "logs" / "run") is None  # never marked running
