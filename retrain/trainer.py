@@ -78,10 +78,7 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
     scorer = build_scorer(cfg.reward, config_dir)
     slots = NoSlots()
-    try:
-        backend = create_backend(cfg, slots, config_dir=config_dir)
-    except BackendError as exc:  # e.g. a model that cannot be found or loaded
-        raise UserError(f"model.name = {cfg.model.name!r}: {exc}") from None
+    backend = create_backend(cfg, slots, config_dir=config_dir)
     cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
     trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
     try:
