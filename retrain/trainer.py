@@ -46,6 +46,7 @@ from retrain.backends.base import (
 )
 from retrain.campaign.semaphore import slots_from_env
 from retrain.config import Config, run_config
+from retrain.errors import UserError
 from retrain.eval import evaluate
 from retrain.progress import Progress
 from retrain.rewards import build_scorer
@@ -155,14 +156,18 @@ class Trainer:
     def run(self, resume: runlog.RunState | None) -> int:
         """Steps until max_steps, an interrupt or an error; returns the exit status."""
         checkpoint.write_config(self.run_dir, self.cfg)
+        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
         self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
-        first = self._restore(resume) if resume else self._fresh()
+        try:
+            first = self._restore(resume) if resume else self._fresh()
+        except BaseException:
+            trackers.close()
+            raise
         self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
             socket.gethostname()
         self.state.started_at = self.state.started_at or time.time()
         self.state.max_steps, self.state.error = self.tc.max_steps, ""
         runlog.save_state(self.run_dir, self.state)
-        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
         self.stop.install()
         try:
             return self._loop(first, trackers)
@@ -187,7 +192,11 @@ class Trainer:
         return 1
 
     def _restore(self, saved: runlog.RunState) -> int:
-        self.backend.load_state(saved.checkpoint)
+        try:
+            self.backend.load_state(saved.checkpoint)
+        except BackendError as exc:
+            raise UserError(f"{self.run_dir}: cannot resume from checkpoint "
+                            f"{saved.checkpoint!r} ({exc}); start over with --new") from None
         self.cursor.load_state_dict(saved.data_cursor)
         self.controller.load_state_dict(saved.controller)
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)

@@ -18,7 +18,12 @@ def reward(completion, answer):
         calls = int(path.read_text()) + 1 if path.exists() else 1
         path.write_text(str(calls))
         if calls > int(os.environ["RETRAIN_TEST_BLOCK_AFTER"]):
-            time.sleep(3600)
+            # Block until the run is killed: the scorer may live in a child process, which
+            # must then notice that its parent is gone instead of lingering for long.
+            parent, deadline = os.getppid(), time.monotonic() + 300
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os._exit(0)
     delay = float(os.environ.get("RETRAIN_TEST_REWARD_DELAY", "0"))
     if delay:
         time.sleep(delay)

@@ -203,3 +203,31 @@ def test_back_pressure_drives_the_batch_size_and_survives_resume(workdir):
         assert r["bp_p"] == r["batch_size"] * r["group_size"]
         assert 1 <= r["batch_size"] <= 4
     assert state(run_dir)["controller"]["steps"] == 5
+
+
+def test_a_model_that_cannot_be_loaded_is_a_user_error(workdir):
+    (workdir / "not-a-model").mkdir()
+    path = write_config(workdir, model={"name": "not-a-model"})
+    with pytest.raises(UserError, match="model.name = 'not-a-model': cannot load model"):
+        run(path)
+
+
+def test_a_missing_checkpoint_is_a_user_error_that_suggests_new(workdir):
+    import shutil
+
+    path = write_config(workdir, training={"max_steps": 2}, data={"eval_size": 0})
+    assert run(path, **{"training.max_steps": 1}) == 0
+    shutil.rmtree(workdir / "logs" / "run" / "checkpoints")
+    with pytest.raises(UserError, match="--new"):
+        run(path)
+
+
+def test_trackers_that_are_not_installed_are_a_user_error(workdir):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    path = write_config(workdir, logging={"wandb_project": "p"}, data={"eval_size": 0})
+    with pytest.raises(UserError, match="pip install wandb"):
+        run(path)
+    assert runlog.load_state(workdir / "logs" / "run") is None  # never marked running

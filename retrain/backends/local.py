@@ -37,6 +37,7 @@ from retrain.backends.base import (
     TokenIds,
 )
 from retrain.backends.local_sampling import sample_batch, token_logprobs
+from retrain.errors import UserError
 
 if TYPE_CHECKING:
     from retrain.config import Config
@@ -109,8 +110,9 @@ class LocalModel:
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
-        except OSError as exc:
-            raise BackendError(f"cannot load model {name_or_path!r}: {exc}") from exc
+        except (OSError, ValueError) as exc:  # missing files, unknown architecture, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BackendError(f"cannot load model {name_or_path!r}: {first}") from exc
         model.to(dev)
         model.eval()
         return cls(model, tokenizer, dev, name_or_path)
@@ -244,7 +246,10 @@ class LocalBackend:
 
         m = cfg.model
         path = resolve_model(m.name, config_dir)
-        model = LocalModel.load(path, m.dtype, m.device, m.threads)
+        try:
+            model = LocalModel.load(path, m.dtype, m.device, m.threads)
+        except BackendError as exc:  # a folder or id that is no model: the config's fault
+            raise UserError(f"model.name = {m.name!r}: {exc}") from None
         return model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
                                  m.lora_target_modules, seed=cfg.training.seed,
                                  micro_batch_size=cfg.training.micro_batch_size)
