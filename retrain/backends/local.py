@@ -37,6 +37,7 @@ from retrain.backends.base import (
     TokenIds,
 )
 from retrain.backends.local_sampling import sample_batch, token_logprobs
+from retrain.cpu import auto_threads
 from retrain.errors import UserError
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class LocalModel:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        torch.set_num_threads(threads or os.cpu_count() or 1)
+        torch.set_num_threads(threads or auto_threads())
         dev = pick_device(device)
         torch_dtype = DTYPES.get(dtype, "auto")
         try:

@@ -26,6 +26,7 @@ from retrain.campaign.manifest import Manifest, RunEntry, load_manifest, save_ma
 from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for, safe_name
 from retrain.campaign.semaphore import ENV_VAR, env_value
 from retrain.config import Config, ConfigError
+from retrain.cpu import AUTO_THREADS_ENV, available_cores
 from retrain.errors import UserError
 from retrain.launch import anchor_paths
 
@@ -295,7 +296,8 @@ class Runner:
         n = len(plans)
         self.cap = (c.max_workers or n) if c.parallel else 1
         self.stagger = c.stagger_seconds if c.parallel else 0.0
-        self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent)}
+        self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent),
+                    **thread_share_env(cfg, min(self.cap, n))}
         self.alive: dict[str, ex.Worker] = {}
         self.todo: list[RunEntry] = []
         self.stop = _Stop()
@@ -545,3 +547,14 @@ def summary(m: Manifest, campaign_dir: Path) -> str:
 
 def _num(x: object) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
+
+
+def thread_share_env(cfg: Config, workers: int) -> dict[str, str]:
+    """Split the cores between local workers that run at once (each `threads = 0` worker).
+
+    Oversubscribed torch threads spin-wait for each other: measured on 2 cores, a second
+    busy process made a 2-thread SmolLM2 sampling step 10x slower, a 1-thread one not at all.
+    """
+    if cfg.backend.backend != "local" or workers <= 1:
+        return {}
+    return {AUTO_THREADS_ENV: str(max(1, available_cores() // workers))}
