@@ -108,11 +108,11 @@ def _plan(name: str, folder: str, cfg: Config, condition: str = "",
 
 def _campaign_plans(cfg: Config, folder: Path) -> tuple[list[RunPlan], list[Config]]:
     """Expand the matrix (retrain.campaign.matrix) into plans and per-run configs."""
-    from retrain.campaign.matrix import expand
+    from retrain.campaign.matrix import expand, run_config_for
 
     plans, cfgs = [], []
     for spec in expand(cfg):
-        run_cfg = config.run_config(cfg, **{"training.seed": spec.seed, **spec.overrides})
+        run_cfg = run_config_for(cfg, spec, folder)  # exactly what the runner will write
         plans.append(_plan(spec.name, str(folder / spec.name), run_cfg, spec.condition,
                            spec.overrides))
         cfgs.append(run_cfg)
