@@ -257,6 +257,6 @@ def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
     r = explain.build_report(templates.write_template(name))
     assert r.total_steps == sum(p.max_steps for p in r.runs) > 0
     if name == "quickstart":
-        assert r.completions_per_step == 16 and r.warnings == []
+        assert r.completions_per_step == 32 and r.warnings == []
     if name == "campaign":
         assert len(r.runs) == 6 and r.effective_parallelism == 2
