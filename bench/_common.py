@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+REWARD_FUNCTION = str(Path(__file__).resolve()) + ":dense_reward"
+
 
 @dataclass
 class BenchProblem:
@@ -29,11 +31,18 @@ def bench_problems(spec: dict) -> list[BenchProblem]:
     return [BenchProblem(prompt_text(p, data), p.answer) for p in splits.train]
 
 
-def reward_texts(texts: list[str], answers: list[str]) -> list[float]:
-    """retrain's `match` reward, used by the TRL side too."""
-    from retrain.config import RewardConfig
-    from retrain.rewards import build_scorer
-    from retrain.tasks import Problem
+def dense_reward(completion: str, answer: str) -> float:
+    """`match` plus a small share of digit characters, so groups are (almost) never uniform.
 
-    scorer = build_scorer(RewardConfig(type="match"), Path("."))
-    return scorer.score(texts, [Problem(prompt="", answer=a, meta={}) for a in answers]).rewards
+    Both tools then train on every completion: retrain skips groups whose rewards are all
+    equal (they carry no gradient), which would otherwise make it do less work than TRL.
+    """
+    from retrain.rewards import match_reward
+
+    digits = sum(ch.isdigit() for ch in completion) / max(1, len(completion))
+    return match_reward(completion, answer) + 0.1 * digits
+
+
+def reward_texts(texts: list[str], answers: list[str]) -> list[float]:
+    """The benchmark reward for the TRL side (retrain loads the same function by name)."""
+    return [dense_reward(t, a) for t, a in zip(texts, answers, strict=True)]

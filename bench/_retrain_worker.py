@@ -14,6 +14,7 @@ from pathlib import Path
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    from bench._common import REWARD_FUNCTION
     from retrain.config import Config, dumps_config
     from retrain.runlog import read_metrics
     from retrain.trainer import run_single
@@ -29,6 +30,8 @@ def main() -> None:
     cfg.data.operations = spec.get("operations", ["+"])
     cfg.data.eval_size = 0
     cfg.data.size = spec["batch"] * (spec["warmup"] + spec["steps"]) * 4
+    cfg.reward.type = "custom"
+    cfg.reward.function = REWARD_FUNCTION
     t = cfg.training
     t.seed, t.batch_size, t.group_size = spec["seed"], spec["batch"], spec["group"]
     t.max_tokens, t.max_steps, t.lr = spec["max_tokens"], spec["warmup"] + spec["steps"], spec["lr"]

@@ -22,11 +22,13 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from bench._common import bench_problems, reward_texts
+    from retrain.models import resolve_model
 
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])
-    tok = AutoTokenizer.from_pretrained(spec["model_path"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=dtype)
+    path = resolve_model(spec["model"])
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     problems = bench_problems(spec)
     rows = [{"prompt": [{"role": "user", "content": p.text}], "answer": p.answer}
             for p in problems]
