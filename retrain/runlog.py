@@ -35,15 +35,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON via temp file + fsync + rename, so readers see the old or the new file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _replace_atomically(path: Path, data: bytes) -> None:
+    """Write via temp file + fsync + rename (+ directory fsync): readers see old or new."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(_clean(obj), fh, indent=2, sort_keys=False)
-            fh.write("\n")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -52,6 +49,14 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON via temp file + fsync + rename, so readers see the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n"
+    _replace_atomically(path, text.encode("utf-8"))
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -157,19 +162,8 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
     dropped = len(read.rows) - len(kept)
     if dropped == 0 and read.bad_lines == 0:
         return 0
-    fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for row in kept:
-                fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    _replace_atomically(path, b"".join(json.dumps(row, separators=(",", ":")).encode() + b"\n"
+                                       for row in kept))
     return dropped
 
 
