@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrain.runlog import json_safe
+
 
 def stdout_is_terminal() -> bool:
     """Rich output only for a person at a terminal (TERM=dumb counts as piped)."""
@@ -85,14 +87,5 @@ def fmt_seconds(value: float | None) -> str:
 
 def dump_json(obj: Any) -> str:
     """JSON for machines: NaN/inf become null, so every parser can read it."""
-    return json.dumps(_finite(obj), indent=2, sort_keys=False)
+    return json.dumps(json_safe(obj), indent=2, sort_keys=False)
 
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

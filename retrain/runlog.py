@@ -24,14 +24,14 @@ MANIFEST_FILE = "manifest.json"
 CHECKPOINT_DIR = "checkpoints"
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null so every reader can parse every row."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -55,7 +55,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON via temp file + fsync + rename, so readers see the old or the new file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n"
+    text = json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n"
     _replace_atomically(path, text.encode("utf-8"))
 
 
@@ -123,7 +123,7 @@ class MetricsWriter:
             self._fh.flush()
 
     def write(self, row: dict) -> None:
-        line = json.dumps(_clean(row), separators=(",", ":")).encode() + b"\n"
+        line = json.dumps(json_safe(row), separators=(",", ":")).encode() + b"\n"
         self._fh.write(line)
         self._fh.flush()
         os.fsync(self._fh.fileno())
