@@ -114,7 +114,7 @@ def test_end_to_end_in_a_temp_folder(tmp_path, cli_env):
     assert proc.returncode == 0 and (tmp_path / "quickstart.toml").is_file()
     proc = retrain("explain", "quickstart.toml")
     assert proc.returncode == 0, proc.stderr
-    assert "2 prompts x 8 completions = 16 completions" in proc.stdout
+    assert "4 prompts x 8 completions = 32 completions" in proc.stdout
     assert "unknown: run a pilot" in proc.stdout and "\x1b[" not in proc.stdout
     proc = retrain("status")
     assert proc.returncode == 0 and "no such folder yet" in proc.stdout
