@@ -62,8 +62,9 @@ class DataConfig:
     size: int = opt(5000, "built-in tasks: number of generated training problems", lo=1)
     eval_size: int = opt(64, "held-out problems for evaluation (0 = no eval split)", lo=0)
     shuffle: bool = opt(True, "seeded shuffle of the training problems each epoch")
-    instruction: str = opt("Put the final answer in \\boxed{}.",
-                           "appended to every prompt")
+    instruction: str = opt(
+        "End your reply with the result written as \\boxed{result}, e.g. 3 + 4 = 7, so \\boxed{7}.",
+        "appended to every prompt; a worked example helps small models box their answer")
     chat_template: bool = opt(True, "render prompts with the tokenizer's chat template")
 
 

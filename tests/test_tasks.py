@@ -244,7 +244,8 @@ def test_render_prompt_uses_chat_template(tokenizer):
     ids = render_prompt(tokenizer, p, cfg)
     assert all(isinstance(i, int) for i in ids)
     text = tokenizer.decode(ids)
-    assert text == ("<|im_start|>user\nWhat is 7 + 5?\nPut the final answer in \\boxed{}."
+    assert text == ("<|im_start|>user\nWhat is 7 + 5?\nEnd your reply with the result written as "
+                    "\\boxed{result}, e.g. 3 + 4 = 7, so \\boxed{7}."
                     "<|im_end|>\n<|im_start|>assistant\n")
 
 
