@@ -309,13 +309,14 @@ def check_value(section: str, key: str, value: Any) -> tuple[Any, str | None]:
     numeric = isinstance(value, (int, float))
     if numeric and lo is not None and (value < lo or (meta.get("lo_open") and value <= lo)):
         op = ">" if meta.get("lo_open") else ">="
-        return value, f"must be {op} {_num(lo)}, got {shown}"
+        return value, f"must be {op} {format_bound(lo)}, got {shown}"
     if hi is not None and isinstance(value, (int, float)) and value > hi:
-        return value, f"must be <= {_num(hi)}, got {shown}"
+        return value, f"must be <= {format_bound(hi)}, got {shown}"
     return value, None
 
 
-def _num(x: float) -> str:
+def format_bound(x: float) -> str:
+    """A range bound as written in messages and docs: 1, not 1.0."""
     return str(int(x)) if float(x).is_integer() else str(x)
 
 

@@ -72,13 +72,10 @@ def _range(section: str, key: str) -> str:
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is None and hi is None:
         return ""
-    low = f"> {_num(lo)}" if meta.get("lo_open") else f">= {_num(lo)}" if lo is not None else ""
-    high = f"<= {_num(hi)}" if hi is not None else ""
+    op = ">" if meta.get("lo_open") else ">="
+    low = f"{op} {config.format_bound(lo)}" if lo is not None else ""
+    high = f"<= {config.format_bound(hi)}" if hi is not None else ""
     return ", ".join(x for x in (low, high) if x)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def _default(value: object) -> str:
