@@ -35,7 +35,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _replace_atomically(path: Path, data: bytes) -> None:
+def replace_atomically(path: Path, data: bytes) -> None:
     """Write via temp file + fsync + rename (+ directory fsync): readers see old or new."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -56,7 +56,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n"
-    _replace_atomically(path, text.encode("utf-8"))
+    replace_atomically(path, text.encode("utf-8"))
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -162,7 +162,7 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
     dropped = len(read.rows) - len(kept)
     if dropped == 0 and read.bad_lines == 0:
         return 0
-    _replace_atomically(path, b"".join(json.dumps(row, separators=(",", ":")).encode() + b"\n"
+    replace_atomically(path, b"".join(json.dumps(row, separators=(",", ":")).encode() + b"\n"
                                        for row in kept))
     return dropped
 

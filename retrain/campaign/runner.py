@@ -471,9 +471,7 @@ def write_run_config(plan: PlannedRun) -> Path:
             same = False
         if not same:
             target = plan.run_dir / NEXT_CONFIG_FILE
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(config_mod.dumps_config(plan.config), encoding="utf-8")
-    os.replace(tmp, target)
+    runlog.replace_atomically(target, config_mod.dumps_config(plan.config).encode("utf-8"))
     return target
 
 
