@@ -172,6 +172,26 @@ def test_parallel_campaign_completes_with_a_full_manifest(env, capsys):
     assert "4 runs: 4 completed" in out and "a_s1" in out
 
 
+def test_stagger_counts_from_the_spawn_not_from_before_a_slow_launch(env, monkeypatch):
+    # CI once saw starts 0.29 s apart with stagger 0.3: the clock started before a slow
+    # fsync'd config write. Make the first launch slow and check the gap still holds.
+    from retrain.campaign import runner as runner_mod
+    real, calls = runner_mod.write_run_config, []
+
+    def slow_first(plan):
+        calls.append(plan)
+        if len(calls) == 1:
+            time.sleep(0.5)
+        return real(plan)
+
+    monkeypatch.setattr(runner_mod, "write_run_config", slow_first)
+    path = _write(env, max_workers=4, stagger=0.3)
+    assert _run(env, path) == 0
+    m = load_manifest(env / "logs" / "exp")
+    starts = sorted(r.started_at for r in m.runs)
+    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 0.3
+
+
 def test_serial_campaign_runs_one_process_at_a_time(env):
     path = _write(env, parallel="false", stagger=5.0)
     t0 = time.monotonic()

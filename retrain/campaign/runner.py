@@ -335,8 +335,10 @@ class Runner:
                 tick = TICK_S
             now = time.monotonic()
             if todo and len(self.alive) < self.cap and now >= next_launch:
-                next_launch = now + self.stagger
                 self._launch(todo.pop(0))
+                # Counted from after the spawn, so recorded start times are >= stagger apart
+                # however long writing the run's config and log header took.
+                next_launch = time.monotonic() + self.stagger
                 tick = TICK_S
                 continue
             if now >= next_progress:
