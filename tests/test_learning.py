@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("torch")
@@ -19,13 +17,10 @@ def test_tiny_model_learns_to_write_digits(tmp_path, monkeypatch, tiny_model):
     path = write_config(tmp_path, training={"max_steps": 100, "batch_size": 4, "group_size": 8,
                                             "max_tokens": 8, "lr": 1e-2, "save_every": 0},
                         data={"eval_size": 0})
-    start = time.monotonic()
     assert run_single(load_config(path), path) == 0
-    elapsed = time.monotonic() - start
     got = rows(tmp_path / "logs" / "run")
     assert len(got) == 100
     first = sum(r["mean_reward"] for r in got[:5]) / 5
     last = sum(r["mean_reward"] for r in got[-10:]) / 10
     assert first < 0.3, first
     assert last >= 0.8, (first, last)
-    assert elapsed < 60, elapsed

@@ -369,8 +369,9 @@ def test_long_poll_holds_then_try_again(tmp_path, sdk_env):
     """retrieve_future waits for the result instead of answering at once."""
     import httpx
 
-    engine = BigramEngine(delay_s=0.6)
-    with Served(engine, tmp_path, hold_s=0.3) as served:
+    # Margins wide enough for a loaded 2-core CI box: hold 1 s, each op takes 2.5 s.
+    engine = BigramEngine(delay_s=2.5)
+    with Served(engine, tmp_path, hold_s=1.0) as served:
         h = {"X-API-Key": KEY}
         sess = httpx.post(f"{served.url}/api/v1/create_session", headers=h,
                           json={"tags": [], "user_metadata": {}, "sdk_version": "x"}).json()
@@ -382,7 +383,7 @@ def test_long_poll_holds_then_try_again(tmp_path, sdk_env):
         first = httpx.post(f"{served.url}/api/v1/retrieve_future", headers=h,
                            json={"request_id": rid}).json()
         # create_adapter itself is instant, so the first poll already has the result
-        assert first["model_id"] == fut["model_id"] and time.monotonic() - t0 < 0.3
+        assert first["model_id"] == fut["model_id"] and time.monotonic() - t0 < 1.0
         body = types.ForwardBackwardRequest(
             forward_backward_input=types.ForwardBackwardInput(
                 data=[_datum([1], [2], [-1.0], 1.0)], loss_fn="importance_sampling"),
@@ -395,10 +396,13 @@ def test_long_poll_holds_then_try_again(tmp_path, sdk_env):
         t0 = time.monotonic()
         again = httpx.post(f"{served.url}/api/v1/retrieve_future", headers=h,
                            json={"request_id": r["request_id"]}).json()
-        assert again["type"] == "try_again" and 0.25 < time.monotonic() - t0 < 0.6
-        done = httpx.post(f"{served.url}/api/v1/retrieve_future",
-                          headers={**h, "Accept": "application/x-protobuf"},
-                          json={"request_id": r["request_id"]})
+        assert again["type"] == "try_again" and 0.95 < time.monotonic() - t0 < 2.4
+        for _ in range(10):
+            done = httpx.post(f"{served.url}/api/v1/retrieve_future",
+                              headers={**h, "Accept": "application/x-protobuf"},
+                              json={"request_id": r["request_id"]})
+            if done.headers["content-type"] != "application/json":
+                break
         assert done.headers["content-type"] == "application/x-protobuf"
         gone = httpx.post(f"{served.url}/api/v1/retrieve_future", headers=h,
                           json={"request_id": "req-unknown"})
@@ -406,7 +410,7 @@ def test_long_poll_holds_then_try_again(tmp_path, sdk_env):
 
 
 def test_sampling_runs_concurrently_training_in_order(tmp_path, sdk_env):
-    engine = BigramEngine(delay_s=0.2)
+    engine = BigramEngine(delay_s=0.5)
     with Served(engine, tmp_path, hold_s=2.0) as served:
         service = tinker.ServiceClient(base_url=served.url)
         sc = service.create_sampling_client(base_model="bigram-test").result()
@@ -414,7 +418,7 @@ def test_sampling_runs_concurrently_training_in_order(tmp_path, sdk_env):
         t0 = time.monotonic()
         futs = [sc.sample(types.ModelInput.from_ints([1]), 1, params) for _ in range(6)]
         [f.result() for f in futs]
-        assert engine.peak >= 3 and time.monotonic() - t0 < 6 * 0.2
+        assert engine.peak >= 3 and time.monotonic() - t0 < 6 * 0.5  # not one at a time
         service.close("success").result()
 
 

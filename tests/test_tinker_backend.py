@@ -231,7 +231,7 @@ def test_deadline_turns_a_hang_into_backend_error(tmp_path, env, tiny_model):
         t0 = time.monotonic()
         with pytest.raises(BackendError, match="timed out earlier"):
             backend.save_state("x")
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 1.5  # refused at once, not after another deadline
         backend.close()
 
 
