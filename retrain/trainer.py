@@ -266,6 +266,10 @@ class Trainer:
                    oom_retries=retries)
         decision = self.controller.observe(batch_size, sampled.tokens, step_time)
         self.batch_size = max(1, decision.batch_size)
+        if decision.action != "hold" or "rejected" in decision.reason:
+            self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
+                              f"batch_size {batch_size} -> {decision.batch_size}: "
+                              f"{decision.reason}")
         if self.oom_cap and not self.cfg.backpressure.enabled:  # the controller knows its ceiling
             self.batch_size = min(self.batch_size, self.oom_cap)
         self._report_reward_errors(step, sampled.errors)

@@ -205,6 +205,25 @@ def test_back_pressure_drives_the_batch_size_and_survives_resume(workdir):
     assert state(run_dir)["controller"]["steps"] == 5
 
 
+def test_back_pressure_moves_are_explained_on_the_console(workdir, capsys, monkeypatch):
+    from retrain import backpressure
+
+    def observe(self, batch_size, tokens, step_time_s, **kw):
+        nxt = 1 if batch_size > 1 else 2
+        return backpressure.Decision("throttle" if nxt < batch_size else "increase",
+                                     "retrograde", nxt, p=batch_size * 2, reason="made-up why")
+
+    monkeypatch.setattr(backpressure.BackpressureController, "observe", observe)
+    bp = {"enabled": True, "warmup_steps": 0, "min_batch_size": 1, "max_batch_size": 4}
+    path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
+                        training={"max_steps": 3, "group_size": 2})
+    assert run(path) == 0
+    out = capsys.readouterr().out
+    assert "step 1: back-pressure increase (retrograde), batch_size 1 -> 2: made-up why" in out
+    assert "step 2: back-pressure throttle (retrograde), batch_size 2 -> 1: made-up why" in out
+    assert [r["batch_size"] for r in rows(workdir / "logs" / "run")] == [1, 2, 1]
+
+
 def test_a_model_that_cannot_be_loaded_is_a_user_error(workdir):
     (workdir / "not-a-model").mkdir()
     path = write_config(workdir, model={"name": "not-a-model"})
