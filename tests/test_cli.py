@@ -85,7 +85,8 @@ def test_unknown_option_is_a_usage_error(capsys):
     assert code == 2 and "No such option" in out
 
 
-HEAVY = ("torch", "transformers", "peft", "tinker", "matplotlib", "numpy")
+# pydantic: typer >= 0.29 imports it at start (+~200 ms here), hence typer < 0.29.
+HEAVY = ("torch", "transformers", "peft", "tinker", "matplotlib", "numpy", "pydantic", "httpx")
 
 
 def test_light_path_imports_nothing_heavy(tmp_path, cli_env):
