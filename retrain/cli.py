@@ -147,7 +147,9 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[str | None, typer.Option(help="Shared key clients must send "
                                                    "(or $RETRAIN_SERVE_API_KEY).")] = None,
-    dtype: Annotated[str, typer.Option(help="Weights dtype.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(
+        help="Weights dtype: auto (bfloat16 where computed natively, else float32), "
+             "bfloat16, float32 or float16.")] = "auto",
 ) -> None:
     """Serve the Tinker API over the local backend (for the official tinker SDK)."""
     from retrain.serve import serve_forever

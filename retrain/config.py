@@ -37,8 +37,9 @@ def opt(default: Any, help: str, *, choices: tuple | None = None, lo: float | No
 class ModelConfig:
     name: str = opt("smollm2-135m-instruct",
                     "built-in short name, Hugging Face id (from the local cache) or local folder")
-    dtype: str = opt("bfloat16", "weights dtype; loss math always runs in float32",
-                     choices=("bfloat16", "float32", "float16", "auto"))
+    dtype: str = opt("auto", "weights dtype; auto = bfloat16 where the GPU/CPU computes it "
+                     "natively, else float32; loss math always runs in float32",
+                     choices=("auto", "bfloat16", "float32", "float16"))
     device: str = opt("auto", "auto picks cuda, then mps, then cpu",
                       choices=("auto", "cpu", "cuda", "mps"))
     threads: int = opt(0, "torch CPU threads; 0 = all cores", lo=0)

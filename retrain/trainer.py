@@ -209,6 +209,8 @@ class Trainer:
 
     def _loop(self, first: int, trackers: Trackers) -> int:
         self.progress.say(f"run folder: {self.run_dir}")
+        if getattr(self.backend, "summary", ""):
+            self.progress.say(f"model: {self.backend.summary}")
         initial = None
         if first == 1 and self.splits.eval:
             initial = self._evaluate()

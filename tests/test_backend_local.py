@@ -314,3 +314,25 @@ def test_sampling_oom_is_typed(model, backend, monkeypatch):
     monkeypatch.setattr(local, "sample_batch", boom)
     with pytest.raises(BackendOOMError):
         backend.sample(prompts(model), 2, SamplingParams(max_tokens=4))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(monkeypatch, native):
+    from retrain.backends import local
+    from retrain.errors import UserError
+
+    monkeypatch.setattr(local, "cpu_has_native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+    dtype, why = local.resolve_dtype("auto", cpu)
+    assert dtype == (torch.bfloat16 if native else torch.float32)
+    assert ("natively" in why) == native
+    dtype, why = local.resolve_dtype("bfloat16", cpu)
+    assert dtype == torch.bfloat16 and ("several times slower" in why) != native
+    assert local.resolve_dtype("float32", cpu) == (torch.float32, "as configured")
+    with pytest.raises(UserError, match="'bf16' is not one of auto, bfloat16"):
+        local.resolve_dtype("bf16", cpu)
+
+
+def test_the_loaded_model_says_what_it_chose(model):
+    assert model.summary.startswith(f"{model.name_or_path} on cpu, float32 (as configured), ")
+    assert model.summary.endswith(" 1 torch threads")

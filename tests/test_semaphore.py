@@ -110,7 +110,7 @@ def test_sigkilled_holder_frees_its_slot_at_once(tmp_path):
     holder.wait()
     t0 = time.monotonic()
     assert sem.acquire(timeout=30)
-    assert time.monotonic() - t0 < 10  # the dead holder's slot is reclaimed, not waited out
+    assert time.monotonic() - t0 < 2  # at once: the dead holder's slot is not waited out
     assert slots_in_use(folder) == 1
     sem.release()
     assert slots_in_use(folder) == 0

@@ -58,6 +58,7 @@ def test_a_run_writes_every_promised_metric_and_its_files(workdir, capsys):
     assert saved.logging.run_name == "run" and saved.training.max_steps == 5
     out = capsys.readouterr().out
     assert "eval accuracy before training" in out and "step 5/5" in out
+    assert "model: " in out and "on cpu, float32 (as configured)" in out
 
 
 def test_a_finished_run_is_not_rerun_but_can_be_extended(workdir, capsys):

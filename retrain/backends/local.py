@@ -37,7 +37,7 @@ from retrain.backends.base import (
     TokenIds,
 )
 from retrain.backends.local_sampling import sample_batch, token_logprobs
-from retrain.cpu import auto_threads
+from retrain.cpu import auto_threads, cpu_has_native_bf16
 from retrain.errors import UserError
 
 if TYPE_CHECKING:
@@ -57,6 +57,31 @@ def pick_device(device: str) -> torch.device:
     if device == "mps" and not has_mps:
         raise BackendError("model.device = 'mps' but MPS is not available")
     return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """The weights dtype for `model.dtype` on `device`, and why (for the run log).
+
+    `auto`: bfloat16 where the hardware computes it (CUDA with bf16, CPUs with AVX512-BF16, AMX
+    or Arm BF16), else float32: emulated bfloat16 is several times slower than float32."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            fast = torch.cuda.is_bf16_supported()
+            why = "auto: this GPU " + ("supports" if fast else "lacks") + " bfloat16"
+        elif device.type == "cpu":
+            fast = cpu_has_native_bf16()
+            why = "auto: this CPU " + ("computes bfloat16 natively" if fast else
+                                       "has no native bfloat16 (AVX512-BF16/AMX/Arm BF16)")
+        else:
+            fast, why = False, f"auto: float32 on {device.type}"
+        return (torch.bfloat16 if fast else torch.float32), why
+    if dtype == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
+        return torch.bfloat16, ("as configured; this CPU has no native bfloat16, so it is "
+                                "emulated and several times slower than float32: "
+                                'model.dtype = "auto" picks float32 here')
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype], "as configured"
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -96,9 +121,10 @@ class LocalModel:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
+        self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
 
     @classmethod
-    def load(cls, name_or_path: str, dtype: str = "bfloat16", device: str = "auto",
+    def load(cls, name_or_path: str, dtype: str = "auto", device: str = "auto",
              threads: int = 0) -> LocalModel:
         """Load weights and tokenizer from a folder or the local Hugging Face cache."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -107,7 +133,7 @@ class LocalModel:
         hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or auto_threads())
         dev = pick_device(device)
-        torch_dtype = DTYPES.get(dtype, "auto")
+        torch_dtype, dtype_note = resolve_dtype(dtype, dev)
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
@@ -116,7 +142,10 @@ class LocalModel:
             raise BackendError(f"cannot load model {name_or_path!r}: {first}") from exc
         model.to(dev)
         model.eval()
-        return cls(model, tokenizer, dev, name_or_path)
+        loaded = cls(model, tokenizer, dev, name_or_path)
+        loaded.summary = (f"{name_or_path} on {dev.type}, {str(torch_dtype).removeprefix('torch.')}"
+                          f" ({dtype_note}), {torch.get_num_threads()} torch threads")
+        return loaded
 
     @property
     def net(self) -> Any:
@@ -258,6 +287,11 @@ class LocalBackend:
     @property
     def tokenizer(self) -> Any:
         return self.model.tokenizer
+
+    @property
+    def summary(self) -> str:
+        """Model, device, dtype and threads, as the run log shows them."""
+        return self.model.summary
 
     # ------------------------------------------------------------------ sampling
 

@@ -55,7 +55,7 @@ class LocalEngine:
         self._sampler = self._new_backend("base", rank=self.lora.lora_rank, seed=0)
 
     @classmethod
-    def load(cls, name: str, dtype: str = "bfloat16", device: str = "auto",
+    def load(cls, name: str, dtype: str = "auto", device: str = "auto",
              threads: int = 0) -> LocalEngine:
         """Load `name` (a built-in name, a folder or a cached hub id) once."""
         from retrain.models import resolve_model

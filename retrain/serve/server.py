@@ -92,7 +92,7 @@ class ServerThread:
 
 
 def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
-                  api_key: str | None = None, dtype: str = "bfloat16",
+                  api_key: str | None = None, dtype: str = "auto",
                   engine: Engine | None = None, state_dir: Path | None = None) -> None:
     """`retrain serve`: the Tinker API over the local backend, until Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -101,6 +101,7 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
         from retrain.serve.local_engine import LocalEngine
 
         engine = LocalEngine.load(model, dtype=dtype)
+        print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
     app, _ = build_app(engine, state_dir or default_state_dir(), api_key=api_key,
                        faults=FaultPlan.from_env())
     run(app, host, port)
