@@ -16,7 +16,8 @@ sequences of TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over
 - dirchg: sign changes of the batch-size moves after settling;
 - recovery: steps after a hardware change until the batch size settles again;
 - OOMs: out-of-memory failures reported to the controller;
-- us/obs: mean wall time of one `observe` call (noisy on a shared machine).
+- us/obs: mean wall time of one `observe` call (noisy on a shared machine; the header prints
+  how long `sum(range(1000))` takes here, to compare machines).
 
 Cells show the median over seeds and, after a slash, the worst seed.
 """
@@ -29,6 +30,7 @@ import random
 import statistics
 import sys
 import time
+import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,6 +179,8 @@ def main() -> None:
             f"{'recovery':>8} {'p2/tgt2':>11} {'OOMs':>5} {'us/obs':>7}")
     print(f"{args.seeds} seeds x {args.steps} steps, group_size={GROUP}, "
           f"batch {cfg.min_batch_size}..{cfg.max_batch_size}, warmup_steps={cfg.warmup_steps}")
+    ref = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+    print(f"this machine's Python speed: sum(range(1000)) takes {ref:.1f} us")
     print(head)
     print("-" * len(head))
     for sc in scenarios():
