@@ -74,6 +74,10 @@ class UslSums:
     relative error, not by the size of p). For conditioning, the sums use q = (p − center) /
     scale, which maps the batch-size range onto [−1, 1]: Σ w q^k (k = 0..4) and Σ w q^k y
     (k = 0..2), compensated floats, so adding and removing a point is O(1).
+
+    Once the controller stops refitting, `add(..., track=False)` only slides the window (half
+    the cost of `observe`): the sums go stale and are rebuilt from the points, exactly, the
+    next time anything reads them.
     """
 
     def __init__(self, window: int = WINDOW, center: float = 0.0, scale: float = 1.0):
@@ -84,21 +88,31 @@ class UslSums:
         self.s = [0.0] * 8
         self.c = [0.0] * 8
         self.counts: dict[int, int] = {}
+        self.stale = False  # sums and counts no longer describe `points` (see add)
 
     def __len__(self) -> int:
         return len(self.points)
 
     @property
     def distinct(self) -> int:
+        self._refresh()
         return len(self.counts)
 
-    def add(self, p: int, y: float) -> None:
-        """Add one observation; the oldest leaves once the window is full."""
+    def add(self, p: int, y: float, *, track: bool = True) -> None:
+        """Add one observation; the oldest leaves once the window is full. `track=False`
+        leaves the sums stale until they are next read."""
+        self.stale = self.stale or not track
         self.points.append((p, y))
-        self._apply(p, y, 1.0)
+        if not self.stale:
+            self._apply(p, y, 1.0)
         if len(self.points) > self.window:
             old_p, old_y = self.points.popleft()
-            self._apply(old_p, old_y, -1.0)
+            if not self.stale:
+                self._apply(old_p, old_y, -1.0)
+
+    def _refresh(self) -> None:
+        if self.stale:
+            self.keep_newest(len(self.points))
 
     def _apply(self, p: int, y: float, sign: float) -> None:
         q = (p - self.center) / self.scale
@@ -123,6 +137,7 @@ class UslSums:
 
     def sums(self) -> tuple[list[float], list[float]]:
         """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/y²."""
+        self._refresh()
         total = [s + c for s, c in zip(self.s, self.c, strict=True)]
         return total[:5], total[5:]
 
@@ -191,7 +206,8 @@ class UslSums:
     def state_dict(self) -> dict:
         return {"center": self.center, "scale": self.scale,
                 "points": [[p, y] for p, y in self.points],
-                "sums": [list(sc) for sc in zip(self.s, self.c, strict=True)]}
+                "sums": [list(sc) for sc in zip(self.s, self.c, strict=True)],
+                "stale": self.stale}
 
     def load_state_dict(self, d: dict) -> None:
         self.__init__(self.window, float(d["center"]), float(d["scale"]))
@@ -201,6 +217,7 @@ class UslSums:
         # Restore the float sums bit for bit so a resumed run takes the very same decisions.
         self.s = [float(s) for s, _ in d["sums"]]
         self.c = [float(c) for _, c in d["sums"]]
+        self.stale = bool(d.get("stale", False))
         if len(self.s) != 8 or not self.scale > 0:
             raise ValueError("malformed sums")
 
@@ -407,7 +424,8 @@ class BackpressureController:
             self._ok_max = max(self._ok_max or 0, b)
         predicted = self._fit.throughput(p) if self._fit and not self._exploring else None
         self._smooth(p, x)
-        self._sums.add(p, p / x)
+        # Sums are read only by fits: while exploring and until the window has refilled.
+        self._sums.add(p, p / x, track=self._exploring or self._refit_left > 0)
         if self._exploring:
             return self._explore(b, p, roof)
         return self._track(b, p, x, predicted, roof)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -155,6 +156,22 @@ def test_running_sums_equal_a_full_recompute(points, window):
                             strict=True):
         scale = max(abs(want), max(p**k / y for p, y in points) * 1e-6)
         assert got == pytest.approx(want, rel=1e-9, abs=1e-9 * scale)
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(1, 5000), st.floats(1e-4, 1e4), st.booleans()),
+                min_size=1, max_size=300), st.integers(1, 20))
+def test_untracked_adds_rebuild_the_sums_exactly(points, window):
+    lazy, fresh = UslSums(window), UslSums(window)
+    for p, y, track in points:
+        lazy.add(p, y, track=track)
+    assume(not all(track for *_, track in points))
+    assert lazy.stale
+    for p, y in lazy.points:
+        fresh.add(p, y)
+    assert lazy.sums() == fresh.sums()       # rebuilt from the window's points, bit for bit
+    assert not lazy.stale
+    assert lazy.distinct == fresh.distinct and lazy.fit() == fresh.fit()
 
 
 def test_fit_needs_three_distinct_concurrencies():
@@ -450,6 +467,33 @@ def test_state_round_trip_gives_identical_decisions(history, future, machine):
         db = step(b_ctl, nxt, machine, noise)
         assert da == db
         nxt = da.batch_size
+
+
+class _AlwaysTracked(UslSums):
+    def add(self, p, y, *, track=True):
+        super().add(p, y)
+
+
+def test_lazy_sums_change_no_decision_and_survive_a_round_trip():
+    """Untracked adds after the refits end (the fast path) decide exactly as tracking all."""
+    lazy, eager = BackpressureController(ON, G), BackpressureController(ON, G)
+    eager._sums.__class__ = _AlwaysTracked
+    slower = (0.02, 8e-5, 900.0)
+    b, resumed, rng, regimes = lazy.first_batch_size(8), None, random.Random(3), []
+    for i in range(400):
+        machine, noise = (MACHINE if i < 200 else slower), math.exp(0.05 * rng.gauss(0, 1))
+        da, db = step(lazy, b, machine, noise), step(eager, b, machine, noise)
+        assert da == db, i
+        if i == 150:
+            assert lazy._sums.stale and not eager._sums.stale
+            resumed = BackpressureController(ON, G)
+            assert resumed.load_state_dict(json.loads(json.dumps(lazy.state_dict())))
+        elif resumed is not None:
+            assert step(resumed, b, machine, noise) == da, i
+        b = da.batch_size
+        regimes.append(da.regime)
+    assert "warmup" in regimes[200:]          # the slower machine was re-explored ...
+    assert b == int(0.85 * usl_p_star(*slower[:2]) / G) == 5   # ... and followed
 
 
 def test_foreign_or_broken_state_starts_fresh():
