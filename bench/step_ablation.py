@@ -1,0 +1,150 @@
+"""What each local-backend optimisation saves: the real step, and the step without it.
+
+Runs one RL step's shapes (`--batch` prompts x `--group` completions x `--max-tokens`, the
+quickstart's) on the real model and LoRA adapter and times, median of `--repeat` after one
+warm-up of each:
+
+- sample: `LocalBackend.sample` (each prompt prefilled once, its KV cache repeated for the group;
+  finished rows leave the batch);
+  - no shared prefill: the same prompts repeated `group` times, one completion each;
+  - finished rows kept: EOS ignored, so every row decodes `max_tokens` (an upper bound of
+    keeping finished rows in the batch; the completions then differ);
+- train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
+  their repeated cache, only loss positions through the LM head);
+  - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
+  - second forward: a no-grad pass over the same batch, what recomputing the sampler's
+    log-probs (or a reference model) would add.
+
+    python -m bench.step_ablation [--model smollm2-135m-instruct] [--dtype auto] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from retrain.cpu import auto_threads
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    """(median seconds over `repeat` calls after one warm-up call, the last result)."""
+    out = fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
+    """The unoptimised training pass: full sequences, full LM head, the same per-token loss."""
+    import torch
+
+    from retrain.backends import local_loss
+    from retrain.backends.local_sampling import token_logprobs
+
+    net = backend.model.net
+    net.train()
+    width = max(len(d) for d in datums)
+    ids = torch.full((len(datums), width), pad_id, dtype=torch.long)
+    tgt = torch.zeros((len(datums), width), dtype=torch.long)
+    mask = torch.zeros((len(datums), width))
+    old, adv = torch.zeros((len(datums), width)), torch.zeros((len(datums), width))
+    for row, d in enumerate(datums):
+        n = len(d)
+        ids[row, :n] = torch.tensor(d.input_tokens)
+        tgt[row, :n] = torch.tensor(d.target_tokens)
+        mask[row, :n] = torch.tensor(d.mask)
+        old[row, :n], adv[row, :n] = torch.tensor(d.logprobs), torch.tensor(d.advantages)
+    attention = (torch.arange(width)[None, :] < torch.tensor([len(d) for d in datums])[:, None])
+    logits = net(input_ids=ids, attention_mask=attention.long()).logits
+    lp = token_logprobs(logits, loss.temperature).gather(-1, tgt[..., None]).squeeze(-1)
+    keep = mask > 0
+    per_tok = local_loss.per_token_loss(lp[keep], old[keep], adv[keep], loss)
+    total = per_tok.sum() / keep.sum()
+    total.backward()
+    backend._zero_grad()
+    return float(total.detach())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from retrain.backends import local_loss
+    from retrain.backends.base import LossConfig, SamplingParams, make_datum
+    from retrain.backends.local import LocalModel
+    from retrain.backends.local_sampling import sample_batch
+    from retrain.config import DataConfig
+    from retrain.models import resolve_model
+    from retrain.tasks import load_task, render_prompt
+
+    hf_logging.disable_progress_bar()
+    model = LocalModel.load(resolve_model(args.model), args.dtype, "cpu", auto_threads())
+    backend = model.new_backend("bench", 8, 16.0, 0.0, ["q_proj", "v_proj"], seed=0)
+    data = DataConfig(operations=["+", "*"], eval_size=0, size=64)
+    splits = load_task(data, seed=7, config_dir=Path.cwd())
+    prompts = [render_prompt(model.tokenizer, p, data) for p in splits.train[:args.batch]]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=1)
+    n, r = args.group, args.repeat
+    print(f"{platform.machine()}, {model.summary}")
+    print(f"{args.batch} prompts x {n} completions x up to {args.max_tokens} tokens, "
+          f"median of {r} after a warm-up\n")
+
+    def no_eos():
+        with torch.inference_mode():
+            return sample_batch(model.net, prompts, n, params, eos_ids=set(),
+                                pad_id=model.pad_id, generator=torch.Generator().manual_seed(1),
+                                make_cache=backend._make_cache)
+
+    rows = []
+    t_sample, groups = timed(lambda: backend.sample(prompts, n, params), r)
+    toks = sum(len(c.tokens) for g in groups for c in g)
+    rows.append(("sample", t_sample, f"{toks} completion tokens"))
+    flat = [p for p in prompts for _ in range(n)]
+    t, _ = timed(lambda: backend.sample(flat, 1, params), r)
+    rows.append(("  without shared prefill", t, f"{t / t_sample:.2f}x"))
+    t, out = timed(no_eos, r)
+    rows.append(("  finished rows kept (EOS ignored)", t,
+                 f"{t / t_sample:.2f}x, {sum(len(c.tokens) for g in out for c in g)} tokens"))
+
+    loss = LossConfig(temperature=args.temperature)
+    datums = [make_datum(p, c, adv) for p, g in zip(prompts, groups, strict=True)
+              for c, adv in zip(g, [1.0, -1.0] * n, strict=False)]
+    t_train, (out, _) = timed(lambda: (backend.forward_backward(datums, loss),
+                                       backend._zero_grad()), r)
+    rows.append(("train (forward+backward)", t_train,
+                 f"{sum(len(d) for d in datums)} tokens, loss {out.loss:.6f}"))
+    t, plain = timed(lambda: plain_forward_backward(backend, datums, loss, model.pad_id), r)
+    rows.append(("  plain full-sequence pass", t, f"{t / t_train:.2f}x, loss {plain:.6f}"))
+
+    def second_forward():
+        with torch.inference_mode():
+            backend.model.net.eval()
+            for unit in backend._plan(datums, 0):
+                batch = local_loss.pack(datums, unit, model.pad_id, model.device)
+                backend._target_logprobs(backend.model.net, batch, loss.temperature)
+
+    t, _ = timed(second_forward, r)
+    share = t / (t_sample + t_train)
+    rows.append(("  + a second forward (not done)", t, f"+{share:.0%} of a step"))
+    for name, secs, note in rows:
+        print(f"{name:36s} {secs:8.2f} s   {note}")
+
+
+if __name__ == "__main__":
+    main()
