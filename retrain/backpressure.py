@@ -75,9 +75,9 @@ class UslSums:
     scale, which maps the batch-size range onto [−1, 1]: Σ w q^k (k = 0..4) and Σ w q^k y
     (k = 0..2), compensated floats, so adding and removing a point is O(1).
 
-    Once the controller stops refitting, `add(..., track=False)` only slides the window (half
-    the cost of `observe`): the sums go stale and are rebuilt from the points, exactly, the
-    next time anything reads them.
+    Once the controller stops refitting, `add(..., track=False)` only slides the window (the
+    compensated updates were a quarter of a steady-state `observe`): the sums go stale and are
+    rebuilt from the points, exactly, the next time anything reads them.
     """
 
     def __init__(self, window: int = WINDOW, center: float = 0.0, scale: float = 1.0):
