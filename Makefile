@@ -24,6 +24,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
+# Side-by-side step time vs TRL (bench/step_time.py); TRL is a benchmark-only extra.
+BENCH_ARGS ?= --rounds 2
+bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench.step_time $(BENCH_ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check retrain tests bench
 

@@ -3,7 +3,8 @@
 Same model, dtype, prompts, reward, LoRA and batch shape; no KL/reference model on either
 side; one optimizer step per RL step. Each measurement runs in a fresh process (so peak
 RSS is per tool), tools are interleaved ABAB... to cancel machine drift, warm-up steps are
-excluded. Usage (after `make setup` and `pip install -e '.[bench]'`):
+excluded. From a fresh clone: `make bench` (setup, the `bench` extra, `--rounds 2`). Or, after
+`make setup` and `pip install -e '.[bench]'`:
 
     .venv/bin/python -m bench.step_time --config smollm2 --rounds 2
     .venv/bin/python -m bench.step_time --config smollm2-fp32 --rounds 2   # no native bf16
