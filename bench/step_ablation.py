@@ -22,22 +22,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 from pathlib import Path
 
+from bench.timing import timed
 from retrain.cpu import auto_threads
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    """(median seconds over `repeat` calls after one warm-up call, the last result)."""
-    out = fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
@@ -105,11 +93,10 @@ def main() -> None:
     print(f"{args.batch} prompts x {n} completions x up to {args.max_tokens} tokens, "
           f"median of {r} after a warm-up\n")
 
-    def no_eos():
-        with torch.inference_mode():
-            return sample_batch(model.net, prompts, n, params, eos_ids=set(),
-                                pad_id=model.pad_id, generator=torch.Generator().manual_seed(1),
-                                make_cache=backend._make_cache)
+    def no_eos():  # sample_batch runs under inference_mode itself
+        return sample_batch(model.net, prompts, n, params, eos_ids=set(), pad_id=model.pad_id,
+                            generator=torch.Generator().manual_seed(1),
+                            make_cache=backend._make_cache)
 
     rows = []
     t_sample, groups = timed(lambda: backend.sample(prompts, n, params), r)

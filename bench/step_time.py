@@ -30,16 +30,16 @@ from retrain.cpu import cpu_has_native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 
+SMOLLM2 = dict(model="smollm2-135m-instruct", dtype="bfloat16", batch=4, group=8, max_tokens=64,
+               lora_rank=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lr=1e-5,
+               warmup=1, steps=3)
+
 CONFIGS = {
     # The workload of shared/notes/offline-models.md: 4 prompts x 8 completions x 64 tokens.
-    "smollm2": dict(model="smollm2-135m-instruct", dtype="bfloat16", batch=4, group=8,
-                    max_tokens=64, lora_rank=8, lora_alpha=16,
-                    target_modules=["q_proj", "v_proj"], lr=1e-5, warmup=1, steps=3),
+    "smollm2": SMOLLM2,
     # The same in float32, for CPUs without native bfloat16 (where bf16 is emulated and a
     # single step takes minutes on either tool: python -m bench.dtype_speed).
-    "smollm2-fp32": dict(model="smollm2-135m-instruct", dtype="float32", batch=4, group=8,
-                         max_tokens=64, lora_rank=8, lora_alpha=16,
-                         target_modules=["q_proj", "v_proj"], lr=1e-5, warmup=1, steps=3),
+    "smollm2-fp32": {**SMOLLM2, "dtype": "float32"},
     "tiny": dict(model="tiny-random", dtype="float32", batch=4, group=8, max_tokens=64,
                  lora_rank=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lr=1e-4,
                  warmup=2, steps=8),
