@@ -11,20 +11,9 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
+from bench.timing import timed
 from retrain.cpu import NATIVE_BF16_FLAGS, auto_threads, cpu_flags, cpu_has_native_bf16
-
-
-def _time(fn, repeat: int) -> float:
-    fn()  # warm-up: allocator, oneDNN kernel selection
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(path: str, dtype_name: str, batch: int, seq: int, repeat: int) -> tuple[float, float]:
@@ -36,7 +25,8 @@ def measure(path: str, dtype_name: str, batch: int, seq: int, repeat: int) -> tu
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype_name))
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16,
                                              target_modules=["q_proj", "v_proj"]))
-    ids = torch.randint(0, 1000, (batch, seq), generator=torch.Generator().manual_seed(0))
+    vocab = min(1000, model.config.vocab_size)  # tiny test models have small vocabularies
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
 
     def forward() -> None:
         with torch.inference_mode():
@@ -46,7 +36,7 @@ def measure(path: str, dtype_name: str, batch: int, seq: int, repeat: int) -> tu
         model.zero_grad(set_to_none=True)
         model(ids).logits.float().logsumexp(-1).mean().backward()
 
-    return _time(forward, repeat), _time(forward_backward, repeat)
+    return timed(forward, repeat)[0], timed(forward_backward, repeat)[0]
 
 
 def main() -> None:
