@@ -593,9 +593,9 @@ def test_queued_samples_are_decoded_in_one_batch(tiny_engine):
     calls = []
     real = tiny_engine._sampler.sample
 
-    def spy(prompts, n, params, adapter=None):
+    def spy(prompts, n, params, **kw):
         calls.append(len(prompts))
-        return real(prompts, n, params, adapter=adapter)
+        return real(prompts, n, params, **kw)
 
     tiny_engine._sampler.sample = spy
     try:
@@ -612,3 +612,7 @@ def test_queued_samples_are_decoded_in_one_batch(tiny_engine):
     assert calls == [5]
     assert sorted(results) == list(range(5))
     assert all(len(r.sequences) == 3 for r in results.values())
+    # a seeded request gets the same completions batched as alone
+    for i, r in results.items():
+        alone = tiny_engine.sample(None, [1, 70 + i], 3, spec, False)
+        assert [s.tokens for s in r.sequences] == [s.tokens for s in alone.sequences]

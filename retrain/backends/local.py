@@ -296,15 +296,22 @@ class LocalBackend:
     # ------------------------------------------------------------------ sampling
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
-               adapter: str | None = None) -> list[list[Completion]]:
-        """`n` completions per prompt in one batched decode; `adapter` picks a snapshot."""
+               adapter: str | None = None,
+               prompt_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """`n` completions per prompt in one batched decode; `adapter` picks a snapshot.
+
+        `prompt_seeds` (one per prompt) makes each prompt's draws its own, independent of the
+        rest of the batch (retrain serve batches separate requests); else `params.seed`."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise BackendError("cannot sample from an empty prompt")
-        gen = self.generator
-        if params.seed is not None:
-            gen = torch.Generator(self.model.device).manual_seed(params.seed)
+        dev = self.model.device
+        gen: torch.Generator | list[torch.Generator] = self.generator
+        if prompt_seeds is not None:
+            gen = [torch.Generator(dev).manual_seed(s) for s in prompt_seeds]
+        elif params.seed is not None:
+            gen = torch.Generator(dev).manual_seed(params.seed)
         with self.model.lock, oom_as_backend_error("sampling"):
             self.model.activate(adapter or self.adapter)
             net = self.model.net

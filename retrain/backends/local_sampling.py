@@ -6,7 +6,8 @@ float32 of `logits / temperature`, the same computation `forward_backward` repea
 choices that follow from owning the loop:
 - each distinct prompt is prefilled once; its KV cache is then repeated for its `n` samples;
 - rows that reached EOS leave the batch, so finished completions cost nothing more;
-- a seeded `torch.Generator` drives sampling, so the global RNG is untouched.
+- a seeded `torch.Generator` drives sampling, so the global RNG is untouched; with one
+  generator per prompt, a prompt's draws do not depend on what else shares the batch.
 
 `top_p < 1` samples from the renormalised nucleus, but the returned log-probs stay those of
 the full tempered distribution (what the trainer recomputes): the ratio is exactly 1 before
@@ -54,8 +55,9 @@ def token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def draw(logprobs: torch.Tensor, params: SamplingParams,
-         generator: torch.Generator) -> torch.Tensor:
-    """One token per row: greedy at temperature 0, else from the (nucleus of the) distribution."""
+         generator: torch.Generator | list[torch.Generator]) -> torch.Tensor:
+    """One token per row: greedy at temperature 0, else from the (nucleus of the) distribution.
+    `generator` is one for all rows, or one per row."""
     if params.temperature == 0:
         return logprobs.argmax(dim=-1)
     probs = logprobs.exp()
@@ -64,14 +66,19 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
         sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)
+                      for i, g in enumerate(generator)]).squeeze(-1)
 
 
 @torch.inference_mode()
 def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams, *,
-                 eos_ids: set[int], pad_id: int, generator: torch.Generator,
+                 eos_ids: set[int], pad_id: int,
+                 generator: torch.Generator | list[torch.Generator],
                  make_cache) -> list[list[Completion]]:
-    """`n` completions for each prompt, decoded together; see the module docstring."""
+    """`n` completions for each prompt, decoded together; see the module docstring.
+    `generator`: one for the whole batch, or one per prompt (for its `n` rows)."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = make_cache()
@@ -88,10 +95,13 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     eos = torch.tensor(sorted(eos_ids), device=device)
     for step in range(params.max_tokens):
         lp = token_logprobs(logits, params.temperature)
-        tok = draw(lp, params, generator)
+        ids_now = active.tolist()
+        gen = generator if isinstance(generator, torch.Generator) else \
+            [generator[row // n] for row in ids_now]
+        tok = draw(lp, params, gen)
         tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
         done = torch.isin(tok, eos)
-        _record(rows, active.tolist(), tok.tolist(), tok_lp.tolist(), done.tolist())
+        _record(rows, ids_now, tok.tolist(), tok_lp.tolist(), done.tolist())
         if step == params.max_tokens - 1 or bool(done.all()):
             break
         if bool(done.any()):

@@ -182,7 +182,8 @@ class LocalEngine:
                prompt_logprobs: bool) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
-        settings in one batch (seeded with the first one's seed)."""
+        settings in one batch; when every one of them has a seed, each prompt draws from its
+        own seed, so a request's completions do not depend on what it was batched with."""
         if prompt_logprobs:
             raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
                               "retrain serve")
@@ -205,9 +206,11 @@ class LocalEngine:
     def _decode(self, batch: list[_Queued], snap: Any, n: int, spec: SampleSpec) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
                                 top_p=spec.top_p, seed=batch[0].seed)
+        seeds = [q.seed for q in batch]
         try:
-            groups = self._sampler.sample([q.prompt for q in batch], n, params,
-                                          adapter=snap or self._sampler.adapter)
+            groups = self._sampler.sample(
+                [q.prompt for q in batch], n, params, adapter=snap or self._sampler.adapter,
+                prompt_seeds=None if None in seeds else seeds)
         except BaseException as exc:
             for q in batch:
                 q.error = exc
