@@ -12,6 +12,7 @@ import numbers
 import operator
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WINDOW = 100              # observations the fit sees (the oldest leaves when a new one arrives)
@@ -23,6 +24,7 @@ CUSUM_AFTER = 3            # residuals start counting after this many steps at o
 NOISE_FLOOR = 0.02         # smallest relative noise assumed (a perfect simulator has none)
 NOISE_PRIOR = 0.05         # relative noise assumed before there are residuals to measure it
 NOISE_DECAY = 0.95         # EMA decay of the squared residuals (the noise estimate)
+REFIT_GROWTH = 0.25        # refit when the window has grown by this fraction since the last fit
 PROBES = 4                 # batch sizes probed after a drift (plus the current one)
 X_RANGE = (1e-6, 1e12)     # plausible tokens/s; anything outside is rejected as a bad timing
 P_MAX = 10**7              # largest concurrency accepted as an observation
@@ -51,9 +53,11 @@ def usl_p_star(sigma: float, kappa: float) -> float:
     return max(1.0, math.sqrt((1.0 - sigma) / kappa))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UslFit:
-    """Fitted USL coefficients (σ >= 0, κ >= 0, λ > 0, all finite)."""
+    """Fitted USL coefficients (σ >= 0, κ >= 0, λ > 0, all finite).
+
+    A value: treat it as read-only (not frozen: frozen construction costs ~2 µs per refit)."""
 
     sigma: float
     kappa: float
@@ -61,7 +65,7 @@ class UslFit:
     p_star: float = field(init=False, compare=False)  # derived; read on every step
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p_star", usl_p_star(self.sigma, self.kappa))
+        self.p_star = usl_p_star(self.sigma, self.kappa)
 
     def throughput(self, p: float) -> float:
         return usl_throughput(p, self.sigma, self.kappa, self.lam)
@@ -121,14 +125,17 @@ class UslSums:
         wq, vq = w * q, v * q
         wq2 = wq * q
         wq3 = wq2 * q
-        xs = (w, wq, wq2, wq3, wq3 * q, v, vq, vq * q)
         s, c = self.s, self.c
-        for i in range(8):  # Knuth's TwoSum: the rounding error of each add goes into c
-            a, x = s[i], xs[i]
-            t = a + x
-            e = t - a
-            c[i] += (a - (t - e)) + (x - e)
-            s[i] = t
+        # Knuth's TwoSum, unrolled (a loop doubles the cost): each add's rounding error goes to c.
+        x0, x1, x2, x3, x4, x5, x6, x7 = w, wq, wq2, wq3, wq3 * q, v, vq, vq * q
+        a = s[0]; t = a + x0; e = t - a; c[0] += (a - (t - e)) + (x0 - e); s[0] = t  # noqa: E702
+        a = s[1]; t = a + x1; e = t - a; c[1] += (a - (t - e)) + (x1 - e); s[1] = t  # noqa: E702
+        a = s[2]; t = a + x2; e = t - a; c[2] += (a - (t - e)) + (x2 - e); s[2] = t  # noqa: E702
+        a = s[3]; t = a + x3; e = t - a; c[3] += (a - (t - e)) + (x3 - e); s[3] = t  # noqa: E702
+        a = s[4]; t = a + x4; e = t - a; c[4] += (a - (t - e)) + (x4 - e); s[4] = t  # noqa: E702
+        a = s[5]; t = a + x5; e = t - a; c[5] += (a - (t - e)) + (x5 - e); s[5] = t  # noqa: E702
+        a = s[6]; t = a + x6; e = t - a; c[6] += (a - (t - e)) + (x6 - e); s[6] = t  # noqa: E702
+        a = s[7]; t = a + x7; e = t - a; c[7] += (a - (t - e)) + (x7 - e); s[7] = t  # noqa: E702
         n = self.counts.get(p, 0) + int(sign)
         if n:
             self.counts[p] = n
@@ -296,24 +303,54 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-@dataclass(slots=True)
 class Decision:
     """What the controller concluded from one step; `batch_size` is for the next step.
 
-    A value: treat it as read-only (not frozen only because frozen construction costs ~4 µs,
-    a fifth of the per-step budget)."""
+    A value: treat it as read-only. `reason` is formatted when first read (the controller
+    passes a function): formatting it on every step cost a tenth of the per-step budget."""
 
-    action: str                       # hold | throttle | increase
-    regime: str                       # warmup | retrograde | memory_bound | compute_bound | optimal
-    batch_size: int
-    p: int = 0                        # concurrency of the observed step
-    p_star: float | None = None       # None = no fit yet; inf = no finite optimum (κ = 0)
-    sigma: float | None = None
-    kappa: float | None = None
-    lam: float | None = None          # tokens/s at p = 1
-    utilization: float | None = None  # smoothed throughput / fitted peak within the bounds
-    throughput: float | None = None   # EMA-smoothed tokens/s at the current p
-    reason: str = ""
+    __slots__ = ("action", "regime", "batch_size", "p", "p_star", "sigma", "kappa", "lam",
+                 "utilization", "throughput", "_reason")
+    _FIELDS = __slots__[:-1] + ("reason",)
+
+    def __init__(self, action: str, regime: str, batch_size: int, p: int = 0,
+                 p_star: float | None = None, sigma: float | None = None,
+                 kappa: float | None = None, lam: float | None = None,
+                 utilization: float | None = None, throughput: float | None = None,
+                 reason: str | Callable[[], str] = ""):
+        self.action = action            # hold | throttle | increase
+        self.regime = regime            # warmup | retrograde | memory_bound | compute_bound | ...
+        self.batch_size = batch_size
+        self.p = p                      # concurrency of the observed step
+        self.p_star = p_star            # None = no fit yet; inf = no finite optimum (κ = 0)
+        self.sigma = sigma
+        self.kappa = kappa
+        self.lam = lam                  # tokens/s at p = 1
+        self.utilization = utilization  # smoothed throughput / fitted peak within the bounds
+        self.throughput = throughput    # EMA-smoothed tokens/s at the current p
+        self._reason = reason
+
+    @property
+    def reason(self) -> str:
+        """Why the controller decided this, in words."""
+        r = self._reason
+        if not isinstance(r, str):
+            r = self._reason = r()
+        return r
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, k) for k in self._FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable value, like the dataclass it was
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in zip(self._FIELDS, self._values(), strict=True))
+        return f"Decision({inner})"
 
     def metrics(self) -> dict:
         """The bp_* keys for metrics.jsonl (finite numbers or None; {} when disabled)."""
@@ -369,12 +406,15 @@ class BackpressureController:
         self.enabled = bool(config.enabled)
         self.lo = max(1, int(config.min_batch_size))
         self.hi = max(self.lo, int(config.max_batch_size))
+        self._tm, self._im = config.throttle_margin, config.increase_margin
+        self._ema_decay = config.ema_decay
         self._reset()
 
     def _reset(self) -> None:
         lo_p, hi_p = self.lo * self.group_size, self.hi * self.group_size
         self._sums = UslSums(WINDOW, (lo_p + hi_p) / 2, max((hi_p - lo_p) / 2, 1.0))
         self._fit: UslFit | None = None
+        self._derived: _Derived | None = None  # from the fit and the ceiling; None = stale
         self._steps = 0                    # valid observations so far
         self._ceiling: int | None = None   # smallest batch size that ran out of memory
         self._ok_max: int | None = None    # largest batch size that ran below the ceiling
@@ -383,7 +423,9 @@ class BackpressureController:
         self._explore_len = self.config.warmup_steps + 1
         self._retries = 0                  # out-of-memory retries in this exploration
         self._probes: list[int] = []       # empty = the warm-up sweep
-        self._refit_left = 0               # refits allowed before exploration points leave
+        self._refit_left = 0               # steps before exploration points leave the window
+        self._refit_at = 0                 # window size at which the next refit happens
+        self._approaching = False          # the last increase was cut short by the bisection
         self._ema_p = 0
         self._ema = (0.0, 0.0)             # (weighted sum, weight): debiased EMA
         self._n_at_p = 0
@@ -417,11 +459,12 @@ class BackpressureController:
         p = b * self.group_size
         if isinstance(x, str):
             return self._reject(b, p, x)
-        roof = roofline(flops, bytes_moved, step_time_s, self.config.peak_gflops,
-                        self.config.peak_bw_gb_s)
+        roof = None if flops is None else roofline(flops, bytes_moved, step_time_s,
+                                                   self.config.peak_gflops,
+                                                   self.config.peak_bw_gb_s)
         self._steps += 1
-        if self._ceiling is None or b < self._ceiling:
-            self._ok_max = max(self._ok_max or 0, b)
+        if (self._ceiling is None or b < self._ceiling) and b > (self._ok_max or 0):
+            self._ok_max = b
         predicted = self._fit.throughput(p) if self._fit and not self._exploring else None
         self._smooth(p, x)
         # Sums are read only by fits: while exploring and until the window has refilled.
@@ -442,7 +485,8 @@ class BackpressureController:
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
                 "probes": list(self._probes),
-                "refit_left": self._refit_left, "ema_p": self._ema_p, "ema": list(self._ema),
+                "refit_left": self._refit_left, "refit_at": self._refit_at,
+                "approaching": self._approaching, "ema_p": self._ema_p, "ema": list(self._ema),
                 "n_at_p": self._n_at_p, "cusum": list(self._cusum), "noise2": self._noise2,
                 "regime": self._regime, "next": self._next}
 
@@ -466,6 +510,8 @@ class BackpressureController:
             self._retries = int(d["retries"])
             self._probes = [int(v) for v in d["probes"]]
             self._refit_left = int(d["refit_left"])
+            self._refit_at = int(d.get("refit_at", 0))   # absent before 2026-11-23
+            self._approaching = bool(d.get("approaching", False))
             self._ema_p, self._ema = int(d["ema_p"]), tuple(map(float, d["ema"]))
             self._n_at_p, self._cusum = int(d["n_at_p"]), tuple(map(float, d["cusum"]))
             if len(self._cusum) != 4:
@@ -488,6 +534,8 @@ class BackpressureController:
         return max(self.lo, min(self.hi, self._ceiling - 1))
 
     def _bound(self, b: int) -> int:
+        if self._ceiling is None:          # the usual case, without the calls below
+            return self.lo if b < self.lo else self.hi if b > self.hi else b
         b = min(max(b, self.lo), self.cap)
         if self._ceiling is not None and b > (self._ok_max or 0):
             # Untested sizes under an out-of-memory ceiling are approached by bisection.
@@ -505,22 +553,20 @@ class BackpressureController:
 
     # ------------------------------------------------------------------ observation kinds
 
-    def _decision(self, action: str, regime: str, b_next: int, p: int, reason: str) -> Decision:
+    def _decision(self, action: str, regime: str, b_next: int, p: int,
+                  reason: str | Callable[[], str], ema: float | None = None) -> Decision:
         self._regime, self._next = regime, b_next
         fit, note = self._fit, self._note
-        self._note = ""
-        reason = f"{note}; {reason}" if note else reason
-        ema = self._ema_value() if self._ema_p else None
+        if note:
+            self._note = ""
+            reason = _joined(note, reason)
+        if ema is None and self._ema_p:
+            ema = self._ema_value()
         if fit is None:
             return Decision(action, regime, b_next, p=p, throughput=ema, reason=reason)
-        p_star, g = fit.p_star, self.group_size
-        util = None
-        if ema is not None:
-            peak_p = max(min(p_star, self.cap * g), self.lo * g)
-            util = _ratio(ema, fit.throughput(peak_p))
-        return Decision(action, regime, b_next, p=p, p_star=p_star, sigma=fit.sigma,
-                        kappa=fit.kappa, lam=fit.lam, utilization=util, throughput=ema,
-                        reason=reason)
+        util = None if ema is None else _ratio(ema, self._derive().peak_x)
+        return Decision(action, regime, b_next, p, fit.p_star, fit.sigma, fit.kappa, fit.lam,
+                        util, ema, reason)
 
     def _reject(self, b: int, p: int, why: str) -> Decision:
         nxt = self._bound(b)
@@ -529,6 +575,7 @@ class BackpressureController:
 
     def _out_of_memory(self, b: int) -> Decision:
         self._ceiling = b if self._ceiling is None else min(self._ceiling, b)
+        self._derived, self._approaching = None, False
         if self._ok_max is not None and self._ok_max >= self._ceiling:
             self._ok_max = None          # a size that once fit no longer does
         retry = self._bound(self._ok_max if self._ok_max else b // 2)
@@ -555,10 +602,11 @@ class BackpressureController:
             self._explore_len += 1
             nxt = self._plan()
             return self._decision("hold", "warmup", nxt, p, f"exploring further: {fit}")
-        self._fit = fit
+        self._fit, self._derived = fit, None
         self._exploring = False
         self._probes = []
         self._refit_left = self._sums.window - len(self._sums)
+        self._refit_at = len(self._sums) + 1
         self._cusum = _NO_DRIFT
         if self._noise2 is None:
             self._noise2 = self._initial_noise2(fit)
@@ -566,18 +614,23 @@ class BackpressureController:
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
                roof: Roofline | None) -> Decision:
-        notes = []
+        note = ""
         if self._refit_left > 0:
             self._refit_left -= 1
-            fit = self._sums.fit()
-            if isinstance(fit, str):
-                notes.append(f"keeping the previous fit ({fit})")
-            else:
-                self._fit = fit
+            n = len(self._sums)
+            if n >= self._refit_at:
+                # A new point moves a fit of n points by ~1/n: refitting once the window has
+                # grown by REFIT_GROWTH follows the fit closely at a fraction of the cost.
+                self._refit_at = n + max(1, int(n * REFIT_GROWTH))
+                fit = self._sums.fit()
+                if isinstance(fit, str):
+                    note = f"keeping the previous fit ({fit})"
+                else:
+                    self._fit, self._derived = fit, None
         drift, run = self._drift(math.log(_ratio(x, predicted))) if predicted else (0, 0)
         if drift:
             return self._start_probe(b, p, drift, run)
-        return self._decide(b, p, roof, "; ".join(notes))
+        return self._decide(b, p, roof, note)
 
     # ------------------------------------------------------------------ the regime table
 
@@ -585,15 +638,12 @@ class BackpressureController:
                 first: bool = False) -> Decision:
         """The seed's regime table. `first`: the decision right after exploring, which always
         goes to the target (an exploration size is not an operating point worth holding)."""
-        fit = self._fit
+        fit, d = self._fit, self._derive()
         assert fit is not None
-        tm, im = self.config.throttle_margin, self.config.increase_margin
-        p_star = fit.p_star
-        target = self._target(p_star)
-        ratio = _ratio(self._ema_value(), fit.throughput(p))
-        where = f"p={p}, p*={p_star:.4g}, throughput {ratio:.0%} of the fit"
-        if fit.kappa > 0 and p > tm * p_star:
-            regime, nxt, why = "retrograde", target, f"p > {tm} * p* ({where})"
+        ema = self._ema_value()
+        ratio = _ratio(ema, fit.throughput(p))
+        if fit.kappa > 0 and p > d.retrograde_p:
+            regime, nxt, rule = "retrograde", d.target, "retrograde"
         else:
             if roof is not None:
                 regime = roof.regime
@@ -604,29 +654,45 @@ class BackpressureController:
             else:
                 regime = "warmup"
             if first:
-                nxt, why = target, f"moving to {tm} * p* after exploring ({where})"
+                nxt, rule = d.target, "first"
             elif regime == "warmup":
-                nxt, why = b, f"fit overestimates this point ({where}): holding"
-            elif p < im * tm * p_star:
-                nxt, why = target, f"below target: p < {im} * {tm} * p* ({where})"
+                nxt, rule = b, "overestimates"
+            elif p < d.increase_p:
+                nxt, rule = d.target, "below"
+            elif self._approaching and d.target > b:
+                nxt, rule = d.target, "approaching"
             else:
-                nxt, why = b, where
-        moved = nxt != b
+                nxt, rule = b, ""
+        moved, wanted = nxt != b, nxt
         nxt = self._bound(nxt)
-        if moved and nxt == b:
-            why += " (at a batch size bound)"
-        if roof is not None:
-            why += (f"; roofline: {roof.intensity:.3g} FLOP/B vs balance {roof.balance:.3g}, "
-                    f"{roof.compute_fraction:.0%} of peak FLOP/s, "
-                    f"{roof.memory_fraction:.0%} of peak bandwidth")
+        # Under an out-of-memory ceiling an increase goes by bisection; keep going on the next
+        # steps (the hysteresis alone would stop it halfway).
+        self._approaching = b < nxt < wanted
         action = "hold" if regime == "warmup" else _action(b, nxt)
-        return self._decision(action, regime, nxt, p, f"{note}; {why}" if note else why)
+        tm, im, p_star = self._tm, self._im, fit.p_star
+
+        def reason() -> str:
+            return _explain(rule, p, p_star, ratio, tm, im, moved and nxt == b, roof, note)
+
+        return self._decision(action, regime, nxt, p, reason, ema)
+
+    def _derive(self) -> _Derived:
+        """What the decisions need from the fit and the bounds, computed once per fit."""
+        d = self._derived
+        if d is None:
+            fit = self._fit
+            assert fit is not None
+            p_star, tm, g = fit.p_star, self._tm, self.group_size
+            peak_p = max(min(p_star, self.cap * g), self.lo * g)
+            d = self._derived = _Derived(self._target(p_star), tm * p_star,
+                                         self._im * tm * p_star, fit.throughput(peak_p))
+        return d
 
     def _target(self, p_star: float) -> int:
         """throttle_margin * p* in whole prompts (rounded down), within the bounds."""
         if math.isinf(p_star):
             return self.cap
-        goal = self.config.throttle_margin * p_star / self.group_size
+        goal = self._tm * p_star / self.group_size
         return min(max(int(goal), self.lo), self.cap)
 
     # ------------------------------------------------------------------ smoothing and drift
@@ -636,7 +702,7 @@ class BackpressureController:
         if p != self._ema_p:
             self._ema_p, self._ema, self._n_at_p = p, (0.0, 0.0), 0
             self._cusum = _NO_DRIFT
-        d = self.config.ema_decay
+        d = self._ema_decay
         s, w = self._ema
         self._ema = (d * s + x, d * w + 1.0)
         self._n_at_p += 1
@@ -655,14 +721,19 @@ class BackpressureController:
     def _drift(self, r: float) -> tuple[int, int]:
         """CUSUM on r = log(observed / predicted): (+1 faster | −1 slower | 0, and for how many
         steps the alarming sum has been above zero: the estimated time since the change)."""
-        s = math.sqrt(max(self._noise2 or NOISE_PRIOR**2, NOISE_FLOOR**2))
-        clipped = max(-4 * s, min(4 * s, r))
-        self._noise2 = NOISE_DECAY * (self._noise2 or s * s) + (1 - NOISE_DECAY) * clipped**2
+        # Written without max()/min() calls (a sixth of a steady-state step); same values.
+        n2 = self._noise2 or _NOISE_PRIOR2
+        s = math.sqrt(n2 if n2 >= _NOISE_FLOOR2 else _NOISE_FLOOR2)
+        lim = 4 * s
+        clipped = lim if r > lim else -lim if r < -lim else r
+        self._noise2 = NOISE_DECAY * (self._noise2 or s * s) + _NOISE_NEW * clipped**2
         if self._n_at_p <= CUSUM_AFTER:
             return 0, 0
         z = r / s
         up, down, up_run, down_run = self._cusum
-        up, down = max(0.0, up + z - CUSUM_SLACK), max(0.0, down - z - CUSUM_SLACK)
+        up, down = up + z - CUSUM_SLACK, down - z - CUSUM_SLACK
+        up = up if up > 0.0 else 0.0          # max(0.0, up), NaN included
+        down = down if down > 0.0 else 0.0
         up_run, down_run = (up_run + 1 if up else 0), (down_run + 1 if down else 0)
         self._cusum = (up, down, up_run, down_run)
         if up > CUSUM_LIMIT:
@@ -682,7 +753,7 @@ class BackpressureController:
                 probes.append(c)
         self._probes = probes[:PROBES]
         self._sums.keep_newest(min(since, self._n_at_p))   # only data from the new machine
-        self._exploring = True
+        self._exploring, self._approaching = True, False
         self._explore_n, self._explore_len, self._retries = 0, len(self._probes), 0
         self._cusum = _NO_DRIFT
         word = "faster" if direction > 0 else "slower"
@@ -692,6 +763,42 @@ class BackpressureController:
 
 
 _NO_DRIFT = (0.0, 0.0, 0.0, 0.0)
+_NOISE_PRIOR2, _NOISE_FLOOR2, _NOISE_NEW = NOISE_PRIOR**2, NOISE_FLOOR**2, 1 - NOISE_DECAY
+
+
+@dataclass(slots=True)
+class _Derived:
+    """Per-fit constants of the regime table (recomputed when the fit or the ceiling changes)."""
+
+    target: int            # throttle_margin * p* in whole prompts, within the bounds
+    retrograde_p: float    # throttle_margin * p*
+    increase_p: float      # increase_margin * throttle_margin * p*
+    peak_x: float          # fitted throughput at the best p within the bounds
+
+
+def _joined(note: str, reason: str | Callable[[], str]) -> str | Callable[[], str]:
+    if isinstance(reason, str):
+        return f"{note}; {reason}"
+    return lambda: f"{note}; {reason()}"
+
+
+def _explain(rule: str, p: int, p_star: float, ratio: float, tm: float, im: float,
+             at_bound: bool, roof: Roofline | None, note: str) -> str:
+    """The words for one regime-table decision (formatted only when someone reads them)."""
+    where = f"p={p}, p*={p_star:.4g}, throughput {ratio:.0%} of the fit"
+    why = {"retrograde": f"p > {tm} * p* ({where})",
+           "first": f"moving to {tm} * p* after exploring ({where})",
+           "overestimates": f"fit overestimates this point ({where}): holding",
+           "below": f"below target: p < {im} * {tm} * p* ({where})",
+           "approaching": f"approaching {tm} * p* below the out-of-memory ceiling ({where})",
+           }.get(rule, where)
+    if at_bound:
+        why += " (at a batch size bound)"
+    if roof is not None:
+        why += (f"; roofline: {roof.intensity:.3g} FLOP/B vs balance {roof.balance:.3g}, "
+                f"{roof.compute_fraction:.0%} of peak FLOP/s, "
+                f"{roof.memory_fraction:.0%} of peak bandwidth")
+    return f"{note}; {why}" if note else why
 
 
 def _action(b: int, nxt: int) -> str:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from retrain.backpressure import (
     METRIC_KEYS,
     BackpressureController,
+    Decision,
     UslSums,
     roofline,
     sweep_sizes,
@@ -358,6 +359,22 @@ def test_oom_sets_a_hard_ceiling():
     assert b == 5                      # the largest size that fits (target 11 is out of reach)
 
 
+def test_an_increase_under_an_oom_ceiling_goes_all_the_way():
+    """Bisection toward a target above the ceiling continues past the hysteresis band."""
+    flat = (0.10, 5e-6, 700.0)         # p* = 424: target 22, out of reach under the ceiling
+    ctl = BackpressureController(ON, G)
+    b, sizes, reasons = ctl.first_batch_size(8), [], []
+    for _ in range(60):
+        while b >= 16:
+            b = ctl.observe(b, 0, 0.0, oom=True).batch_size
+        d = step(ctl, b, flat)
+        b = d.batch_size
+        sizes.append(b)
+        reasons.append(d.reason)
+    assert sizes[-20:] == [15] * 20     # stopping at 14 (0.5 * target < 14) was the old end
+    assert any("approaching 0.85 * p* below the out-of-memory ceiling" in r for r in reasons)
+
+
 @FAST
 @given(st.lists(st.tuples(st.integers(1, 80), st.booleans()), min_size=1, max_size=60))
 def test_oom_ceilings_are_respected(events):
@@ -494,6 +511,48 @@ def test_lazy_sums_change_no_decision_and_survive_a_round_trip():
         regimes.append(da.regime)
     assert "warmup" in regimes[200:]          # the slower machine was re-explored ...
     assert b == int(0.85 * usl_p_star(*slower[:2]) / G) == 5   # ... and followed
+
+
+def test_refits_thin_out_as_the_window_fills():
+    """After exploring, the fit is redone each time the window grows by a quarter, and the
+    last refit sees nearly the whole window."""
+    ctl, d = warmed()
+    rng, b, refits, n0 = random.Random(5), d.batch_size, [], len(ctl._sums)
+    fit = ctl._fit
+    while ctl._refit_left > 0:
+        d = step(ctl, b, MACHINE, math.exp(0.05 * rng.gauss(0, 1)))
+        b = d.batch_size
+        if ctl._fit is not fit:
+            refits.append(len(ctl._sums))
+            fit = ctl._fit
+    assert refits[0] == n0 + 1
+    for before, after in zip(refits, refits[1:], strict=False):
+        assert after - before == max(1, int(before * 0.25))
+    assert refits[-1] >= 0.8 * ctl._sums.window and len(refits) < 15
+
+
+def test_state_saved_before_the_refit_schedule_still_loads():
+    ctl, d = warmed()
+    state = ctl.state_dict()
+    del state["refit_at"], state["approaching"]
+    resumed = BackpressureController(ON, G)
+    assert resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert step(resumed, d.batch_size).batch_size == d.batch_size == 11
+
+
+def test_reasons_are_formatted_once_when_read():
+    calls = []
+
+    def why():
+        calls.append(1)
+        return "because"
+
+    a = Decision("hold", "optimal", 3, reason=why)
+    assert calls == []
+    assert a.reason == "because" and a.reason == "because" and calls == [1]
+    assert a == Decision("hold", "optimal", 3, reason="because")
+    assert a != Decision("hold", "optimal", 3, reason="other")
+    assert "reason='because'" in repr(a)
 
 
 def test_foreign_or_broken_state_starts_fresh():
