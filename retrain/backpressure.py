@@ -24,7 +24,7 @@ CUSUM_AFTER = 3            # residuals start counting after this many steps at o
 NOISE_FLOOR = 0.02         # smallest relative noise assumed (a perfect simulator has none)
 NOISE_PRIOR = 0.05         # relative noise assumed before there are residuals to measure it
 NOISE_DECAY = 0.95         # EMA decay of the squared residuals (the noise estimate)
-REFIT_GROWTH = 0.25        # refit when the window has grown by this fraction since the last fit
+REFIT_GROWTH = 0.1         # refit when the window has grown by this fraction since the last fit
 PROBES = 4                 # batch sizes probed after a drift (plus the current one)
 X_RANGE = (1e-6, 1e12)     # plausible tokens/s; anything outside is rejected as a bad timing
 P_MAX = 10**7              # largest concurrency accepted as an observation
@@ -614,7 +614,7 @@ class BackpressureController:
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
                roof: Roofline | None) -> Decision:
-        note = ""
+        note, fit_before = "", self._fit
         if self._refit_left > 0:
             self._refit_left -= 1
             n = len(self._sums)
@@ -630,18 +630,20 @@ class BackpressureController:
         drift, run = self._drift(math.log(_ratio(x, predicted))) if predicted else (0, 0)
         if drift:
             return self._start_probe(b, p, drift, run)
-        return self._decide(b, p, roof, note)
+        unchanged = self._fit is fit_before   # then `predicted` is the fit's value at p
+        return self._decide(b, p, roof, note, predicted=predicted if unchanged else None)
 
     # ------------------------------------------------------------------ the regime table
 
     def _decide(self, b: int, p: int, roof: Roofline | None, note: str,
-                first: bool = False) -> Decision:
+                first: bool = False, predicted: float | None = None) -> Decision:
         """The seed's regime table. `first`: the decision right after exploring, which always
         goes to the target (an exploration size is not an operating point worth holding)."""
         fit, d = self._fit, self._derive()
         assert fit is not None
-        ema = self._ema_value()
-        ratio = _ratio(ema, fit.throughput(p))
+        s, w = self._ema
+        ema = s / w
+        ratio = _ratio(ema, predicted or fit.throughput(p))
         if fit.kappa > 0 and p > d.retrograde_p:
             regime, nxt, rule = "retrograde", d.target, "retrograde"
         else:
