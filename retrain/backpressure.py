@@ -537,7 +537,7 @@ class BackpressureController:
         if self._ceiling is None:          # the usual case, without the calls below
             return self.lo if b < self.lo else self.hi if b > self.hi else b
         b = min(max(b, self.lo), self.cap)
-        if self._ceiling is not None and b > (self._ok_max or 0):
+        if b > (self._ok_max or 0):
             # Untested sizes under an out-of-memory ceiling are approached by bisection.
             known = self._ok_max or self.lo - 1
             b = min(b, max(known + 1, (known + self._ceiling) // 2, self.lo))
