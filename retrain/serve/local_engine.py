@@ -53,6 +53,7 @@ class LocalEngine:
         self._lock = threading.Lock()
         self._queued: dict[tuple, list[_Queued]] = {}
         self._sampler = self._new_backend("base", rank=self.lora.lora_rank, seed=0)
+        self._seeds = np.random.default_rng()  # for unseeded requests batched with seeded ones
 
     @classmethod
     def load(cls, name: str, dtype: str = "auto", device: str = "auto",
@@ -182,8 +183,9 @@ class LocalEngine:
                prompt_logprobs: bool) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
-        settings in one batch; when every one of them has a seed, each prompt draws from its
-        own seed, so a request's completions do not depend on what it was batched with."""
+        settings in one batch; when any of them has a seed, each prompt draws from its own
+        seed (a random one where the request gave none), so a seeded request's completions do
+        not depend on what it was batched with."""
         if prompt_logprobs:
             raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
                               "retrain serve")
@@ -207,10 +209,12 @@ class LocalEngine:
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
                                 top_p=spec.top_p, seed=batch[0].seed)
         seeds = [q.seed for q in batch]
+        if any(s is not None for s in seeds):
+            seeds = [int(self._seeds.integers(2**63)) if s is None else s for s in seeds]
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, params, adapter=snap or self._sampler.adapter,
-                prompt_seeds=None if None in seeds else seeds)
+                prompt_seeds=seeds if seeds[0] is not None else None)
         except BaseException as exc:
             for q in batch:
                 q.error = exc
