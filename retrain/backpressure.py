@@ -641,8 +641,7 @@ class BackpressureController:
         goes to the target (an exploration size is not an operating point worth holding)."""
         fit, d = self._fit, self._derive()
         assert fit is not None
-        s, w = self._ema
-        ema = s / w
+        ema = self._ema_value()
         ratio = _ratio(ema, predicted or fit.throughput(p))
         if fit.kappa > 0 and p > d.retrograde_p:
             regime, nxt, rule = "retrograde", d.target, "retrograde"
