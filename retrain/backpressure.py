@@ -7,6 +7,7 @@ running sums over a sliding window (O(1) per step). See docs/backpressure.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import operator
@@ -14,6 +15,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache, partial
 
 WINDOW = 100              # observations the fit sees (the oldest leaves when a new one arrives)
 MEMORY_BOUND_RATIO = 1.10  # smoothed throughput above the fit's prediction by > 10%
@@ -24,7 +26,8 @@ CUSUM_AFTER = 3            # residuals start counting after this many steps at o
 NOISE_FLOOR = 0.02         # smallest relative noise assumed (a perfect simulator has none)
 NOISE_PRIOR = 0.05         # relative noise assumed before there are residuals to measure it
 NOISE_DECAY = 0.95         # EMA decay of the squared residuals (the noise estimate)
-REFIT_GROWTH = 0.1         # refit when the window has grown by this fraction since the last fit
+REFIT_GROWTH = 0.1         # refit when the window has grown by this fraction since the last fit,
+REFIT_MIN = 2              # ... and by at least this many points
 PROBES = 4                 # batch sizes probed after a drift (plus the current one)
 X_RANGE = (1e-6, 1e12)     # plausible tokens/s; anything outside is rejected as a bad timing
 P_MAX = 10**7              # largest concurrency accepted as an observation
@@ -79,9 +82,11 @@ class UslSums:
     scale, which maps the batch-size range onto [−1, 1]: Σ w q^k (k = 0..4) and Σ w q^k y
     (k = 0..2), compensated floats, so adding and removing a point is O(1).
 
-    Once the controller stops refitting, `add(..., track=False)` only slides the window (the
-    compensated updates were a quarter of a steady-state `observe`): the sums go stale and are
-    rebuilt from the points, exactly, the next time anything reads them.
+    New points reach the sums when the sums are next read, a run of points at one p as one
+    update (a controller adds many points at one p between two fits; updating per point was
+    a sixth of a step). Once the controller stops refitting, `add(..., track=False)` only
+    slides the window: the sums go stale and are rebuilt from the points, exactly, the next
+    time anything reads them.
     """
 
     def __init__(self, window: int = WINDOW, center: float = 0.0, scale: float = 1.0):
@@ -93,6 +98,7 @@ class UslSums:
         self.c = [0.0] * 8
         self.counts: dict[int, int] = {}
         self.stale = False  # sums and counts no longer describe `points` (see add)
+        self.unapplied = 0  # newest points not in the sums and counts yet
 
     def __len__(self) -> int:
         return len(self.points)
@@ -106,22 +112,40 @@ class UslSums:
         """Add one observation; the oldest leaves once the window is full. `track=False`
         leaves the sums stale until they are next read."""
         self.stale = self.stale or not track
-        self.points.append((p, y))
-        if not self.stale:
-            self._apply(p, y, 1.0)
-        if len(self.points) > self.window:
-            old_p, old_y = self.points.popleft()
-            if not self.stale:
-                self._apply(old_p, old_y, -1.0)
+        points = self.points
+        points.append((p, y))
+        self.unapplied += 1
+        if len(points) > self.window:
+            old_p, old_y = points.popleft()
+            if self.unapplied > len(points):
+                self.unapplied -= 1          # it never reached the sums
+            elif not self.stale:
+                v = -1.0 / old_y
+                self._apply(old_p, v / old_y, v, -1)
 
     def _refresh(self) -> None:
         if self.stale:
             self.keep_newest(len(self.points))
+        if self.unapplied:
+            self._catch_up()
 
-    def _apply(self, p: int, y: float, sign: float) -> None:
+    def _catch_up(self) -> None:
+        """Apply the unapplied points, one update per run of equal p."""
+        k, self.unapplied = self.unapplied, 0
+        run_p, w, v, n = 0, 0.0, 0.0, 0
+        for p, y in itertools.islice(self.points, len(self.points) - k, None):
+            if p != run_p:
+                if n:
+                    self._apply(run_p, w, v, n)
+                run_p, w, v, n = p, 0.0, 0.0, 0
+            inv = 1.0 / y
+            w, v, n = w + inv / y, v + inv, n + 1
+        if n:
+            self._apply(run_p, w, v, n)
+
+    def _apply(self, p: int, w: float, v: float, n: int) -> None:
+        """Add n points at p with Σ 1/y² = w and Σ 1/y = v (n < 0 and negative sums remove)."""
         q = (p - self.center) / self.scale
-        v = sign / y
-        w = v / y
         wq, vq = w * q, v * q
         wq2 = wq * q
         wq3 = wq2 * q
@@ -136,7 +160,7 @@ class UslSums:
         a = s[5]; t = a + x5; e = t - a; c[5] += (a - (t - e)) + (x5 - e); s[5] = t  # noqa: E702
         a = s[6]; t = a + x6; e = t - a; c[6] += (a - (t - e)) + (x6 - e); s[6] = t  # noqa: E702
         a = s[7]; t = a + x7; e = t - a; c[7] += (a - (t - e)) + (x7 - e); s[7] = t  # noqa: E702
-        n = self.counts.get(p, 0) + int(sign)
+        n += self.counts.get(p, 0)
         if n:
             self.counts[p] = n
         else:
@@ -144,9 +168,14 @@ class UslSums:
 
     def sums(self) -> tuple[list[float], list[float]]:
         """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/y²."""
+        totals = self._totals()
+        return list(totals[:5]), list(totals[5:])
+
+    def _totals(self) -> tuple[float, ...]:
         self._refresh()
-        total = [s + c for s, c in zip(self.s, self.c, strict=True)]
-        return total[:5], total[5:]
+        s, c = self.s, self.c
+        return (s[0] + c[0], s[1] + c[1], s[2] + c[2], s[3] + c[3], s[4] + c[4],
+                s[5] + c[5], s[6] + c[6], s[7] + c[7])
 
     def keep_newest(self, k: int) -> None:
         """Forget all but the newest k observations (after the machine changed)."""
@@ -157,9 +186,9 @@ class UslSums:
 
     def fit(self) -> UslFit | str:
         """Weighted least-squares USL fit with σ, κ >= 0, or the reason there is none."""
-        if self.distinct < 3:
-            return f"fewer than 3 distinct concurrencies in the window ({self.distinct})"
-        (s0, s1, s2, s3, s4), (t0, t1, t2) = self.sums()
+        s0, s1, s2, s3, s4, t0, t1, t2 = self._totals()
+        if len(self.counts) < 3:
+            return f"fewer than 3 distinct concurrencies in the window ({len(self.counts)})"
         a00, a01, a02 = s2 * s4 - s3 * s3, s2 * s3 - s1 * s4, s1 * s3 - s2 * s2
         a11, a12, a22 = s0 * s4 - s2 * s2, s1 * s2 - s0 * s3, s0 * s2 - s1 * s1
         det = s0 * a00 + s1 * a01 + s2 * a02
@@ -214,13 +243,18 @@ class UslSums:
         return {"center": self.center, "scale": self.scale,
                 "points": [[p, y] for p, y in self.points],
                 "sums": [list(sc) for sc in zip(self.s, self.c, strict=True)],
-                "stale": self.stale}
+                "stale": self.stale, "unapplied": self.unapplied}
 
     def load_state_dict(self, d: dict) -> None:
         self.__init__(self.window, float(d["center"]), float(d["scale"]))
-        for p, y in d["points"][-self.window:]:
+        points = d["points"][-self.window:]
+        self.unapplied = int(d.get("unapplied", 0))   # absent before 2026-11-23: 0
+        if not 0 <= self.unapplied <= len(points):
+            raise ValueError("malformed unapplied count")
+        for i, (p, y) in enumerate(points):
             self.points.append((int(p), float(y)))
-            self.counts[int(p)] = self.counts.get(int(p), 0) + 1
+            if i < len(points) - self.unapplied:
+                self.counts[int(p)] = self.counts.get(int(p), 0) + 1
         # Restore the float sums bit for bit so a resumed run takes the very same decisions.
         self.s = [float(s) for s, _ in d["sums"]]
         self.c = [float(c) for _, c in d["sums"]]
@@ -365,13 +399,19 @@ class Decision:
 
 def sweep_sizes(lo: int, hi: int) -> list[int]:
     """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
+    return list(_sweep(lo, hi))
+
+
+@lru_cache(maxsize=16)
+def _sweep(lo: int, hi: int) -> tuple[int, ...]:
+    # Cached: building it took a fifth of an exploring step.
     first, b = [], lo
     while b < hi:
         first.append(b)
         b *= 2
     first.append(hi)
     mids = {round(math.sqrt(x * y)) for x, y in zip(first, first[1:], strict=False)}
-    return first + sorted(mids - set(first))
+    return tuple(first + sorted(mids - set(first)))
 
 
 def _as_batch(v: object) -> int | None:
@@ -536,6 +576,8 @@ class BackpressureController:
     def _bound(self, b: int) -> int:
         if self._ceiling is None:          # the usual case, without the calls below
             return self.lo if b < self.lo else self.hi if b > self.hi else b
+        if self.lo <= b <= (self._ok_max or 0) and b <= self.hi:
+            return b                       # ran below the ceiling: the usual case under one
         b = min(max(b, self.lo), self.cap)
         if b > (self._ok_max or 0):
             # Untested sizes under an out-of-memory ceiling are approached by bisection.
@@ -548,7 +590,7 @@ class BackpressureController:
         n = self._explore_n - self._retries
         if self._probes:
             return self._bound(self._probes[min(n, len(self._probes) - 1)])
-        sizes = sweep_sizes(self.lo, self.cap)
+        sizes = _sweep(self.lo, self.cap)
         return self._bound(sizes[n % len(sizes)])
 
     # ------------------------------------------------------------------ observation kinds
@@ -621,7 +663,7 @@ class BackpressureController:
             if n >= self._refit_at:
                 # A new point moves a fit of n points by ~1/n: refitting once the window has
                 # grown by REFIT_GROWTH follows the fit closely at a fraction of the cost.
-                self._refit_at = n + max(1, int(n * REFIT_GROWTH))
+                self._refit_at = n + max(REFIT_MIN, int(n * REFIT_GROWTH))
                 fit = self._sums.fit()
                 if isinstance(fit, str):
                     note = f"keeping the previous fit ({fit})"
@@ -670,11 +712,9 @@ class BackpressureController:
         # steps (the hysteresis alone would stop it halfway).
         self._approaching = b < nxt < wanted
         action = "hold" if regime == "warmup" else _action(b, nxt)
-        tm, im, p_star = self._tm, self._im, fit.p_star
-
-        def reason() -> str:
-            return _explain(rule, p, p_star, ratio, tm, im, moved and nxt == b, roof, note)
-
+        # A partial, not a closure: closure cells slowed every line of this method.
+        reason = partial(_explain, rule, p, fit.p_star, ratio, self._tm, self._im,
+                         moved and nxt == b, roof, note)
         return self._decision(action, regime, nxt, p, reason, ema)
 
     def _derive(self) -> _Derived:
@@ -683,18 +723,21 @@ class BackpressureController:
         if d is None:
             fit = self._fit
             assert fit is not None
-            p_star, tm, g = fit.p_star, self._tm, self.group_size
-            peak_p = max(min(p_star, self.cap * g), self.lo * g)
-            d = self._derived = _Derived(self._target(p_star), tm * p_star,
+            p_star, tm, g, cap = fit.p_star, self._tm, self.group_size, self.cap
+            # Conditionals, not min()/max(): builtin calls made this a fifth of a refit.
+            peak_p = cap * g if p_star > cap * g else self.lo * g if p_star < self.lo * g \
+                else p_star
+            d = self._derived = _Derived(self._target(p_star, cap), tm * p_star,
                                          self._im * tm * p_star, fit.throughput(peak_p))
         return d
 
-    def _target(self, p_star: float) -> int:
-        """throttle_margin * p* in whole prompts (rounded down), within the bounds."""
-        if math.isinf(p_star):
-            return self.cap
+    def _target(self, p_star: float, cap: int) -> int:
+        """throttle_margin * p* in whole prompts (rounded down), within [lo, cap]."""
         goal = self._tm * p_star / self.group_size
-        return min(max(int(goal), self.lo), self.cap)
+        if goal >= cap:                     # inf included
+            return cap
+        b = int(goal)
+        return self.lo if b < self.lo else b
 
     # ------------------------------------------------------------------ smoothing and drift
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from retrain.backpressure import (
     METRIC_KEYS,
     REFIT_GROWTH,
+    REFIT_MIN,
     BackpressureController,
     Decision,
     UslSums,
@@ -97,7 +98,10 @@ def test_p_star_edges():
 def designs(draw):
     """A machine and the distinct batch sizes a run measured it at: spanning >= 4x like the
     warm-up sweep, and within 16x of p* either way (or no p* at all). Much further out,
-    λ = X(1) is an extrapolation over orders of magnitude that float precision limits."""
+    λ = X(1) is an extrapolation over orders of magnitude that float precision limits.
+    Like the sweep (sizes >= 1.33x apart), at least three sizes are >= 1.25x apart: hypothesis
+    found [5, 511, 512] (two of three sizes 0.2% apart, nearly singular) recovering λ to
+    1.06e-5, which is float precision for that design, not a fault of the method."""
     g = draw(st.integers(1, 64))
     sigma = draw(sigmas)
     if draw(st.booleans()):
@@ -108,7 +112,8 @@ def designs(draw):
         lo, hi = max(1, math.ceil(p_star / 16 / g)), min(512, math.floor(16 * p_star / g))
         assume(hi >= 4 * lo)
     inner = draw(st.lists(st.integers(lo, hi), max_size=10))
-    sizes = sorted({lo, hi, *inner, draw(st.integers(lo + 1, hi - 1))})
+    middle = draw(st.integers(math.ceil(1.25 * lo), math.floor(hi / 1.25)))
+    sizes = sorted({lo, hi, *inner, middle})
     return g, lo, hi, sizes, sigma, kappa, draw(lambdas)
 
 
@@ -144,19 +149,22 @@ def test_fitted_p_star_is_the_argmax_of_the_fitted_curve(points, sigma, kappa):
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(1, 5000), st.floats(1e-4, 1e4)), min_size=1,
-                max_size=400), st.integers(1, 20))
+@given(st.lists(st.tuples(st.integers(1, 5000), st.floats(1e-4, 1e4), st.booleans()),
+                min_size=1, max_size=400), st.integers(1, 20))
 def test_running_sums_equal_a_full_recompute(points, window):
+    """Points reach the sums when they are read (`read`): in between, some leave unapplied."""
     sums = UslSums(window)
-    for p, y in points:
+    for p, y, read in points:
         sums.add(p, y)
+        if read:
+            sums.sums()
     assert len(sums) == min(window, len(points))
     assert sums.distinct == len({p for p, _ in sums.points})
     got_w, got_v = sums.sums()
     want_w, want_v = sums.recompute()
     for got, want, k in zip(got_w + got_v, want_w + want_v, list(range(5)) + list(range(3)),
                             strict=True):
-        scale = max(abs(want), max(p**k / y for p, y in points) * 1e-6)
+        scale = max(abs(want), max(p**k / y for p, y, _ in points) * 1e-6)
         assert got == pytest.approx(want, rel=1e-9, abs=1e-9 * scale)
 
 
@@ -174,6 +182,21 @@ def test_untracked_adds_rebuild_the_sums_exactly(points, window):
     assert lazy.sums() == fresh.sums()       # rebuilt from the window's points, bit for bit
     assert not lazy.stale
     assert lazy.distinct == fresh.distinct and lazy.fit() == fresh.fit()
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(1, 300), st.floats(1e-2, 1e2), st.booleans()),
+                min_size=2, max_size=60), st.integers(0, 59), st.integers(1, 20))
+def test_sums_with_unapplied_points_survive_a_round_trip(points, cut, window):
+    a, b = UslSums(window, 100.0, 50.0), UslSums(window)
+    for i, (p, y, read) in enumerate(points):
+        if i == cut % len(points):
+            b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+        for s in (a, b):
+            s.add(p, y)
+            if read:
+                s.sums()
+    assert a.sums() == b.sums() and a.counts == b.counts   # bit for bit
 
 
 def test_fit_needs_three_distinct_concurrencies():
@@ -528,7 +551,7 @@ def test_refits_thin_out_as_the_window_fills():
             fit = ctl._fit
     assert refits[0] == n0 + 1
     for before, after in zip(refits, refits[1:], strict=False):
-        assert after - before == max(1, int(before * REFIT_GROWTH))
+        assert after - before == max(REFIT_MIN, int(before * REFIT_GROWTH))
     assert refits[-1] >= 0.9 * ctl._sums.window and len(refits) < 40
 
 
