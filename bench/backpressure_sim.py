@@ -17,7 +17,12 @@ sequences of TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over
 - recovery: steps after a hardware change until the batch size settles again;
 - OOMs: out-of-memory failures reported to the controller;
 - us/obs: mean wall time of one `observe` call (noisy on a shared machine; the header prints
-  how long `sum(range(1000))` takes here, to compare machines).
+  how long `sum(range(1000))` takes here, to compare machines);
+- SE 1st/win/best: how precisely the data can locate p* at all. The Cramér-Rao bound on the
+  standard error of log p* (0.10 = ±10%) for the steps of the warm-up sweep (what the first
+  decision rests on), for the first 100 steps (the window of the last refit), and for the best
+  possible placement of 100 steps within the allowed batch sizes. No unbiased estimator does
+  better, so a final p within 10% of the target needs these well under 0.10.
 
 Cells show the median over seeds and, after a slash, the worst seed.
 """
@@ -41,6 +46,7 @@ from retrain.config import BackpressureConfig  # noqa: E402
 
 TOKENS_PER_SEQ = 300
 GROUP = 16
+WINDOW = 100            # the controller's fit window
 
 
 @dataclass
@@ -64,6 +70,76 @@ class Result:
     ratio2: list[float] = field(default_factory=list)
     ooms: list[float] = field(default_factory=list)
     us: list[float] = field(default_factory=list)
+    se_first: list[float] = field(default_factory=list)
+    se_window: list[float] = field(default_factory=list)
+
+
+def _solve3(m: list[list[float]], r: list[float]) -> list[float] | None:
+    """Solve a 3x3 system by Gaussian elimination with partial pivoting (None if singular)."""
+    a = [row[:] + [v] for row, v in zip(m, r, strict=True)]
+    for i in range(3):
+        k = max(range(i, 3), key=lambda j: abs(a[j][i]))
+        if a[k][i] == 0.0:
+            return None
+        a[i], a[k] = a[k], a[i]
+        for j in range(i + 1, 3):
+            f = a[j][i] / a[i][i]
+            a[j] = [x - f * y for x, y in zip(a[j], a[i], strict=True)]
+    x = [0.0, 0.0, 0.0]
+    for i in (2, 1, 0):
+        x[i] = (a[i][3] - sum(a[i][j] * x[j] for j in range(i + 1, 3))) / a[i][i]
+    return x
+
+
+def _log_p_star_rows(ps: list[int], usl) -> tuple[list[list[float]], list[float]] | None:
+    """Rows d log y / d(a, b', c') at each p and the gradient of log p*, where y = p/X =
+    a + b' q + c' q² with q = p / 1000 (scaled for conditioning); None when p* is unbounded."""
+    sigma, kappa, lam = usl
+    if kappa <= 0.0 or sigma >= 1.0:
+        return None
+    a, b, c = (1 - sigma) / lam, (sigma - kappa) / lam * 1e3, kappa / lam * 1e6
+    rows = []
+    for p in ps:
+        q = p / 1e3
+        y = a + b * q + c * q * q
+        rows.append([1 / y, q / y, q * q / y])
+    return rows, [0.5 / a, 0.0, -0.5 / c]          # log p* = (log a - log c') / 2 + const
+
+
+def p_star_se(ps: list[int], usl, noise: float) -> float | None:
+    """Cramér-Rao bound on the standard error of log p* from one step at each concurrency in
+    `ps` (log-normal noise): no unbiased estimator does better with these steps."""
+    got = _log_p_star_rows(ps, usl)
+    if got is None or noise <= 0.0:
+        return None
+    rows, g = got
+    info = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    x = _solve3(info, g)
+    if x is None:
+        return None
+    return noise * math.sqrt(max(0.0, sum(u * v for u, v in zip(g, x, strict=True))))
+
+
+def best_design(sizes: list[int], usl, noise: float, n: int):
+    """The bound for the best placement of n steps over `sizes` (concurrencies), as
+    (bound, three sizes, steps at each, fractional). Three coefficients need at most three
+    distinct sizes (Elfving); for sizes (p1, p2, p3) and h = J^-T g the variance is least with
+    n_i ∝ |h_i|, and is then noise² (Σ|h_i|)² / n."""
+    best = None
+    for i, p1 in enumerate(sizes):
+        for j in range(i + 1, len(sizes)):
+            for p3 in sizes[j + 1:]:
+                got = _log_p_star_rows([p1, sizes[j], p3], usl)
+                if got is None or noise <= 0.0:
+                    return None
+                rows, g = got
+                h = _solve3([list(col) for col in zip(*rows, strict=True)], g)
+                if h is not None:
+                    total = sum(abs(v) for v in h)
+                    se = noise * total / math.sqrt(n)
+                    if best is None or se < best[0]:
+                        best = (se, (p1, sizes[j], p3), tuple(n * abs(v) / total for v in h))
+    return best
 
 
 def best_batch(usl, cfg: BackpressureConfig, oom_at: int | None) -> tuple[int, float]:
@@ -135,6 +211,10 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
         res.dirchg[-1] += direction_changes(phase2[s2:] if s2 is not None else phase2)
     res.ooms.append(ooms)
     res.us.append(spent / calls * 1e6)
+    for key, steps in (("se_first", batches[:warm]), ("se_window", batches[:WINDOW])):
+        se = p_star_se([v * GROUP for v in steps], sc.usl, sc.noise)
+        if se is not None:
+            getattr(res, key).append(se)
 
 
 def scenarios() -> list[Scenario]:
@@ -176,7 +256,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = BackpressureConfig(enabled=True)
     head = (f"{'scenario':22} {'settle':>8} {'p/target':>11} {'thr50':>11} {'dirchg':>6} "
-            f"{'recovery':>8} {'p2/tgt2':>11} {'OOMs':>5} {'us/obs':>7}")
+            f"{'recovery':>8} {'p2/tgt2':>11} {'OOMs':>5} {'us/obs':>7} {'SE 1st/win/best':>16}")
     print(f"{args.seeds} seeds x {args.steps} steps, group_size={GROUP}, "
           f"batch {cfg.min_batch_size}..{cfg.max_batch_size}, warmup_steps={cfg.warmup_steps}")
     ref = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
@@ -192,7 +272,26 @@ def main() -> None:
         print(f"{sc.name:22} {cell(res.settle, '.0f'):>8} {cell(res.ratio, '.2f', far):>11} "
               f"{cell(res.thr, '.3f', min):>11} {cell(res.dirchg, '.0f'):>6} "
               f"{cell(res.recovery, '.0f'):>8} {cell(res.ratio2, '.2f', far):>11} "
-              f"{cell(res.ooms, '.0f'):>5} {statistics.median(res.us):>7.1f}")
+              f"{cell(res.ooms, '.0f'):>5} {statistics.median(res.us):>7.1f} "
+              f"{se_cell(res, sc, cfg):>16}")
+
+
+_BEST_SE: dict = {}
+
+
+def se_cell(res: Result, sc: Scenario, cfg: BackpressureConfig) -> str:
+    """Median bounds for the warm-up and for the refits' window, then the best 100 steps."""
+    if not res.se_first:
+        return "-"
+    hi = cfg.max_batch_size if sc.oom_at is None else min(cfg.max_batch_size, sc.oom_at - 1)
+    key = (sc.usl, cfg.min_batch_size, hi)
+    if key not in _BEST_SE:          # the bound is proportional to the noise: compute it once
+        sizes = [b * GROUP for b in range(cfg.min_batch_size, hi + 1)]
+        design = best_design(sizes, sc.usl, 1.0, WINDOW)
+        _BEST_SE[key] = None if design is None else design[0]
+    best = _BEST_SE[key]
+    return (f"{statistics.median(res.se_first):.2f}/{statistics.median(res.se_window):.2f}/"
+            + ("-" if best is None else f"{best * sc.noise:.2f}"))
 
 
 if __name__ == "__main__":

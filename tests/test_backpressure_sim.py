@@ -1,0 +1,63 @@
+"""The back-pressure simulator's precision bounds (bench/backpressure_sim.py) and one short run."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from bench import backpressure_sim as sim
+from retrain.backpressure import UslSums, usl_throughput
+from retrain.config import BackpressureConfig
+
+MACHINE_C = (0.30, 1e-4, 1200.0)          # p* = 84: steep, well identified
+
+
+def test_the_bound_matches_the_spread_of_real_fits():
+    """At 1% noise least squares is close to efficient: the spread of log p* over many noisy
+    fits is the Cramér-Rao bound, within sampling error (here ~10%)."""
+    ps = [16, 48, 96, 192, 384] * 6
+    noise, rng, logs = 0.01, random.Random(7), []
+    for _ in range(300):
+        sums = UslSums(len(ps), center=200.0, scale=184.0)
+        for p in ps:
+            x = usl_throughput(p, *MACHINE_C) * math.exp(noise * rng.gauss(0.0, 1.0))
+            sums.add(p, p / x)
+        logs.append(math.log(sums.fit().p_star))
+    bound = sim.p_star_se(ps, MACHINE_C, noise)
+    assert statistics.stdev(logs) == pytest.approx(bound, rel=0.2)
+    assert sim.p_star_se(ps, MACHINE_C, 2 * noise) == pytest.approx(2 * bound)   # ∝ noise
+    assert sim.p_star_se(ps * 4, MACHINE_C, noise) == pytest.approx(bound / 2)   # ∝ 1/√n
+
+
+def test_no_placement_of_the_steps_beats_the_best_design():
+    sizes = [16 * b for b in (1, 2, 3, 4, 6, 8, 11, 16)]
+    best, support, steps = sim.best_design(sizes, MACHINE_C, 0.1, 30)
+    assert sum(steps) == pytest.approx(30)
+    rng = random.Random(3)
+    for _ in range(200):
+        design = [rng.choice(sizes) for _ in range(30)]
+        if len(set(design)) >= 3:
+            assert sim.p_star_se(design, MACHINE_C, 0.1) >= best * (1 - 1e-9)
+    # ... and it is reached: the design it names, rounded to whole steps, comes close.
+    rounded = [p for p, k in zip(support, steps, strict=True) for _ in range(round(k))]
+    assert sim.p_star_se(rounded, MACHINE_C, 0.1) < best * math.sqrt(30 / len(rounded)) * 1.05
+
+
+def test_no_bound_without_a_peak_or_without_noise():
+    assert sim.p_star_se([16, 32, 64], (0.05, 0.0, 800.0), 0.1) is None
+    assert sim.p_star_se([16, 32, 64], MACHINE_C, 0.0) is None
+    assert sim.p_star_se([16, 16, 16], MACHINE_C, 0.1) is None          # one size: singular
+
+
+def test_a_short_simulated_run_fills_every_column():
+    cfg = BackpressureConfig(enabled=True)
+    sc = sim.Scenario("hw", (0.02, 2e-5, 900.0), noise=0.05, after=(0.02, 8e-5, 900.0),
+                      change_at=100, steps=200)
+    res = sim.Result()
+    sim.run(sc, 0, cfg, res)
+    assert res.settle[0] <= 5 and res.recovery[0] <= 15
+    assert 0.8 <= res.ratio[0] <= 1.2 and res.thr[0] > 0.9
+    assert res.us[0] > 0 and 0 < res.se_first[0] < 0.2 and res.se_window[0] <= res.se_first[0]
