@@ -71,7 +71,8 @@ class UslFit:
         self.p_star = usl_p_star(self.sigma, self.kappa)
 
     def throughput(self, p: float) -> float:
-        return usl_throughput(p, self.sigma, self.kappa, self.lam)
+        # usl_throughput's formula, inline: this runs on every step.
+        return self.lam * p / (1.0 + self.sigma * (p - 1.0) + self.kappa * p * (p - 1.0))
 
 
 class UslSums:
@@ -596,7 +597,8 @@ class BackpressureController:
     # ------------------------------------------------------------------ observation kinds
 
     def _decision(self, action: str, regime: str, b_next: int, p: int,
-                  reason: str | Callable[[], str], ema: float | None = None) -> Decision:
+                  reason: str | Callable[[], str], ema: float | None = None,
+                  derived: _Derived | None = None) -> Decision:
         self._regime, self._next = regime, b_next
         fit, note = self._fit, self._note
         if note:
@@ -606,7 +608,7 @@ class BackpressureController:
             ema = self._ema_value()
         if fit is None:
             return Decision(action, regime, b_next, p=p, throughput=ema, reason=reason)
-        util = None if ema is None else _ratio(ema, self._derive().peak_x)
+        util = None if ema is None else _ratio(ema, (derived or self._derive()).peak_x)
         return Decision(action, regime, b_next, p, fit.p_star, fit.sigma, fit.kappa, fit.lam,
                         util, ema, reason)
 
@@ -715,7 +717,7 @@ class BackpressureController:
         # A partial, not a closure: closure cells slowed every line of this method.
         reason = partial(_explain, rule, p, fit.p_star, ratio, self._tm, self._im,
                          moved and nxt == b, roof, note)
-        return self._decision(action, regime, nxt, p, reason, ema)
+        return self._decision(action, regime, nxt, p, reason, ema, d)
 
     def _derive(self) -> _Derived:
         """What the decisions need from the fit and the bounds, computed once per fit."""
