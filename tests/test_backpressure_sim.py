@@ -60,4 +60,5 @@ def test_a_short_simulated_run_fills_every_column():
     sim.run(sc, 0, cfg, res)
     assert res.settle[0] <= 5 and res.recovery[0] <= 15
     assert 0.8 <= res.ratio[0] <= 1.2 and res.thr[0] > 0.9
+    assert res.false_alarms == [0]          # the one alarm after the change is not false
     assert res.us[0] > 0 and 0 < res.se_first[0] < 0.2 and res.se_window[0] <= res.se_first[0]
