@@ -12,9 +12,8 @@ from retrain import toml_io
 from retrain.backpressure import usl_throughput
 from retrain.config import BackpressureConfig
 from retrain.errors import UserError
-from retrain.runlog import CONFIG_FILE, METRICS_FILE, read_metrics
+from retrain.runlog import CONFIG_FILE, METRICS_FILE, PLOT_FILE, read_metrics
 
-DEFAULT_NAME = "usl.png"
 REGIME_COLORS = {"warmup": "#9e9e9e", "retrograde": "#d62728", "memory_bound": "#1f77b4",
                  "compute_bound": "#9467bd", "optimal": "#2ca02c"}
 
@@ -24,7 +23,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     rows = _rows(run_dir)
     figure_cls = _matplotlib()
-    out = Path(out) if out is not None else run_dir / DEFAULT_NAME
+    out = Path(out) if out is not None else run_dir / PLOT_FILE
     fig = figure_cls(figsize=(13, 9), layout="constrained")
     ax = fig.subplots(2, 2)
     margin = _throttle_margin(run_dir)

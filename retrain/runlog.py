@@ -22,6 +22,7 @@ STATE_FILE = "state.json"
 CONFIG_FILE = "config.toml"
 MANIFEST_FILE = "manifest.json"
 CHECKPOINT_DIR = "checkpoints"
+PLOT_FILE = "usl.png"              # `retrain plot RUN_DIR` draws here by default
 
 
 def json_safe(value: Any) -> Any:

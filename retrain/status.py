@@ -7,6 +7,7 @@ as unknown values, and nothing here can change a run's files.
 from __future__ import annotations
 
 import math
+import shlex
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,7 @@ class RunStatus:
     max_token_hit_rate: float | None = None
     bp_action: str | None = None
     bp_regime: str | None = None
+    plot: str | None = None        # the run's back-pressure picture, once drawn
     bad_lines: int = 0
     updated_at: float | None = None
     error: str = ""
@@ -121,6 +123,8 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
     run.max_token_hit_rate = _last(rows, "max_token_hit_rate")
     run.bp_action = _last(rows, "bp_action", str)
     run.bp_regime = _last(rows, "bp_regime", str)
+    if (folder / runlog.PLOT_FILE).is_file():
+        run.plot = str(folder / runlog.PLOT_FILE)
     run.error = str(state.get("error") or "")[:500]
     run.updated_at = _updated_at(folder, state)
     run.state = _run_state(run, state, now)
@@ -428,6 +432,20 @@ def _errors(runs: list[RunStatus]) -> list[str]:
     return out
 
 
+def plot_hint(runs: list[RunStatus]) -> str | None:
+    """Where to look at the back-pressure curve: the latest run that has one."""
+    with_bp = [r for r in runs if r.bp_action]
+    if not with_bp:
+        return None
+    r = max(with_bp, key=lambda r: r.updated_at or 0.0)
+    hint = f"back-pressure picture: retrain plot {shlex.quote(r.path)}"
+    if r.plot:
+        hint += f" (last drawn: {r.plot})"
+    if len(with_bp) > 1:
+        hint += f"; {len(with_bp)} runs have one"
+    return hint
+
+
 def plain_lines(report: StatusReport) -> list[str]:
     """The report as plain text (what a pipe or a log file gets)."""
     if report.message:
@@ -446,6 +464,9 @@ def plain_lines(report: StatusReport) -> list[str]:
             lines += [f"  failed: {e}" for e in _errors(c.runs)]
     if any(r.bad_lines for r in _all_runs(report)):
         lines += ["", "bad lines = torn or garbage lines in metrics.jsonl, skipped"]
+    hint = plot_hint(_all_runs(report))
+    if hint:
+        lines += ["", hint]
     return lines
 
 
@@ -472,5 +493,8 @@ def rich_view(report: StatusReport) -> Any:
         if c.runs:
             parts.append(render.rich_table(runs_table(c.runs, True)))
             parts += [Text(f"failed: {e}", style="red") for e in _errors(c.runs)]
+    hint = plot_hint(_all_runs(report))
+    if hint:
+        parts.append(Text("\n" + hint))
     parts.append(Text(time.strftime("updated %H:%M:%S"), style="dim"))
     return Group(*parts)

@@ -110,6 +110,31 @@ def test_json_output(logs, capsys):
     assert alive["bp_action"] == "hold" and alive["bad_lines"] == 1
 
 
+def test_status_points_to_the_back_pressure_picture(logs, capsys):
+    alive = logs / "alive"                     # the only run with bp_* metrics
+    assert run_app(["status", str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert f"back-pressure picture: retrain plot {alive}\n" in out
+    (alive / runlog.PLOT_FILE).write_bytes(b"\x89PNG")
+    assert run_app(["status", str(logs), "--json"]) == 0
+    runs = {r["name"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert runs["alive"]["plot"] == str(alive / "usl.png") and runs["finished"]["plot"] is None
+    assert run_app(["status", str(logs)]) == 0
+    assert f"(last drawn: {alive / 'usl.png'})" in capsys.readouterr().out
+    from rich.console import Console
+
+    buf = StringIO()
+    Console(file=buf, width=400).print(status.rich_view(status.scan(logs)))
+    assert f"retrain plot {alive} (last drawn:" in buf.getvalue()
+
+
+def test_no_picture_hint_without_back_pressure(tmp_path, capsys):
+    make_run(tmp_path / "logs" / "plain", {"status": "completed", "step": 2, "max_steps": 2},
+             rows(2))
+    assert run_app(["status", str(tmp_path / "logs")]) == 0
+    assert "retrain plot" not in capsys.readouterr().out
+
+
 def test_missing_and_empty_folders_are_friendly(tmp_path, capsys):
     assert run_app(["status", str(tmp_path / "nope")]) == 0
     assert "no such folder yet" in capsys.readouterr().out
