@@ -3,8 +3,9 @@
     python bench/backpressure_sim.py [--seeds 20] [--steps 300]
 
 Each machine follows the USL exactly, X(p) = λp / (1 + σ(p−1) + κp(p−1)) tokens/s, times
-log-normal noise exp(noise * N(0,1)) per step. Steps run at batch_size * group_size = p
-sequences of TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over seeds):
+log-normal noise exp(noise * N(0,1)) per step ("1 in 25 slow": every 25th step also takes 3x
+as long, like a checkpoint save). Steps run at batch_size * group_size = p sequences of
+TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over seeds):
 
 - settle: decisions after warm-up until the batch size stays within ±10% of where the phase
   ends (1 = the first fitted decision already lands there);
@@ -50,6 +51,7 @@ from retrain.config import BackpressureConfig  # noqa: E402
 TOKENS_PER_SEQ = 300
 GROUP = 16
 WINDOW = 100            # the controller's fit window
+SLOW_STEP = 3.0         # how much longer a one-off slow step takes
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Scenario:
     after: tuple[float, float, float] | None = None  # the machine from change_at on
     change_at: int = 150
     oom_at: int | None = None                        # batch sizes >= this run out of memory
+    slow_every: int | None = None                    # every n-th step takes 3x as long
     steps: int = 300
 
 
@@ -189,6 +192,8 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
             b = ctl.observe(b, 0, 0.0, oom=True).batch_size
             spent, calls, ooms = spent + time.perf_counter() - t0, calls + 1, ooms + 1
         x = usl_throughput(b * GROUP, *usl) * math.exp(sc.noise * rng.gauss(0.0, 1.0))
+        if sc.slow_every and step % sc.slow_every == sc.slow_every - 1:
+            x /= SLOW_STEP     # a checkpoint save, a GC pause, a hiccup of a hosted API
         tokens = b * GROUP * TOKENS_PER_SEQ
         t0 = time.perf_counter()
         d = ctl.observe(b, tokens, tokens / x)
@@ -236,6 +241,7 @@ def scenarios() -> list[Scenario]:
         Scenario("A noise 5%", a, noise=0.05),
         Scenario("A noise 10%", a, noise=0.10),
         Scenario("A noise 20%", a, noise=0.20),
+        Scenario("A 5%, 1 in 25 slow", a, noise=0.05, slow_every=25),
         Scenario("B noise 10%", b, noise=0.10),
         Scenario("hw p* 221->111 5%", a, noise=0.05, after=(0.02, 8e-5, 900.0)),
         Scenario("hw p* 111->221 5%", (0.02, 8e-5, 900.0), noise=0.05, after=a),

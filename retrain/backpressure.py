@@ -22,6 +22,7 @@ MEMORY_BOUND_RATIO = 1.10  # smoothed throughput above the fit's prediction by >
 OPTIMAL_FLOOR = 0.80       # ... below 80% of it: the fit no longer describes the machine
 CUSUM_SLACK = 1.0          # drift check: two one-sided CUSUMs on standardized log residuals;
 CUSUM_LIMIT = 4.0          # pure noise alarms about once per ~7000 steps, a 2.5-sigma shift in ~4
+CUSUM_Z_MAX = 4.0          # one step adds at most CUSUM_Z_MAX - CUSUM_SLACK (< the limit)
 CUSUM_AFTER = 3            # residuals start counting after this many steps at one p
 NOISE_FLOOR = 0.02         # smallest relative noise assumed (a perfect simulator has none)
 NOISE_PRIOR = 0.05         # relative noise assumed before there are residuals to measure it
@@ -776,6 +777,8 @@ class BackpressureController:
         if self._n_at_p <= CUSUM_AFTER:
             return 0, 0
         z = r / s
+        # Clipped: a single slow step (a checkpoint save, an API hiccup) never alarms alone.
+        z = CUSUM_Z_MAX if z > CUSUM_Z_MAX else -CUSUM_Z_MAX if z < -CUSUM_Z_MAX else z
         up, down, up_run, down_run = self._cusum
         up, down = up + z - CUSUM_SLACK, down - z - CUSUM_SLACK
         up = up if up > 0.0 else 0.0          # max(0.0, up), NaN included

@@ -367,6 +367,22 @@ def test_hardware_change_is_detected_and_followed():
     assert b == int(0.85 * usl_p_star(*slower[:2]) / G) == 5
 
 
+def test_one_slow_step_is_not_a_hardware_change():
+    """A checkpoint save or an API hiccup makes one step slow: no re-exploration. Two in a
+    row are a change."""
+    ctl, d = warmed()
+    b = d.batch_size
+    for _ in range(20):
+        b = step(ctl, b).batch_size
+    for _ in range(5):
+        assert step(ctl, b, scale=1 / 3).regime != "warmup"     # one step takes 3x as long
+        for _ in range(10):
+            assert step(ctl, b).regime != "warmup"
+    step(ctl, b, scale=1 / 3)
+    d = step(ctl, b, scale=1 / 3)
+    assert d.regime == "warmup" and "drifted slower" in d.reason
+
+
 # ---------------------------------------------------------------------------- out of memory
 
 
