@@ -245,6 +245,7 @@ class Trainer:
         saved_cursor = self.cursor.state_dict()
         batch_size, retries = self.batch_size, 0
         while True:
+            attempt_start = time.perf_counter()
             try:
                 sampled = self._attempt(step, batch_size)
                 break
@@ -254,19 +255,25 @@ class Trainer:
                                        f"({exc}); lower training.group_size or "
                                        "training.max_tokens") from exc
                 retries += 1
-                self.controller.observe(batch_size, 0, time.perf_counter() - start, oom=True)
+                # The controller knows which smaller sizes have worked; without it, halve.
+                retry = self.controller.observe(batch_size, 0, time.perf_counter() - start,
+                                                oom=True).batch_size
+                if not 1 <= retry < batch_size:
+                    retry = batch_size // 2
                 self.progress.say(f"step {step}: out of memory at batch_size {batch_size}; "
-                                  f"retrying with {batch_size // 2}")
-                batch_size = batch_size // 2
+                                  f"retrying with {retry}")
+                batch_size = retry
                 self.oom_cap = batch_size
                 self.cursor.load_state_dict(saved_cursor)
-        step_time = time.perf_counter() - start
+        end = time.perf_counter()
+        step_time = end - start
         row = sampled.row
         row.update(step=step, step_time_s=step_time,
                    tokens_per_second=sampled.tokens / step_time if step_time > 0 else 0.0,
                    process_max_rss_mb=_max_rss_mb(), api_wait_s=self.slots.wait_s - waited,
                    oom_retries=retries)
-        decision = self.controller.observe(batch_size, sampled.tokens, step_time)
+        # The controller measures the batch size that ran: failed attempts are not its time.
+        decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start)
         self.batch_size = max(1, decision.batch_size)
         if decision.action != "hold" or "rejected" in decision.reason:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "

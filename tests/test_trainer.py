@@ -145,6 +145,62 @@ def test_out_of_memory_halves_the_batch_and_keeps_groups_whole(workdir, monkeypa
     assert cursor["position"] == 6  # the failed attempt consumed no data
 
 
+def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch):
+    from retrain import backpressure
+    from retrain.backends.local import LocalBackend
+
+    real, calls = LocalBackend.sample, []
+
+    def sample(self, prompts, n, params, adapter=None):
+        calls.append(len(prompts))
+        if len(prompts) > 3:
+            raise BackendOOMError("out of memory during sampling (simulated)")
+        return real(self, prompts, n, params, adapter)
+
+    def observe(self, batch_size, tokens, step_time_s, **kw):   # 3 worked before, say
+        return backpressure.Decision("throttle" if kw.get("oom") else "hold", "optimal",
+                                     3 if kw.get("oom") else batch_size)
+
+    monkeypatch.setattr(LocalBackend, "sample", sample)
+    monkeypatch.setattr(backpressure.BackpressureController, "observe", observe)
+    bp = {"enabled": True, "warmup_steps": 0, "min_batch_size": 4, "max_batch_size": 4}
+    path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
+                        training={"max_steps": 1, "batch_size": 4})
+    assert run(path) == 0
+    assert calls == [4, 3]                  # not 4 // 2
+    assert rows(workdir / "logs" / "run")[0]["batch_size"] == 3
+
+
+def test_the_controller_is_not_charged_for_failed_attempts(workdir, monkeypatch):
+    import time
+
+    from retrain import backpressure
+    from retrain.backends.local import LocalBackend
+
+    real, seen = LocalBackend.sample, []
+    real_observe = backpressure.BackpressureController.observe
+
+    def sample(self, prompts, n, params, adapter=None):
+        if len(prompts) > 1:
+            time.sleep(0.5)                    # a slow attempt that then runs out of memory
+            raise BackendOOMError("out of memory during sampling (simulated)")
+        return real(self, prompts, n, params, adapter)
+
+    def observe(self, batch_size, tokens, step_time_s, **kw):
+        if not kw.get("oom"):
+            seen.append(step_time_s)
+        return real_observe(self, batch_size, tokens, step_time_s, **kw)
+
+    monkeypatch.setattr(LocalBackend, "sample", sample)
+    monkeypatch.setattr(backpressure.BackpressureController, "observe", observe)
+    path = write_config(workdir, training={"max_steps": 1, "batch_size": 2},
+                        data={"eval_size": 0})
+    assert run(path) == 0
+    (row,) = rows(workdir / "logs" / "run")
+    assert row["oom_retries"] == 1 and row["step_time_s"] >= 0.5   # the step's wall time ...
+    assert seen == [pytest.approx(row["step_time_s"] - 0.5, abs=0.25)]   # ... less the failure
+
+
 def test_oom_at_batch_size_one_fails_the_run_cleanly(workdir, monkeypatch, capsys):
     from retrain.backends.local import LocalBackend
 
