@@ -206,15 +206,17 @@ class LocalEngine:
         return SampleResult([_cut(c, stops) for c in mine.result])
 
     def _decode(self, batch: list[_Queued], snap: Any, n: int, spec: SampleSpec) -> None:
+        # Seeds go per prompt (prompt_seeds), so the batch-wide params.seed stays unset.
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
-                                top_p=spec.top_p, seed=batch[0].seed)
-        seeds = [q.seed for q in batch]
-        if any(s is not None for s in seeds):
-            seeds = [int(self._seeds.integers(2**63)) if s is None else s for s in seeds]
+                                top_p=spec.top_p)
+        seeds = None
+        if any(q.seed is not None for q in batch):
+            seeds = [int(self._seeds.integers(2**63)) if q.seed is None else q.seed
+                     for q in batch]
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, params, adapter=snap or self._sampler.adapter,
-                prompt_seeds=seeds if seeds[0] is not None else None)
+                prompt_seeds=seeds)
         except BaseException as exc:
             for q in batch:
                 q.error = exc
