@@ -132,14 +132,13 @@ def best_design(sizes: list[int], usl, noise: float, n: int):
     (bound, three sizes, steps at each, fractional). Three coefficients need at most three
     distinct sizes (Elfving); for sizes (p1, p2, p3) and h = J^-T g the variance is least with
     n_i ∝ |h_i|, and is then noise² (Σ|h_i|)² / n."""
+    if _log_p_star_rows([], usl) is None or noise <= 0.0:
+        return None
     best = None
     for i, p1 in enumerate(sizes):
         for j in range(i + 1, len(sizes)):
             for p3 in sizes[j + 1:]:
-                got = _log_p_star_rows([p1, sizes[j], p3], usl)
-                if got is None or noise <= 0.0:
-                    return None
-                rows, g = got
+                rows, g = _log_p_star_rows([p1, sizes[j], p3], usl)
                 h = _solve3([list(col) for col in zip(*rows, strict=True)], g)
                 if h is not None:
                     total = sum(abs(v) for v in h)
