@@ -37,7 +37,7 @@ def dense_reward(completion: str, answer: str) -> float:
     Both tools then train on every completion: retrain skips groups whose rewards are all
     equal (they carry no gradient), which would otherwise make it do less work than TRL.
     """
-    from retrain.rewards import match_reward
+    from retrain.answers import match_reward
 
     digits = sum(ch.isdigit() for ch in completion) / max(1, len(completion))
     return match_reward(completion, answer) + 0.1 * digits

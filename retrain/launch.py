@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from retrain.config import Config, load_config, run_config
+from retrain.config import load_config
+from retrain.config_paths import anchor_paths
 
 
 def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: bool = False) -> int:
@@ -18,34 +19,3 @@ def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: b
     from retrain.trainer import run_single
 
     return run_single(cfg, Path(path), new=new)
-
-
-def anchor_paths(cfg: Config, config_dir: Path) -> Config:
-    """Make file references relative to the config file absolute.
-
-    The resolved config a run writes into its log folder (and each campaign run's config)
-    must still find the same JSONL file, reward module and local model from there.
-    """
-    changes: dict[str, Any] = {}
-    if cfg.data.path and not Path(cfg.data.path).expanduser().is_absolute():
-        changes["data.path"] = str(config_dir / cfg.data.path)
-    function = _anchor_reward(cfg.reward.function, config_dir)
-    if function != cfg.reward.function:
-        changes["reward.function"] = function
-    local_model = config_dir / cfg.model.name
-    if not Path(cfg.model.name).is_absolute() and local_model.is_dir():
-        changes["model.name"] = str(local_model)
-    return run_config(cfg, **changes) if changes else cfg
-
-
-def _anchor_reward(spec: str, config_dir: Path) -> str:
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target:
-        return spec
-    if target.endswith(".py") or "/" in target:
-        path = Path(target).expanduser()
-        return spec if path.is_absolute() else f"{config_dir / path}:{name}"
-    module_file = config_dir / (target.replace(".", "/") + ".py")
-    if "." not in target and module_file.is_file():
-        return f"{module_file}:{name}"  # a module beside the config file
-    return spec  # an installed module (or a package beside the config, found via config_dir)

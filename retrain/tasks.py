@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrain.answers import CHECKERS, Problem
 from retrain.config import DataConfig
 from retrain.errors import UserError
 
@@ -21,15 +22,6 @@ from retrain.errors import UserError
 _MAX_MISSES = 2000
 # Index spaces up to this size are shuffled whole when most of them are needed.
 _DENSE_LIMIT = 2_000_000
-
-
-@dataclass
-class Problem:
-    """One prompt and its reference answer; `meta` carries what a task-specific check needs."""
-
-    prompt: str
-    answer: str
-    meta: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -239,8 +231,6 @@ def _parse_line(line: bytes, where: str) -> Problem:
 
 
 def _check_checker(meta: dict, where: str) -> None:
-    from retrain.rewards import CHECKERS
-
     name = meta.get("checker")
     if name is not None and name not in CHECKERS:
         known = ", ".join(repr(c) for c in CHECKERS)

@@ -49,7 +49,7 @@ from retrain.config import Config, run_config
 from retrain.errors import UserError
 from retrain.eval import evaluate
 from retrain.progress import Progress
-from retrain.rewards import build_scorer
+from retrain.scorer import build_scorer
 from retrain.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.trackers import Trackers
 

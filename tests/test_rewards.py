@@ -11,17 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.config import RewardConfig
-from retrain.errors import UserError
-from retrain.rewards import (
+from retrain.answers import (
     CHECKERS,
     answers_match,
-    build_scorer,
     check_countdown,
     extract_answer,
     match_reward,
     math_reward,
 )
+from retrain.config import RewardConfig
+from retrain.errors import UserError
+from retrain.scorer import build_scorer
 from retrain.tasks import Problem
 
 P5 = Problem(prompt="What is 2 + 3?", answer="5", meta={})
@@ -134,7 +134,7 @@ def test_math_reward_needs_a_box():
 
 
 def test_math_fallback_without_math_verify(monkeypatch):
-    import retrain.rewards as rw
+    import retrain.answers as rw
 
     monkeypatch.setattr(rw, "_MV", [None])
     assert math_reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0

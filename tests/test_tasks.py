@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from retrain.answers import check_countdown
 from retrain.config import DataConfig
 from retrain.errors import UserError
-from retrain.rewards import check_countdown
 from retrain.tasks import DataCursor, Problem, countdown_problem, load_task, render_prompt
 
 

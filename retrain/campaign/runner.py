@@ -26,9 +26,9 @@ from retrain.campaign.manifest import Manifest, RunEntry, load_manifest, save_ma
 from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for, safe_name
 from retrain.campaign.semaphore import ENV_VAR, env_value
 from retrain.config import Config, ConfigError
+from retrain.config_paths import anchor_paths
 from retrain.cpu import AUTO_THREADS_ENV, available_cores
 from retrain.errors import UserError
-from retrain.launch import anchor_paths
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
 TICK_S = 0.005          # scheduler poll interval after an event (a waitpid per worker) ...

@@ -1,14 +1,17 @@
-"""The process that runs reward functions, so a hung scorer can be killed.
+"""The reward scorer: completions are scored in a child process, so a hung scorer can be killed.
 
 A deadline on a thread is not enough: a call stuck in C code that holds the GIL (sympy
 expanding `9^{9^{9}}`, a big-integer power, a catastrophic regex) freezes every thread of
 the trainer. Scoring therefore happens in a child Python process that speaks JSON lines on
 stdin/stdout; the parent waits for each answer with a deadline and kills the child when it
 passes. The child imports the reward (custom modules included) once, at start-up.
+`Scorer.score()` never raises: a scorer that raises, returns junk, dies or runs past
+`reward.timeout_s` gives 0 for that completion and counts as a failure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -16,14 +19,105 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_CHILD = "from retrain.reward_worker import main; main()"
+from retrain.answers import Problem
+from retrain.config import RewardConfig
+from retrain.errors import UserError
+from retrain.rewards import clip_message, reward_function, score_one
+
+MAX_ERRORS_KEPT = 5
+STARTUP_TIMEOUT_S = 120.0  # importing math-verify or a custom module on a busy machine
+_CHILD = "from retrain.scorer import main; main()"
+
+
+@dataclass
+class Scores:
+    rewards: list[float]
+    correct: list[bool]
+    failures: int
+    errors: list[str] = field(default_factory=list)  # the first few failure messages
+
+
+class Scorer:
+    """Scores completions one by one in a child process, each within `timeout_s`.
+
+    The child is killed when a completion runs past its deadline (or it dies) and a fresh
+    one scores the rest. One caller at a time; `close()` stops the child.
+    """
+
+    def __init__(self, reward: RewardConfig, config_dir: Path):
+        self.timeout_s = reward.timeout_s
+        self._setup = {"reward": dataclasses.asdict(reward), "config_dir": str(config_dir)}
+        self._worker: WorkerProcess | None = self._start()
+
+    def _start(self) -> WorkerProcess:
+        try:
+            return WorkerProcess(self._setup, STARTUP_TIMEOUT_S)
+        except StartupError as exc:
+            raise UserError(str(exc)) from None
+
+    def score(self, texts: list[str], problems: list[Problem]) -> Scores:
+        """Reward and correctness of texts[i] against problems[i]; never raises."""
+        if len(texts) != len(problems):
+            raise ValueError(f"{len(texts)} texts but {len(problems)} problems")
+        out = Scores(rewards=[], correct=[], failures=0)
+        broken = ""  # why the worker cannot be restarted during this call
+        for i, (text, problem) in enumerate(zip(texts, problems, strict=True)):
+            reward, correct, error = (0.0, False, broken) if broken else \
+                self._score_one(text, problem)
+            if error.startswith("restart failed"):
+                broken = error
+            out.rewards.append(reward)
+            out.correct.append(correct)
+            if error:
+                out.failures += 1
+                if len(out.errors) < MAX_ERRORS_KEPT:
+                    out.errors.append(f"completion {i}: {error}")
+        return out
+
+    def _score_one(self, text: str, problem: Problem) -> tuple[float, bool, str]:
+        if self._worker is None:
+            try:
+                self._worker = self._start()
+            except UserError as exc:
+                return 0.0, False, clip_message(f"restart failed: {exc}")
+        request = {"text": text, "prompt": problem.prompt, "answer": problem.answer,
+                   "meta": problem.meta}
+        try:
+            status, reply = self._worker.call(request, self.timeout_s)
+            if status == "ok":
+                reward, correct, error = reply
+                return float(reward), bool(correct), str(error)
+        except Exception:  # a garbled reply: treat the process as broken
+            status = "died"
+        self._worker.close()
+        self._worker = None
+        if status == "timeout":
+            return 0.0, False, f"timed out after {self.timeout_s:g}s"
+        return 0.0, False, "the reward process died (its error is printed above)"
+
+    def close(self) -> None:
+        """Stop the child process (also done when the Scorer is garbage collected)."""
+        worker, self._worker = getattr(self, "_worker", None), None
+        if worker is not None:
+            worker.close()
+
+    __del__ = close
+
+
+def build_scorer(reward: RewardConfig, config_dir: Path) -> Scorer:
+    """A Scorer for `[reward]`; UserError when a custom function cannot be imported."""
+    return Scorer(reward, Path(config_dir).resolve())
+
+
+# ---------------------------------------------------------------------------- the child process
 
 
 class WorkerProcess:
-    """Parent side: one child process, one request at a time."""
+    """Parent side of the child process: one request at a time."""
 
     def __init__(self, setup: dict, startup_timeout_s: float):
         env = dict(os.environ)
@@ -91,11 +185,6 @@ def main() -> None:
     def reply(obj: Any) -> None:
         replies.write(json.dumps(obj) + "\n")
         replies.flush()
-
-    from retrain.config import RewardConfig
-    from retrain.errors import UserError
-    from retrain.rewards import reward_function, score_one
-    from retrain.tasks import Problem
 
     first = sys.stdin.readline()
     if not first:  # the parent went away before asking anything

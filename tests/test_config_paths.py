@@ -1,11 +1,11 @@
-"""launch.anchor_paths: file references survive being re-run from the log folder."""
+"""config_paths.anchor_paths: file references survive being re-run from the log folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from retrain.config import Config, run_config
-from retrain.launch import anchor_paths
+from retrain.config_paths import anchor_paths
 
 
 def test_relative_paths_become_absolute(tmp_path: Path) -> None:
