@@ -17,11 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrain import safejson
+
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.toml"
 MANIFEST_FILE = "manifest.json"
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "step-"        # checkpoints/step-000012/ (and its resume point .json)
 PLOT_FILE = "usl.png"              # `retrain plot RUN_DIR` draws here by default
 
 
@@ -71,13 +74,11 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def read_json(path: str | Path) -> dict | None:
-    """Read a JSON object, or None when it is missing or unreadable."""
+    """Read a JSON object, or None when it is missing, unreadable or hostile (safejson)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        return safejson.read_object(path)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass
@@ -89,7 +90,8 @@ class MetricsRead:
 
 
 def read_metrics(path: str | Path) -> MetricsRead:
-    """Parse metrics.jsonl, skipping (and counting) lines that are not JSON objects."""
+    """Parse metrics.jsonl, skipping (and counting) lines that are not JSON objects
+    (torn, garbage, or beyond safejson's limits)."""
     out = MetricsRead()
     try:
         with open(path, "rb") as fh:
@@ -100,7 +102,7 @@ def read_metrics(path: str | Path) -> MetricsRead:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = safejson.loads(line)
         except ValueError:
             out.bad_lines += 1
             continue
@@ -193,8 +195,48 @@ class RunState:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunState:
+        """The state in `d`; ValueError naming the first field a resume cannot trust."""
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        state = cls(**known)
+        problem = state.problem()
+        if problem:
+            raise ValueError(problem)
+        return state
+
+    def problem(self) -> str:
+        """What makes this state unusable for a resume ("" when it is sound). Timestamps,
+        pid, host and error are only informative: odd values there are reset, not fatal."""
+        for name in ("started_at", "updated_at"):
+            if not _is_number(getattr(self, name)):
+                setattr(self, name, 0.0)
+        self.pid = self.pid if _is_count(self.pid) else 0
+        self.host = self.host if isinstance(self.host, str) else ""
+        self.error = self.error if isinstance(self.error, str) else str(self.error)[:2000]
+        if self.status not in RUN_STATUSES:
+            return f"status is {self.status!r}, not one of {', '.join(RUN_STATUSES)}"
+        for name in ("step", "max_steps", "batch_size"):
+            if not _is_count(getattr(self, name)):
+                return f"{name} is {getattr(self, name)!r}, not a whole number >= 0"
+        for name in ("data_cursor", "rng", "controller", "extra"):
+            if not isinstance(getattr(self, name), dict):
+                return f"{name} is {type(getattr(self, name)).__name__}, not an object"
+        if not isinstance(self.checkpoint, str):
+            return f"checkpoint is {self.checkpoint!r}, not a string"
+        return ""
+
+    def resume_problem(self) -> str:
+        """What a trainer resuming after `step` would miss ("" when nothing)."""
+        if self.step == 0:
+            return ""
+        if not self.checkpoint:
+            return f"step is {self.step} but no checkpoint is named"
+        missing = [k for k in ("epoch", "position") if not _is_count(self.data_cursor.get(k))]
+        if missing:
+            return f"data_cursor lacks a valid {' and '.join(missing)}"
+        named = checkpoint_step(self.checkpoint)
+        if named is not None and named != self.step:
+            return f"step is {self.step} but the checkpoint is of step {named}"
+        return ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,10 +250,47 @@ def save_state(run_dir: str | Path, state: RunState) -> None:
     write_json_atomic(Path(run_dir) / STATE_FILE, state.to_dict())
 
 
+@dataclass
+class StateRead:
+    """state.json as found: the state, or why it cannot be used ("" = absent)."""
+
+    state: RunState | None
+    problem: str = ""
+
+
+def read_state(run_dir: str | Path) -> StateRead:
+    """state.json, validated; a torn, hostile or hand-broken file comes back as a problem."""
+    path = Path(run_dir) / STATE_FILE
+    try:
+        return StateRead(RunState.from_dict(safejson.read_object(path)))
+    except FileNotFoundError:
+        return StateRead(None)
+    except OSError as exc:
+        return StateRead(None, f"cannot be read ({exc.strerror or exc})")
+    except (ValueError, TypeError) as exc:
+        return StateRead(None, str(exc) or type(exc).__name__)
+
+
 def load_state(run_dir: str | Path) -> RunState | None:
-    """The run's state.json, or None when absent or unreadable."""
-    d = read_json(Path(run_dir) / STATE_FILE)
-    return RunState.from_dict(d) if d is not None else None
+    """The run's state.json, or None when absent, unreadable or not a sound state."""
+    return read_state(run_dir).state
+
+
+def checkpoint_step(ref: str) -> int | None:
+    """The step in a checkpoint ref's last part (`.../step-000012` -> 12), else None."""
+    name = ref.rstrip("/").rsplit("/", 1)[-1]
+    if not name.startswith(CHECKPOINT_PREFIX):
+        return None
+    digits = name[len(CHECKPOINT_PREFIX):]
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 19 else None
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def pid_alive(pid: int, host: str = "") -> bool:

@@ -470,15 +470,25 @@ class LocalBackend:
         return str(final)
 
     def load_state(self, ref: str) -> None:
-        """Restore adapter weights, optimizer and RNG from a `save_state` folder."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
+        """Restore adapter weights, optimizer and RNG from a `save_state` folder; a missing or
+        damaged one is a BackendError (the trainer then falls back to an older one)."""
         path = Path(ref)
         if not path.is_dir() and self.checkpoint_dir is not None:
             path = self.checkpoint_dir / path.name  # the run folder was moved
         if not (path / ADAPTER_WEIGHTS).exists():
             raise BackendError(f"no checkpoint at {ref}")
+        try:
+            self._load_files(path)
+        except BackendError:
+            raise
+        except Exception as exc:  # a torn or corrupt file: safetensors, pickle, shapes
+            raise BackendError(f"checkpoint {path} is damaged: {type(exc).__name__}: "
+                               f"{str(exc)[:200]}") from exc
+
+    def _load_files(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
         with self.model.lock:
             weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.model.device))
             result = set_peft_model_state_dict(self.model.peft, weights, adapter_name=self.adapter)
