@@ -193,6 +193,22 @@ def _diff(a: dict, b: dict) -> list[str]:
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
 
 
+def ensure_writable(run_dir: Path) -> None:
+    """Fail fast, before a model loads, when the run folder cannot be created or written
+    (log_dir is a file, read-only, full): one line naming the folder and the fix."""
+    import tempfile
+
+    from retrain.errors import user_error_from_os
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir) as fh:
+            fh.write(b"retrain")
+            fh.flush()
+    except OSError as exc:
+        raise user_error_from_os(exc, "logging.log_dir") from None
+
+
 def write_config(run_dir: Path, cfg: Config) -> None:
     """The resolved config, re-runnable as is (rewritten on every launch)."""
     run_dir.mkdir(parents=True, exist_ok=True)

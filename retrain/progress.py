@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Any
 
@@ -28,6 +30,7 @@ class Progress:
         self.total = 0
         self._bar: Any = None
         self._task: Any = None
+        self.output_closed = False  # the reader of a pipe left (`retrain ... | head`)
 
     def start(self, total: int, done: int) -> None:
         self.total = total
@@ -55,8 +58,18 @@ class Progress:
     def say(self, text: str) -> None:
         if self._bar is not None:
             self._bar.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=self.stream, flush=True)
+        elif not self.output_closed:
+            try:
+                print(text, file=self.stream, flush=True)
+            except BrokenPipeError:
+                self._reader_left()
+
+    def _reader_left(self) -> None:
+        """Stop writing (the trainer then stops after the step, resumable) and point the
+        stream at /dev/null so the interpreter's final flush does not fail again."""
+        self.output_closed = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
 
     def close(self) -> None:
         if self._bar is not None:

@@ -7,6 +7,7 @@ crash mid-write can never break `status` or resume.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -269,6 +270,33 @@ def read_state(run_dir: str | Path) -> StateRead:
         return StateRead(None, f"cannot be read ({exc.strerror or exc})")
     except (ValueError, TypeError) as exc:
         return StateRead(None, str(exc) or type(exc).__name__)
+
+
+def save_state_even_if_full(run_dir: str | Path, state: RunState) -> None:
+    """save_state; on a full disk (no room for the temp file) overwrite state.json in place
+    instead, compact and padded to its old size so that no new block is needed: a run that
+    dies of a full disk must still read "failed", not "running". The error text is cut to fit.
+    """
+    try:
+        save_state(run_dir, state)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        full = exc
+    path = Path(run_dir) / STATE_FILE
+    size = path.stat().st_size
+    d = json_safe(state.to_dict())
+    data = json.dumps(d, separators=(",", ":")).encode()
+    while len(data) > size and d["error"]:
+        d["error"] = d["error"][: max(0, len(d["error"]) - (len(data) - size) - 3)]
+        data = json.dumps(d, separators=(",", ":")).encode()
+    if len(data) > size:
+        raise full
+    with open(path, "r+b") as fh:
+        fh.write(data + b" " * (size - len(data)))
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def load_state(run_dir: str | Path) -> RunState | None:

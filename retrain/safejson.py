@@ -50,7 +50,7 @@ def loads(data: bytes | str) -> Any:
     except UnicodeDecodeError:
         raise BadJSON("not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise BadJSON(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        raise BadJSON(f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise BadJSON(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. an integer beyond Python's own digit limit

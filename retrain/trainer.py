@@ -75,6 +75,7 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
         print(f"{run_dir} already finished {start.state.step} steps; nothing to do "
               "(raise training.max_steps to continue it, or use --new to start over)")
         return 0
+    checkpoint.ensure_writable(run_dir)
     config_dir = config_path.resolve().parent
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
     scorer = build_scorer(cfg.reward, config_dir)
@@ -245,6 +246,8 @@ class Trainer:
                 trackers.log(row)
                 self.progress.step(row)
                 self._commit(step)
+                if self.progress.output_closed and self.stop.signum is None:
+                    self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
                 if self.stop.signum is not None and step < self.tc.max_steps:
                     return self._interrupted()
         self.state.status = "completed"
@@ -398,6 +401,8 @@ class Trainer:
     # ------------------------------------------------------------------ endings
 
     def _interrupted(self) -> int:
+        if self.stop.signum == signal.SIGPIPE:
+            print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
         self.state.status = "interrupted"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
@@ -410,7 +415,7 @@ class Trainer:
         self.state.status = "failed"
         self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
         with contextlib.suppress(OSError):  # the original error matters more
-            runlog.save_state(self.run_dir, self.state)
+            runlog.save_state_even_if_full(self.run_dir, self.state)
 
     def _report_reward_errors(self, step: int, errors: list[str]) -> None:
         if errors and self.reward_errors_shown < REPORTED_REWARD_ERRORS:
