@@ -299,6 +299,27 @@ def save_state_even_if_full(run_dir: str | Path, state: RunState) -> None:
         os.fsync(fh.fileno())
 
 
+def disk_full_error(exc: BaseException, folder: str | Path) -> OSError | None:
+    """An ENOSPC OSError when `exc` came from a full disk under `folder`, else None.
+
+    Libraries report a full disk in their own ways (torch.save: a RuntimeError with no errno),
+    so the disk itself is asked: a 1 MiB probe file that cannot be written means it is full.
+    """
+    if isinstance(exc, OSError):
+        return exc if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    if not isinstance(exc, Exception):
+        return None
+    try:
+        with tempfile.TemporaryFile(dir=folder) as fh:
+            fh.write(b"\0" * (1 << 20))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as probe:
+        if probe.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(probe.errno, os.strerror(probe.errno), str(folder))
+    return None
+
+
 def load_state(run_dir: str | Path) -> RunState | None:
     """The run's state.json, or None when absent, unreadable or not a sound state."""
     return read_state(run_dir).state

@@ -182,7 +182,10 @@ class Trainer:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except BaseException as exc:
-            self._fail(exc)
+            full = runlog.disk_full_error(exc, self.run_dir)
+            self._fail(full or exc)
+            if full is not None:
+                raise full from exc  # the CLI turns it into one line
             raise
         finally:
             self.stop.restore()
