@@ -61,13 +61,15 @@ def prepare(run_dir: Path, cfg: Config, *, new: bool) -> Start:
     read = runlog.read_state(run_dir)
     points = resume_points(run_dir, read.state)
     if new and run_dir.exists() and any(run_dir.iterdir()):
-        _refuse_if_live(run_dir, read.state or (points[0] if points else None))
+        _refuse_if_live(run_dir, read.state)
         return Start(state=None, moved_to=_move_aside(run_dir))
     if not points:
         _refuse_to_overwrite(run_dir, read)
         return Start(state=None)
     state = points[0]
-    _refuse_if_live(run_dir, read.state or state)
+    # Only state.json says whether a process is training now: a resume point always reads
+    # "running" with the pid of a process that may be long gone (or reused).
+    _refuse_if_live(run_dir, read.state)
     _check_same_config(run_dir, cfg)
     note = "" if state is read.state else (
         f"state.json {_what_is_wrong(read)}; resuming from the resume point saved with "

@@ -162,7 +162,7 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
         return 0
     read = read_metrics(path)
     kept = [r for r in read.rows
-            if isinstance(r.get("step"), int) and r["step"] <= keep_through_step]
+            if type(r.get("step")) is int and r["step"] <= keep_through_step]  # not bool
     dropped = len(read.rows) - len(kept)
     if dropped == 0 and read.bad_lines == 0:
         return 0

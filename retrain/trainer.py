@@ -159,14 +159,11 @@ class Trainer:
             fallbacks: list[runlog.RunState] | None = None) -> int:
         """Steps until max_steps, an interrupt or an error; returns the exit status.
         `fallbacks`: older resume points, tried when `resume`'s checkpoint does not load."""
+        self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
+        # Restore before writing anything: a resume that fails leaves the folder untouched.
+        first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh()
         checkpoint.write_config(self.run_dir, self.cfg)
         trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
-        self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
-        try:
-            first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh()
-        except BaseException:
-            trackers.close()
-            raise
         self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
             socket.gethostname()
         self.state.started_at = self.state.started_at or time.time()
