@@ -35,6 +35,7 @@ MAX_PROBLEMS = 10_000_000         # generated problems held in memory
 MAX_THREADS = 4_096
 MAX_LORA_RANK = 65_536
 MAX_WORKERS = 4_096               # campaign workers / concurrent API calls
+MAX_WAIT_S = 604_800.0            # timeouts and gaps: a week (beyond, waits overflow timers)
 
 # ---------------------------------------------------------------------------- schema helpers
 
@@ -93,7 +94,7 @@ class RewardConfig:
     pattern: str = opt("", "format: a regex a completion must contain to score 1")
     function: str = opt("", "custom: 'module:function' or 'path/to/file.py:function'")
     timeout_s: float = opt(5.0, "per-completion limit; a slow or failing scorer gives 0",
-                           lo=0, lo_open=True)
+                           lo=0, lo_open=True, hi=MAX_WAIT_S)
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
 
 
@@ -141,7 +142,8 @@ class BackendConfig:
     max_concurrent: int = opt(4, "campaign-wide cap on concurrent remote API calls", lo=1,
                               hi=MAX_WORKERS)
     base_url: str = opt("", "tinker: service URL (default: $TINKER_BASE_URL or the SDK's)")
-    request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True)
+    request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True,
+                                   hi=MAX_WAIT_S)
     options: dict = opt({}, "free-form backend options", factory=True)
 
 
@@ -174,7 +176,7 @@ class CampaignConfig:
     parallel: bool = opt(False, "run several workers at once")
     max_workers: int = opt(2, "workers alive at once when parallel (0 = all)", lo=0,
                            hi=MAX_WORKERS)
-    stagger_seconds: float = opt(5.0, "minimum gap between worker launches", lo=0)
+    stagger_seconds: float = opt(5.0, "minimum gap between worker launches", lo=0, hi=MAX_WAIT_S)
     max_retries: int = opt(1, "extra attempts for a failed run on re-launch", lo=0, hi=1000)
     conditions: list[Condition] = opt([], "[[campaign.conditions]]: name + dotted-key overrides",
                                       factory=True)
