@@ -10,7 +10,7 @@ from typing import Any
 
 def step_summary(row: dict) -> str:
     """The few numbers worth reading every step."""
-    parts = [f"reward {row['mean_reward']:.3f}", f"correct {row['correct_rate']:.2f}",
+    parts = [f"reward {_short(row['mean_reward'])}", f"correct {row['correct_rate']:.2f}",
              f"loss {row['loss']:+.4f}", f"bs {row['batch_size']}x{row['group_size']}",
              f"{row['step_time_s']:.1f}s (sample {row['sample_time_s']:.1f} "
              f"reward {row['reward_time_s']:.1f} train {row['train_time_s']:.1f})"]
@@ -19,6 +19,11 @@ def step_summary(row: dict) -> str:
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.3f}")
     return "  ".join(parts)
+
+
+def _short(x: float) -> str:
+    """3 decimals, or 3 significant digits for rewards far from 1 (a 1e200 reward)."""
+    return f"{x:.3f}" if abs(x) < 1e6 else f"{x:.3g}"
 
 
 class Progress:
@@ -47,7 +52,7 @@ class Progress:
 
     def step(self, row: dict) -> None:
         if self._bar is not None:
-            info = (f"reward {row['mean_reward']:.3f}  {row['step_time_s']:.1f}s/step"
+            info = (f"reward {_short(row['mean_reward'])}  {row['step_time_s']:.1f}s/step"
                     + (f"  bp {row['bp_regime']}" if "bp_regime" in row else ""))
             self._bar.update(self._task, completed=row["step"], info=info)
             if row.get("eval_accuracy") is not None:

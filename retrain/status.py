@@ -172,7 +172,7 @@ def _config_max_steps(folder: Path) -> int | None:
         return None
     training = raw.get("training")
     value = training.get("max_steps") if isinstance(training, dict) else None
-    return value if _is_int(value) else None
+    return value if _is_int(value) and value > 0 else None
 
 
 def _last(rows: list[dict], key: str, kind: type = float) -> Any:
