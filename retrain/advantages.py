@@ -19,6 +19,7 @@ Methods (m = group mean, s = population std, EPS = 1e-6):
 
 Every output is finite for finite input: rewards beyond 1e150 in magnitude are rescaled by
 a power of two before squaring, and a result too large for a float saturates at +-max float.
+`mean_and_std` is the same guard for the reward statistics the trainer logs.
 """
 
 from __future__ import annotations
@@ -58,9 +59,7 @@ def compute_advantages(rewards: list[list[float]], method: str,
     groups = [[float(r) for r in g] for g in rewards]
     if not all(math.isfinite(r) for g in groups for r in g):
         raise ValueError("rewards must be finite numbers")
-    peak = max((abs(r) for g in groups for r in g), default=0.0)
-    # a power of two keeps the rescaling exact; peak / scale lies in (1, 2]
-    scale = 2.0 ** (math.ceil(math.log2(peak)) - 1) if peak > _BIG else 1.0
+    scale = _scale_for(max((abs(r) for g in groups for r in g), default=0.0))
     if scale != 1.0:
         groups = [[r / scale for r in g] for g in groups]
     out = _ADVANTAGES[method](groups, std_scale)
@@ -68,6 +67,22 @@ def compute_advantages(rewards: list[list[float]], method: str,
         out = [[_saturate(a * scale) for a in g] for g in out]  # these keep reward units
     return [[0.0 if is_uniform(g) else _saturate(a) for a in adv]
             for g, adv in zip(groups, out, strict=True)]
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float]:
+    """Population mean and std, finite for any finite input (1e200 rewards included)."""
+    xs = [float(v) for v in values]
+    if not all(math.isfinite(x) for x in xs):
+        raise ValueError("values must be finite numbers")
+    scale = _scale_for(max((abs(x) for x in xs), default=0.0))
+    scaled = [x / scale for x in xs]
+    return _saturate(_mean(scaled) * scale), _saturate(_std(scaled) * scale)
+
+
+def _scale_for(peak: float) -> float:
+    """1, or a power of two that brings `peak` into (1, 2] (exact, and squares cannot
+    overflow) when it is beyond 1e150."""
+    return 2.0 ** (math.ceil(math.log2(peak)) - 1) if peak > _BIG else 1.0
 
 
 def _mean(xs: list[float]) -> float:

@@ -51,6 +51,8 @@ def median_step_time(values: Iterable[object]) -> float | None:
 
 def human_duration(seconds: float) -> str:
     """'45s', '12m 5s', '3h 20m', '2d 4h': short and exact enough for a plan."""
+    if not math.isfinite(seconds) or seconds > 1e12:  # broken step times: no absurd dates
+        return "more than 30000 years"
     s = max(0, round(seconds))
     if s < 60:
         return f"{s}s"

@@ -1,7 +1,13 @@
 """The run folder as a resume point: what to do with an existing folder, checkpoint retention.
 
 Resume rules (single runs):
-- no folder, or no state.json: a fresh run;
+- no folder, or nothing trained yet: a fresh run;
+- the resume point is the newest of state.json and the checkpoints' own resume points
+  (`checkpoints/step-N.json`, a copy of state.json written right after checkpoint N): so a
+  missing, torn, hostile or hand-broken state.json never makes a run start over; when no
+  sound resume point is left but the folder holds metrics or checkpoints, it is an error
+  (nothing is touched) that offers `--new`. A checkpoint that fails to load falls back to
+  the previous one (trainer);
 - status completed and `max_steps` not raised: nothing to do (exit 0);
 - a live process already running it: refuse;
 - otherwise resume after the last checkpointed step, provided the config did not change in
@@ -15,12 +21,13 @@ the final one; the rest are deleted once a newer checkpoint is committed in stat
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrain import runlog
+from retrain import runlog, safejson
 from retrain.config import Config, ConfigError, dumps_config, loads_config, to_dict
 from retrain.errors import UserError
 
@@ -29,7 +36,8 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval
                      "training.micro_batch_size", "model.threads", "model.device",
                      "reward.timeout_s", "backend.max_concurrent", "backend.request_timeout_s",
                      "logging.")
-PREFIX = "step-"
+PREFIX = runlog.CHECKPOINT_PREFIX
+POINT_SUFFIX = ".json"   # checkpoints/step-000012.json: the resume point of step 12
 
 
 def checkpoint_name(step: int) -> str:
@@ -38,32 +46,105 @@ def checkpoint_name(step: int) -> str:
 
 @dataclass
 class Start:
-    """How a launch begins: fresh (state None), resumed, or already finished."""
+    """How a launch begins: fresh (state None), resumed, or already finished. `fallbacks`
+    are older resume points, newest first, for when the chosen checkpoint does not load."""
 
     state: runlog.RunState | None
     finished: bool = False
     moved_to: Path | None = None
+    fallbacks: list[runlog.RunState] = field(default_factory=list)
+    note: str = ""
 
 
 def prepare(run_dir: Path, cfg: Config, *, new: bool) -> Start:
     """Decide fresh / resume / finished for `run_dir` (see the module docstring)."""
-    state = runlog.load_state(run_dir)
-    moved_to = None
+    read = runlog.read_state(run_dir)
+    points = resume_points(run_dir, read.state)
     if new and run_dir.exists() and any(run_dir.iterdir()):
-        _refuse_if_live(run_dir, state)
-        moved_to = _move_aside(run_dir)
-        state = None
-    if state is None or state.step == 0:
-        return Start(state=None, moved_to=moved_to)
-    _refuse_if_live(run_dir, state)
+        _refuse_if_live(run_dir, read.state)
+        return Start(state=None, moved_to=_move_aside(run_dir))
+    if not points:
+        _refuse_to_overwrite(run_dir, read)
+        return Start(state=None)
+    state = points[0]
+    # Only state.json says whether a process is training now: a resume point always reads
+    # "running" with the pid of a process that may be long gone (or reused).
+    _refuse_if_live(run_dir, read.state)
     _check_same_config(run_dir, cfg)
+    note = "" if state is read.state else (
+        f"state.json {_what_is_wrong(read)}; resuming from the resume point saved with "
+        f"checkpoint {checkpoint_name(state.step)}")
     if state.status == "completed" and state.step >= cfg.training.max_steps:
-        return Start(state=state, finished=True)
+        return Start(state=state, finished=True, note=note)
     if state.step > cfg.training.max_steps:
         raise UserError(f"{run_dir} already ran {state.step} steps, more than "
                         f"training.max_steps = {cfg.training.max_steps}; raise max_steps or "
                         "start over with --new")
-    return Start(state=state)
+    return Start(state=state, fallbacks=points[1:], note=note)
+
+
+def resume_points(run_dir: Path, state: runlog.RunState | None) -> list[runlog.RunState]:
+    """Sound states to resume from, newest step first: state.json (when sound and past
+    step 0) and every checkpoint's resume point. At equal steps state.json wins (it knows
+    whether the run completed)."""
+    found: dict[int, runlog.RunState] = {}
+    if state is not None and state.step > 0 and not state.resume_problem():
+        found[state.step] = state
+    folder = run_dir / runlog.CHECKPOINT_DIR
+    for path in _listdir(folder):
+        step = _step_of(path.name)
+        if step is None or not path.name.endswith(POINT_SUFFIX) or step in found:
+            continue
+        point = _read_point(path)
+        if point is not None and point.step == step:
+            found[step] = point
+    return [found[k] for k in sorted(found, reverse=True)]
+
+
+def save_resume_point(run_dir: Path, state: runlog.RunState) -> None:
+    """Write the resume point of checkpoint `state.step` (before state.json points at it)."""
+    path = run_dir / runlog.CHECKPOINT_DIR / f"{checkpoint_name(state.step)}{POINT_SUFFIX}"
+    runlog.write_json_atomic(path, state.to_dict())
+
+
+def _read_point(path: Path) -> runlog.RunState | None:
+    try:
+        point = runlog.RunState.from_dict(safejson.read_object(path))
+    except (OSError, ValueError, TypeError):
+        return None
+    return None if point.resume_problem() else point
+
+
+def _listdir(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _refuse_to_overwrite(run_dir: Path, read: runlog.StateRead) -> None:
+    """A fresh start truncates metrics and checkpoints: never do it over trained steps."""
+    rows = runlog.read_metrics(run_dir / runlog.METRICS_FILE).rows
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+    ckpts = sorted(p.name for p in _listdir(run_dir / runlog.CHECKPOINT_DIR)
+                   if _step_of(p.name) is not None)
+    if max(steps, default=0) < 2 and not ckpts:
+        return  # at most the first step, never committed: nothing a fresh start would lose
+    held = [f"{len(rows)} metrics rows up to step {max(steps, default=0)}"]
+    if ckpts:
+        held.append(f"checkpoints {', '.join(ckpts[-3:])}" + (" ..." if len(ckpts) > 3 else ""))
+    raise UserError(f"{run_dir} holds a run ({'; '.join(held)}) but its state.json "
+                    f"{_what_is_wrong(read)} and no checkpoint carries a usable resume point, "
+                    "so it cannot be resumed; nothing was changed. Restore state.json, or "
+                    f"run again with --new to move the folder aside (to {run_dir.name}.prev-"
+                    "<time>) and start over")
+
+
+def _what_is_wrong(read: runlog.StateRead) -> str:
+    if read.state is not None:
+        problem = read.state.resume_problem()
+        return f"cannot be resumed from ({problem})" if problem else "is behind its checkpoints"
+    return f"is unusable ({read.problem})" if read.problem else "is missing"
 
 
 def _refuse_if_live(run_dir: Path, state: runlog.RunState | None) -> None:
@@ -114,6 +195,22 @@ def _diff(a: dict, b: dict) -> list[str]:
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
 
 
+def ensure_writable(run_dir: Path) -> None:
+    """Fail fast, before a model loads, when the run folder cannot be created or written
+    (log_dir is a file, read-only, full): one line naming the folder and the fix."""
+    import tempfile
+
+    from retrain.errors import user_error_from_os
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir) as fh:
+            fh.write(b"retrain")
+            fh.flush()
+    except OSError as exc:
+        raise user_error_from_os(exc, "logging.log_dir") from None
+
+
 def write_config(run_dir: Path, cfg: Config) -> None:
     """The resolved config, re-runnable as is (rewritten on every launch)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -128,19 +225,24 @@ def prune(folder: Path, current: int, save_every: int, max_steps: int) -> None:
         return
     for path in folder.iterdir():
         if path.name.startswith(f".{PREFIX}"):  # a save that never finished
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
             continue
         step = _step_of(path.name)
         if step is None or step in (current, max_steps):
             continue
         if step > current or not (save_every and step % save_every == 0):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """A checkpoint folder or a resume point file (best effort, like the rest of pruning)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _step_of(name: str) -> int | None:
-    if not name.startswith(PREFIX):
-        return None
-    try:
-        return int(name[len(PREFIX):])
-    except ValueError:
-        return None
+    """12 for `step-000012` (a checkpoint) and `step-000012.json` (its resume point)."""
+    return runlog.checkpoint_step(name.removesuffix(POINT_SUFFIX))

@@ -184,6 +184,14 @@ def run_app(argv: list[str]) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        raise  # stdout is gone: main() exits quietly
+    except OSError as exc:  # a full disk, a read-only or blocked log folder: one clear line
+        from retrain.errors import user_error_from_os
+
+        err = user_error_from_os(exc)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -21,6 +21,22 @@ from typing import Any
 from retrain import toml_io
 from retrain.errors import UserError
 
+# ---------------------------------------------------------------------------- size bounds
+
+# What is physically meaningful, so that an absurd value (batch_size = 10**12) is a clear
+# error before anything allocates, not a run that builds a 10**12-element list. Each bound is
+# far beyond what today's largest runs use (a 1M-token context, 64k prompts per step).
+MAX_BATCH = 65_536                # prompts per step
+MAX_GROUP = 4_096                 # completions per prompt
+MAX_COMPLETIONS = 1_048_576       # batch_size x group_size: completions sampled per step
+MAX_TOKENS = 1_048_576            # new tokens per completion
+MAX_STEPS = 100_000_000
+MAX_PROBLEMS = 10_000_000         # generated problems held in memory
+MAX_THREADS = 4_096
+MAX_LORA_RANK = 65_536
+MAX_WORKERS = 4_096               # campaign workers / concurrent API calls
+MAX_WAIT_S = 604_800.0            # timeouts and gaps: a week (beyond, waits overflow timers)
+
 # ---------------------------------------------------------------------------- schema helpers
 
 
@@ -42,8 +58,8 @@ class ModelConfig:
                      choices=("auto", "bfloat16", "float32", "float16"))
     device: str = opt("auto", "auto picks cuda, then mps, then cpu",
                       choices=("auto", "cpu", "cuda", "mps"))
-    threads: int = opt(0, "torch CPU threads; 0 = all cores", lo=0)
-    lora_rank: int = opt(8, "LoRA rank", lo=1)
+    threads: int = opt(0, "torch CPU threads; 0 = all cores", lo=0, hi=MAX_THREADS)
+    lora_rank: int = opt(8, "LoRA rank", lo=1, hi=MAX_LORA_RANK)
     lora_alpha: float = opt(16.0, "LoRA alpha (scale = alpha / rank)", lo=0, lo_open=True)
     lora_dropout: float = opt(0.0, "LoRA dropout", lo=0, hi=0.99)
     lora_target_modules: list[str] = opt(
@@ -60,8 +76,10 @@ class DataConfig:
     digits: int = opt(1, "arithmetic: digits per operand", lo=1, hi=9)
     operations: list[str] = opt(["+"], "arithmetic: operations drawn from + - *", factory=True)
     countdown_numbers: int = opt(3, "countdown: how many numbers are given", lo=2, hi=6)
-    size: int = opt(5000, "built-in tasks: number of generated training problems", lo=1)
-    eval_size: int = opt(64, "held-out problems for evaluation (0 = no eval split)", lo=0)
+    size: int = opt(5000, "built-in tasks: number of generated training problems", lo=1,
+                    hi=MAX_PROBLEMS)
+    eval_size: int = opt(64, "held-out problems for evaluation (0 = no eval split)", lo=0,
+                         hi=MAX_PROBLEMS)
     shuffle: bool = opt(True, "seeded shuffle of the training problems each epoch")
     instruction: str = opt(
         "End your reply with the result written as \\boxed{result}, e.g. 3 + 4 = 7, so \\boxed{7}.",
@@ -76,7 +94,7 @@ class RewardConfig:
     pattern: str = opt("", "format: a regex a completion must contain to score 1")
     function: str = opt("", "custom: 'module:function' or 'path/to/file.py:function'")
     timeout_s: float = opt(5.0, "per-completion limit; a slow or failing scorer gives 0",
-                           lo=0, lo_open=True)
+                           lo=0, lo_open=True, hi=MAX_WAIT_S)
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
 
 
@@ -95,10 +113,11 @@ class AlgorithmConfig:
 @dataclass
 class TrainingConfig:
     seed: int = opt(42, "seed for data order, sampling and LoRA init", lo=0)
-    batch_size: int = opt(8, "prompts per step", lo=1)
-    group_size: int = opt(16, "completions per prompt", lo=1)
-    max_tokens: int = opt(10240, "upper bound on new tokens per completion", lo=1)
-    max_steps: int = opt(100, "training steps per run", lo=1)
+    batch_size: int = opt(8, "prompts per step", lo=1, hi=MAX_BATCH)
+    group_size: int = opt(16, "completions per prompt", lo=1, hi=MAX_GROUP)
+    max_tokens: int = opt(10240, "upper bound on new tokens per completion", lo=1,
+                          hi=MAX_TOKENS)
+    max_steps: int = opt(100, "training steps per run", lo=1, hi=MAX_STEPS)
     lr: float = opt(5e-5, "AdamW learning rate", lo=0, lo_open=True)
     beta1: float = opt(0.9, "AdamW beta1", lo=0, hi=0.999999)
     beta2: float = opt(0.95, "AdamW beta2", lo=0, hi=0.999999)
@@ -109,32 +128,35 @@ class TrainingConfig:
                              lo=0, lo_open=True)
     top_p: float = opt(1.0, "nucleus sampling; < 1 biases the importance ratio (see README)",
                        lo=0, hi=1, lo_open=True)
-    micro_batch_size: int = opt(0, "sequences per forward/backward chunk (0 = automatic)", lo=0)
+    micro_batch_size: int = opt(0, "sequences per forward/backward chunk (0 = automatic)", lo=0,
+                                hi=MAX_COMPLETIONS)
     save_every: int = opt(10, "checkpoint every N steps (and always at the end; 0 = end only)",
-                          lo=0)
+                          lo=0, hi=MAX_STEPS)
     eval_every: int = opt(0, "greedy eval on the held-out split every N steps (0 = start and end)",
-                          lo=0)
+                          lo=0, hi=MAX_STEPS)
 
 
 @dataclass
 class BackendConfig:
     backend: str = opt("local", "where sampling and training run", choices=("local", "tinker"))
-    max_concurrent: int = opt(4, "campaign-wide cap on concurrent remote API calls", lo=1)
+    max_concurrent: int = opt(4, "campaign-wide cap on concurrent remote API calls", lo=1,
+                              hi=MAX_WORKERS)
     base_url: str = opt("", "tinker: service URL (default: $TINKER_BASE_URL or the SDK's)")
-    request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True)
+    request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True,
+                                   hi=MAX_WAIT_S)
     options: dict = opt({}, "free-form backend options", factory=True)
 
 
 @dataclass
 class BackpressureConfig:
     enabled: bool = opt(False, "let the USL controller pick the batch size")
-    warmup_steps: int = opt(10, "steps to collect before fitting", lo=0)
+    warmup_steps: int = opt(10, "steps to collect before fitting", lo=0, hi=MAX_STEPS)
     ema_decay: float = opt(0.9, "EMA decay for throughput smoothing", lo=0, hi=0.999999)
     throttle_margin: float = opt(0.85, "target fraction of p* (safe operating point)",
                                  lo=0, hi=1, lo_open=True)
     increase_margin: float = opt(0.5, "hysteresis gap to prevent oscillation", lo=0, hi=1)
-    min_batch_size: int = opt(1, "floor for batch size recommendations", lo=1)
-    max_batch_size: int = opt(64, "ceiling for batch size recommendations", lo=1)
+    min_batch_size: int = opt(1, "floor for batch size recommendations", lo=1, hi=MAX_BATCH)
+    max_batch_size: int = opt(64, "ceiling for batch size recommendations", lo=1, hi=MAX_BATCH)
     peak_gflops: float = opt(0.0, "hardware peak GFLOP/s (enables roofline classification)", lo=0)
     peak_bw_gb_s: float = opt(0.0, "hardware peak memory bandwidth in GB/s", lo=0)
 
@@ -152,9 +174,10 @@ class CampaignConfig:
     name: str = opt("", "campaign folder name under log_dir (default: the TOML file's stem)")
     seeds: list[int] = opt([], "one run per seed per condition", factory=True)
     parallel: bool = opt(False, "run several workers at once")
-    max_workers: int = opt(2, "workers alive at once when parallel (0 = all)", lo=0)
-    stagger_seconds: float = opt(5.0, "minimum gap between worker launches", lo=0)
-    max_retries: int = opt(1, "extra attempts for a failed run on re-launch", lo=0)
+    max_workers: int = opt(2, "workers alive at once when parallel (0 = all)", lo=0,
+                           hi=MAX_WORKERS)
+    stagger_seconds: float = opt(5.0, "minimum gap between worker launches", lo=0, hi=MAX_WAIT_S)
+    max_retries: int = opt(1, "extra attempts for a failed run on re-launch", lo=0, hi=1000)
     conditions: list[Condition] = opt([], "[[campaign.conditions]]: name + dotted-key overrides",
                                       factory=True)
     grid: dict = opt({}, "[campaign.grid]: dotted key -> list of values (cartesian product)",
@@ -525,6 +548,11 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
                 re.compile(cfg.reward.pattern)
             except re.error as exc:
                 issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
+    t = cfg.training
+    if t.batch_size * t.group_size > MAX_COMPLETIONS:
+        issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
+                                  f"{t.batch_size * t.group_size:_} completions per step, more "
+                                  f"than {MAX_COMPLETIONS:_}; lower batch_size or group_size"))
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "

@@ -71,8 +71,9 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
     path = Path(path)
     log_dir = Path(cfg.logging.log_dir)
     if cfg.is_campaign:
-        name = cfg.campaign.name or path.stem
-        plans, run_cfgs = _campaign_plans(cfg, log_dir / name)
+        folder = campaign_folder(cfg, path)
+        name = folder.name
+        plans, run_cfgs = _campaign_plans(cfg, folder)
     else:
         name = cfg.logging.run_name or path.stem
         plans = [_plan(name, str(log_dir / name), cfg)]
@@ -92,6 +93,17 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
         warnings=warnings(cfg, path, len(plans), par, overrides))
+
+
+def campaign_folder(cfg: Config, path: Path) -> Path:
+    """The folder the campaign runner really writes to: the cleaned name (`../../x` -> `x`),
+    the newest `<name>-<k>` it would resume, under log_dir (shown as given, normalised)."""
+    from retrain.campaign.matrix import safe_name
+    from retrain.campaign.runner import locate_campaign
+
+    name = safe_name(cfg.campaign.name or path.stem, "campaign")
+    log_dir = Path(os.path.normpath(Path(cfg.logging.log_dir).expanduser()))
+    return log_dir / locate_campaign(log_dir.resolve(), name, new=False).name
 
 
 def _unique(items: Any) -> list:
@@ -202,12 +214,33 @@ def warnings(cfg: Config, path: Path, runs: int, parallelism: int,
     if t.top_p < 1:
         out.append(f"training.top_p = {t.top_p}: sampling from a truncated distribution biases "
                    "the importance ratio; keep 1.0 unless you know you need it")
+    out += _size_warnings(cfg)
     if t.save_every and t.save_every > t.max_steps:
         out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
                    "only the final checkpoint is saved")
     out += _backend_warnings(cfg)
     out += _file_warnings(cfg, path)
     out += _campaign_warnings(cfg, runs, overrides)
+    return out
+
+
+# Beyond these a configuration is legal but almost surely a typo or a memory problem.
+LARGE_STEP_TOKENS = 50_000_000     # tokens one step may sample
+LARGE_PROBLEMS = 1_000_000         # generated problems held in memory
+
+
+def _size_warnings(cfg: Config) -> list[str]:
+    """Sizes within the hard bounds (config.MAX_*) that are still likely mistakes."""
+    out = []
+    t, d = cfg.training, cfg.data
+    tokens = t.batch_size * t.group_size * t.max_tokens
+    if tokens > LARGE_STEP_TOKENS:
+        out.append(f"one step may sample {t.batch_size} x {t.group_size} x {t.max_tokens} = "
+                   f"{tokens:,} tokens (batch_size x group_size x max_tokens): expect very "
+                   "long steps and large memory use; lower one of them")
+    if d.source != "jsonl" and d.size + d.eval_size > LARGE_PROBLEMS:
+        out.append(f"data.size + data.eval_size = {d.size + d.eval_size:,} generated problems "
+                   "are held in memory; a few thousand are usually plenty")
     return out
 
 

@@ -56,7 +56,7 @@ def _rows(run_dir: Path) -> list[dict]:
         raise UserError(f"{run_dir}: no such run folder (give a folder like logs/<run>)")
     if not path.is_file():
         raise UserError(f"{path}: not found (has the run taken a step yet?)")
-    rows = [r for r in read_metrics(path).rows if isinstance(r.get("step"), (int, float))]
+    rows = [r for r in read_metrics(path).rows if _num(r.get("step"))]
     if not rows:
         raise UserError(f"{path}: no metrics rows to plot (has the run taken a step yet?)")
     return sorted(rows, key=lambda r: r["step"])
@@ -74,7 +74,9 @@ def _throttle_margin(run_dir: Path) -> float:
 
 
 def _num(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A plottable number: finite and within what matplotlib can scale (|v| < 1e100)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+        and abs(v) < 1e100
 
 
 def _concurrency(row: dict) -> float | None:
@@ -124,7 +126,9 @@ def _last_fit(rows: list[dict]) -> tuple[float, float, float, float | None] | No
     """(σ, κ, λ, p*) from the last row that carries a fit; p* None when unbounded."""
     for r in reversed(rows):
         sigma, kappa, lam = r.get("bp_sigma"), r.get("bp_kappa"), r.get("bp_lambda")
-        if _num(sigma) and _num(kappa) and _num(lam) and lam > 0:
+        # Only a fit the controller could have made (a hand-edited one may divide by 0).
+        if _num(sigma) and _num(kappa) and _num(lam) and 0 <= sigma < 1 and kappa >= 0 \
+                and lam > 0:
             p_star = r.get("bp_p_star")
             return sigma, kappa, lam, p_star if _num(p_star) and p_star > 0 else None
     return None

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Any
 
 
 def step_summary(row: dict) -> str:
     """The few numbers worth reading every step."""
-    parts = [f"reward {row['mean_reward']:.3f}", f"correct {row['correct_rate']:.2f}",
+    parts = [f"reward {_short(row['mean_reward'])}", f"correct {row['correct_rate']:.2f}",
              f"loss {row['loss']:+.4f}", f"bs {row['batch_size']}x{row['group_size']}",
              f"{row['step_time_s']:.1f}s (sample {row['sample_time_s']:.1f} "
              f"reward {row['reward_time_s']:.1f} train {row['train_time_s']:.1f})"]
@@ -17,6 +19,11 @@ def step_summary(row: dict) -> str:
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.3f}")
     return "  ".join(parts)
+
+
+def _short(x: float) -> str:
+    """3 decimals, or 3 significant digits for rewards far from 1 (a 1e200 reward)."""
+    return f"{x:.3f}" if abs(x) < 1e6 else f"{x:.3g}"
 
 
 class Progress:
@@ -28,6 +35,7 @@ class Progress:
         self.total = 0
         self._bar: Any = None
         self._task: Any = None
+        self.output_closed = False  # the reader of a pipe left (`retrain ... | head`)
 
     def start(self, total: int, done: int) -> None:
         self.total = total
@@ -44,7 +52,7 @@ class Progress:
 
     def step(self, row: dict) -> None:
         if self._bar is not None:
-            info = (f"reward {row['mean_reward']:.3f}  {row['step_time_s']:.1f}s/step"
+            info = (f"reward {_short(row['mean_reward'])}  {row['step_time_s']:.1f}s/step"
                     + (f"  bp {row['bp_regime']}" if "bp_regime" in row else ""))
             self._bar.update(self._task, completed=row["step"], info=info)
             if row.get("eval_accuracy") is not None:
@@ -55,8 +63,18 @@ class Progress:
     def say(self, text: str) -> None:
         if self._bar is not None:
             self._bar.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=self.stream, flush=True)
+        elif not self.output_closed:
+            try:
+                print(text, file=self.stream, flush=True)
+            except BrokenPipeError:
+                self._reader_left()
+
+    def _reader_left(self) -> None:
+        """Stop writing (the trainer then stops after the step, resumable) and point the
+        stream at /dev/null so the interpreter's final flush does not fail again."""
+        self.output_closed = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
 
     def close(self) -> None:
         if self._bar is not None:

@@ -71,6 +71,8 @@ def fmt_num(value: Any, digits: int = 3) -> str:
         return "-"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
+    if abs(value) >= 1e15:  # a hand-edited or broken value: keep the cell short
+        return f"{value:.{digits}g}"
     if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
         return f"{int(value)}"
     if abs(value) >= 100:

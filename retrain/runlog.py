@@ -7,6 +7,7 @@ crash mid-write can never break `status` or resume.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -17,11 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrain import safejson
+
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.toml"
 MANIFEST_FILE = "manifest.json"
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "step-"        # checkpoints/step-000012/ (and its resume point .json)
 PLOT_FILE = "usl.png"              # `retrain plot RUN_DIR` draws here by default
 
 
@@ -71,13 +75,11 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def read_json(path: str | Path) -> dict | None:
-    """Read a JSON object, or None when it is missing or unreadable."""
+    """Read a JSON object, or None when it is missing, unreadable or hostile (safejson)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        return safejson.read_object(path)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass
@@ -89,7 +91,8 @@ class MetricsRead:
 
 
 def read_metrics(path: str | Path) -> MetricsRead:
-    """Parse metrics.jsonl, skipping (and counting) lines that are not JSON objects."""
+    """Parse metrics.jsonl, skipping (and counting) lines that are not JSON objects
+    (torn, garbage, or beyond safejson's limits)."""
     out = MetricsRead()
     try:
         with open(path, "rb") as fh:
@@ -100,7 +103,7 @@ def read_metrics(path: str | Path) -> MetricsRead:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = safejson.loads(line)
         except ValueError:
             out.bad_lines += 1
             continue
@@ -159,7 +162,7 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
         return 0
     read = read_metrics(path)
     kept = [r for r in read.rows
-            if isinstance(r.get("step"), int) and r["step"] <= keep_through_step]
+            if type(r.get("step")) is int and r["step"] <= keep_through_step]  # not bool
     dropped = len(read.rows) - len(kept)
     if dropped == 0 and read.bad_lines == 0:
         return 0
@@ -193,8 +196,48 @@ class RunState:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunState:
+        """The state in `d`; ValueError naming the first field a resume cannot trust."""
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        state = cls(**known)
+        problem = state.problem()
+        if problem:
+            raise ValueError(problem)
+        return state
+
+    def problem(self) -> str:
+        """What makes this state unusable for a resume ("" when it is sound). Timestamps,
+        pid, host and error are only informative: odd values there are reset, not fatal."""
+        for name in ("started_at", "updated_at"):
+            if not _is_number(getattr(self, name)):
+                setattr(self, name, 0.0)
+        self.pid = self.pid if _is_count(self.pid) else 0
+        self.host = self.host if isinstance(self.host, str) else ""
+        self.error = self.error if isinstance(self.error, str) else str(self.error)[:2000]
+        if self.status not in RUN_STATUSES:
+            return f"status is {self.status!r}, not one of {', '.join(RUN_STATUSES)}"
+        for name in ("step", "max_steps", "batch_size"):
+            if not _is_count(getattr(self, name)):
+                return f"{name} is {getattr(self, name)!r}, not a whole number >= 0"
+        for name in ("data_cursor", "rng", "controller", "extra"):
+            if not isinstance(getattr(self, name), dict):
+                return f"{name} is {type(getattr(self, name)).__name__}, not an object"
+        if not isinstance(self.checkpoint, str):
+            return f"checkpoint is {self.checkpoint!r}, not a string"
+        return ""
+
+    def resume_problem(self) -> str:
+        """What a trainer resuming after `step` would miss ("" when nothing)."""
+        if self.step == 0:
+            return ""
+        if not self.checkpoint:
+            return f"step is {self.step} but no checkpoint is named"
+        missing = [k for k in ("epoch", "position") if not _is_count(self.data_cursor.get(k))]
+        if missing:
+            return f"data_cursor lacks a valid {' and '.join(missing)}"
+        named = checkpoint_step(self.checkpoint)
+        if named is not None and named != self.step:
+            return f"step is {self.step} but the checkpoint is of step {named}"
+        return ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,10 +251,95 @@ def save_state(run_dir: str | Path, state: RunState) -> None:
     write_json_atomic(Path(run_dir) / STATE_FILE, state.to_dict())
 
 
+@dataclass
+class StateRead:
+    """state.json as found: the state, or why it cannot be used ("" = absent)."""
+
+    state: RunState | None
+    problem: str = ""
+
+
+def read_state(run_dir: str | Path) -> StateRead:
+    """state.json, validated; a torn, hostile or hand-broken file comes back as a problem."""
+    path = Path(run_dir) / STATE_FILE
+    try:
+        return StateRead(RunState.from_dict(safejson.read_object(path)))
+    except FileNotFoundError:
+        return StateRead(None)
+    except OSError as exc:
+        return StateRead(None, f"cannot be read ({exc.strerror or exc})")
+    except (ValueError, TypeError) as exc:
+        return StateRead(None, str(exc) or type(exc).__name__)
+
+
+def save_state_even_if_full(run_dir: str | Path, state: RunState) -> None:
+    """save_state; on a full disk (no room for the temp file) overwrite state.json in place
+    instead, compact and padded to its old size so that no new block is needed: a run that
+    dies of a full disk must still read "failed", not "running". The error text is cut to fit.
+    """
+    try:
+        save_state(run_dir, state)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        full = exc
+    path = Path(run_dir) / STATE_FILE
+    size = path.stat().st_size
+    d = json_safe(state.to_dict())
+    data = json.dumps(d, separators=(",", ":")).encode()
+    while len(data) > size and d["error"]:
+        d["error"] = d["error"][: max(0, len(d["error"]) - (len(data) - size) - 3)]
+        data = json.dumps(d, separators=(",", ":")).encode()
+    if len(data) > size:
+        raise full
+    with open(path, "r+b") as fh:
+        fh.write(data + b" " * (size - len(data)))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def disk_full_error(exc: BaseException, folder: str | Path) -> OSError | None:
+    """An ENOSPC OSError when `exc` came from a full disk under `folder`, else None.
+
+    Libraries report a full disk in their own ways (torch.save: a RuntimeError with no errno),
+    so the disk itself is asked: a 1 MiB probe file that cannot be written means it is full.
+    """
+    if isinstance(exc, OSError):
+        return exc if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    if not isinstance(exc, Exception):
+        return None
+    try:
+        with tempfile.TemporaryFile(dir=folder) as fh:
+            fh.write(b"\0" * (1 << 20))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as probe:
+        if probe.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(probe.errno, os.strerror(probe.errno), str(folder))
+    return None
+
+
 def load_state(run_dir: str | Path) -> RunState | None:
-    """The run's state.json, or None when absent or unreadable."""
-    d = read_json(Path(run_dir) / STATE_FILE)
-    return RunState.from_dict(d) if d is not None else None
+    """The run's state.json, or None when absent, unreadable or not a sound state."""
+    return read_state(run_dir).state
+
+
+def checkpoint_step(ref: str) -> int | None:
+    """The step in a checkpoint ref's last part (`.../step-000012` -> 12), else None."""
+    name = ref.rstrip("/").rsplit("/", 1)[-1]
+    if not name.startswith(CHECKPOINT_PREFIX):
+        return None
+    digits = name[len(CHECKPOINT_PREFIX):]
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 19 else None
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def pid_alive(pid: int, host: str = "") -> bool:

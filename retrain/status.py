@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import capacity, render, runlog, toml_io
+from retrain import capacity, render, runlog, safejson, toml_io
 from retrain.errors import UserError
 
 # A run that says "running" but whose process cannot be checked (another host) is stale
@@ -63,6 +63,7 @@ class CampaignStatus:
     max_concurrent: int | None
     parallel: bool = False
     max_workers: int = 0
+    problem: str = ""              # why manifest.json could not be read (its runs still show)
 
 
 @dataclass
@@ -89,7 +90,7 @@ def scan(logdir: str | Path, now: float | None = None) -> StatusReport:
     if not root.is_dir():
         raise UserError(f"{root} is a file, not a logs folder; try `retrain status logs`")
     run_dirs, campaign_dirs = runlog.walk_logs(root)
-    report.campaigns = [scan_campaign(c, now) for c in campaign_dirs]
+    report.campaigns = [scan_campaign(c, now, run_dirs) for c in campaign_dirs]
     inside = [Path(c.path) for c in report.campaigns]
     report.runs = [scan_run(r, root, now) for r in run_dirs
                    if not any(r != c and c in r.parents for c in inside)]
@@ -116,8 +117,8 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
     run = RunStatus(name=name, path=str(folder), state="pending", bad_lines=metrics.bad_lines)
     run.median_step_time_s = capacity.median_step_time(r.get("step_time_s") for r in rows)
     steps = [r["step"] for r in rows if _is_int(r.get("step"))]
-    run.step = max([*steps, _int(state.get("step"), 0)])
-    run.max_steps = _int(state.get("max_steps"), 0) or _config_max_steps(folder)
+    run.step = max([*steps, _int(state.get("step"), 0), 0])
+    run.max_steps = max(_int(state.get("max_steps"), 0), 0) or _config_max_steps(folder)
     run.mean_reward = _last(rows, "mean_reward")
     run.tokens_per_second = _last(rows, "tokens_per_second")
     run.max_token_hit_rate = _last(rows, "max_token_hit_rate")
@@ -132,7 +133,7 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
 
 
 def _run_state(run: RunStatus, state: dict, now: float) -> str:
-    status = state.get("status")
+    status = _text(state.get("status"))
     if status in _FROM_FILE and status != "running":
         return _FROM_FILE[status]
     if not state and run.max_steps and run.step >= run.max_steps:
@@ -171,7 +172,7 @@ def _config_max_steps(folder: Path) -> int | None:
         return None
     training = raw.get("training")
     value = training.get("max_steps") if isinstance(training, dict) else None
-    return value if _is_int(value) else None
+    return value if _is_int(value) and value > 0 else None
 
 
 def _last(rows: list[dict], key: str, kind: type = float) -> Any:
@@ -200,37 +201,64 @@ def _float(v: Any) -> float | None:
     return float(v) if _is_num(v) else None
 
 
+def _text(v: Any) -> str | None:
+    """A status word from a file: only strings count (a list there is not a status)."""
+    return v if isinstance(v, str) else None
+
+
 # ---------------------------------------------------------------------------- campaigns
 
 
-def scan_campaign(folder: Path, now: float | None = None) -> CampaignStatus:
-    """Summarise a campaign from its manifest.json and its runs' folders."""
+def scan_campaign(folder: Path, now: float | None = None,
+                  run_dirs: list[Path] | None = None) -> CampaignStatus:
+    """Summarise a campaign from its manifest.json and its runs' folders. Run folders the
+    manifest does not list (all of them, when it is torn) are shown too, never hidden."""
     now = time.time() if now is None else now
-    manifest = runlog.read_json(folder / runlog.MANIFEST_FILE) or {}
-    entries = [e for e in manifest.get("runs") or [] if isinstance(e, dict)]
+    manifest, problem = _read_manifest(folder)
+    runs_value = manifest.get("runs")
+    entries = [e for e in runs_value if isinstance(e, dict)] if isinstance(runs_value, list) \
+        else []
     runs = [_campaign_run(folder, e, now) for e in entries]
+    listed = {Path(r.path) for r in runs}
+    if run_dirs is None:
+        run_dirs, _ = runlog.walk_logs(folder)
+    runs += [scan_run(d, folder, now) for d in run_dirs
+             if folder in d.parents and d not in listed]
     parallel = bool(manifest.get("parallel"))
     max_workers = _int(manifest.get("max_workers"), 0)
     steps_left, time_left = _time_left(runs, parallel, max_workers)
     return CampaignStatus(
         name=str(manifest.get("campaign") or folder.name), path=str(folder),
-        state=_campaign_state(manifest),
+        state=_campaign_state(manifest), problem=problem,
         conditions=_names(manifest.get("conditions"), [r.condition for r in runs]),
         seeds=_names(manifest.get("seeds"), [r.seed for r in runs]),
         runs=runs, counts=count_states(runs), steps_left=steps_left, time_left_s=time_left,
         api_slots_in_use=_slots_in_use(folder, manifest),
-        max_concurrent=_int(manifest.get("max_concurrent"), 0) or None,
+        max_concurrent=max(_int(manifest.get("max_concurrent"), 0), 0) or None,
         parallel=parallel, max_workers=max_workers)
 
 
+def _read_manifest(folder: Path) -> tuple[dict, str]:
+    """(manifest, "") or ({}, why it cannot be read)."""
+    try:
+        return safejson.read_object(folder / runlog.MANIFEST_FILE), ""
+    except OSError as exc:
+        return {}, f"manifest.json cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:
+        return {}, f"manifest.json is unusable ({exc})"
+
+
 def _names(declared: Any, seen: list) -> list:
-    out = list(declared) if isinstance(declared, list) else []
+    """Condition names or seeds: scalars only (a hand-edited list may hold anything)."""
+    ok = (str, int)
+    out = [d for d in declared if isinstance(d, ok) and not isinstance(d, bool)] \
+        if isinstance(declared, list) else []
     return out + [s for s in dict.fromkeys(seen) if s is not None and s not in out]
 
 
 def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
     name = str(entry.get("name") or "?")
-    folder = campaign / str(entry.get("log_dir") or name)
+    folder = _inside(campaign, entry.get("log_dir"), name)
     has_files = runlog.is_run_dir(folder)
     run = scan_run(folder, None, now) if has_files else RunStatus(name=name, path=str(folder),
                                                                    state="pending")
@@ -239,9 +267,9 @@ def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
     run.seed = _int(entry.get("seed"), 0) if _is_int(entry.get("seed")) else None
     run.attempts = _int(entry.get("attempts"), 0)
     run.exit_code = entry["exit_code"] if _is_int(entry.get("exit_code")) else None
-    run.step = max(run.step, _int(entry.get("last_step"), 0))
-    run.max_steps = _int(entry.get("max_steps"), 0) or run.max_steps
-    status = entry.get("status")
+    run.step = max(run.step, max(_int(entry.get("last_step"), 0), 0))
+    run.max_steps = max(_int(entry.get("max_steps"), 0), 0) or run.max_steps
+    status = _text(entry.get("status"))
     if status in ("completed", "failed"):
         run.state = _FROM_FILE[status]
     elif status == "running" and not has_files:
@@ -252,6 +280,16 @@ def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
     elif status == "interrupted" and run.state in ("stale", "pending"):
         run.state = "interrupted"
     return run
+
+
+def _inside(campaign: Path, log_dir: Any, name: str) -> Path:
+    """The run folder an entry names, kept inside the campaign folder (an absolute or `..`
+    path in a hand-edited manifest falls back to the run's name)."""
+    for candidate in (log_dir, name):
+        if isinstance(candidate, str) and candidate and not Path(candidate).is_absolute() \
+                and ".." not in Path(candidate).parts:
+            return campaign / candidate
+    return campaign / "?"
 
 
 def _campaign_state(manifest: dict) -> str:
@@ -280,7 +318,8 @@ def _time_left(runs: list[RunStatus], parallel: bool, max_workers: int
 
 def _slots_in_use(folder: Path, manifest: dict) -> int | None:
     slots = manifest.get("slots_dir")
-    if not isinstance(slots, str) or not slots:
+    if not isinstance(slots, str) or not slots or Path(slots).is_absolute() \
+            or ".." in Path(slots).parts:
         return None
     try:
         from retrain.campaign.semaphore import slots_in_use
@@ -407,7 +446,8 @@ def matrix_table(c: CampaignStatus) -> render.Table | None:
 
 
 def campaign_header(c: CampaignStatus) -> str:
-    bits = [f"campaign '{c.name}' ({c.path}): {c.state}",
+    bits = [f"campaign '{c.name}' ({c.path}): {c.state}"
+            + (f" ({c.problem}; its run folders are listed from disk)" if c.problem else ""),
             _plural(len(c.runs), "run") + _counts_suffix(c.counts)]
     if c.steps_left == 0:
         bits.append("no steps left")

@@ -7,13 +7,13 @@ turns a problem into token ids. No torch here; the tokenizer is passed in.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrain import safejson
 from retrain.answers import CHECKERS, Problem
 from retrain.config import DataConfig
 from retrain.errors import UserError
@@ -210,12 +210,9 @@ def read_jsonl(path: Path) -> list[Problem]:
 def _parse_line(line: bytes, where: str) -> Problem:
     fix = f"each line must be one JSON object like {_EXAMPLE}"
     try:
-        obj = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{where}: not UTF-8 text; {fix}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); "
-                        f"{fix}") from None
+        obj = safejson.loads(line)  # limits: deep nesting and huge integers are bad lines
+    except safejson.BadJSON as exc:
+        raise UserError(f"{where}: {exc}; {fix}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {fix}")
     missing = [k for k in ("prompt", "answer") if k not in obj]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import os
 import random
 import resource
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain import checkpoint, runlog
-from retrain.advantages import compute_advantages, uniform_group_rate
+from retrain.advantages import compute_advantages, mean_and_std, uniform_group_rate
 from retrain.backends import create_backend
 from retrain.backends.base import (
     AdamParams,
@@ -70,10 +69,13 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     start = checkpoint.prepare(run_dir, cfg, new=new)
     if start.moved_to is not None:
         print(f"--new: moved the previous run to {start.moved_to}")
+    if start.note:
+        print(f"{run_dir}: {start.note}")
     if start.finished:
         print(f"{run_dir} already finished {start.state.step} steps; nothing to do "
               "(raise training.max_steps to continue it, or use --new to start over)")
         return 0
+    checkpoint.ensure_writable(run_dir)
     config_dir = config_path.resolve().parent
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
     scorer = build_scorer(cfg.reward, config_dir)
@@ -82,7 +84,7 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
     trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
     try:
-        return trainer.run(start.state)
+        return trainer.run(start.state, start.fallbacks)
     finally:
         scorer.close()
         backend.close()
@@ -153,16 +155,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
 
-    def run(self, resume: runlog.RunState | None) -> int:
-        """Steps until max_steps, an interrupt or an error; returns the exit status."""
+    def run(self, resume: runlog.RunState | None,
+            fallbacks: list[runlog.RunState] | None = None) -> int:
+        """Steps until max_steps, an interrupt or an error; returns the exit status.
+        `fallbacks`: older resume points, tried when `resume`'s checkpoint does not load."""
+        self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
+        # Restore before writing anything: a resume that fails leaves the folder untouched.
+        first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh()
         checkpoint.write_config(self.run_dir, self.cfg)
         trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
-        self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
-        try:
-            first = self._restore(resume) if resume else self._fresh()
-        except BaseException:
-            trackers.close()
-            raise
         self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
             socket.gethostname()
         self.state.started_at = self.state.started_at or time.time()
@@ -178,7 +179,10 @@ class Trainer:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except BaseException as exc:
-            self._fail(exc)
+            full = runlog.disk_full_error(exc, self.run_dir)
+            self._fail(full or exc)
+            if full is not None:
+                raise full from exc  # the CLI turns it into one line
             raise
         finally:
             self.stop.restore()
@@ -191,19 +195,33 @@ class Trainer:
         self.batch_size = self.controller.first_batch_size(self.tc.batch_size)
         return 1
 
-    def _restore(self, saved: runlog.RunState) -> int:
-        try:
-            self.backend.load_state(saved.checkpoint)
-        except BackendError as exc:
-            raise UserError(f"{self.run_dir}: cannot resume from checkpoint "
-                            f"{saved.checkpoint!r} ({exc}); start over with --new") from None
-        self.cursor.load_state_dict(saved.data_cursor)
-        self.controller.load_state_dict(saved.controller)
+    def _restore(self, points: list[runlog.RunState]) -> int:
+        """Resume from the first point whose checkpoint and saved state load, newest first."""
+        failures = []
+        for saved in points:
+            try:
+                self.backend.load_state(saved.checkpoint)
+                self.cursor.load_state_dict(saved.data_cursor)
+                self.controller.load_state_dict(saved.controller)
+                break
+            except (BackendError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                failures.append(f"{saved.checkpoint!r} ({type(exc).__name__}: {exc})"[:300])
+                self.progress.say(f"cannot resume from checkpoint {failures[-1]}")
+        else:
+            raise UserError(f"{self.run_dir}: cannot resume from any checkpoint: "
+                            + "; ".join(failures) + ". Nothing was changed; start over with "
+                            "--new (moves this folder aside)")
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
         self.state = saved
-        self.batch_size = saved.batch_size or self.tc.batch_size
-        self.oom_cap = saved.extra.get("oom_cap")
+        # Hand-edited sizes must not make a step take 10**12 prompts: keep the configured range.
+        limit = max(self.tc.batch_size, self.cfg.backpressure.max_batch_size)
+        self.batch_size = saved.batch_size if 1 <= saved.batch_size <= limit else \
+            self.tc.batch_size
+        cap = saved.extra.get("oom_cap")
+        self.oom_cap = cap if isinstance(cap, int) and 1 <= cap <= limit else None
         note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
+        if saved is not points[0]:
+            note += f" (fell back from step {points[0].step}: its checkpoint did not load)"
         self.progress.say(f"resuming {self.run_dir} after step {saved.step}{note}")
         return saved.step + 1
 
@@ -228,6 +246,8 @@ class Trainer:
                 trackers.log(row)
                 self.progress.step(row)
                 self._commit(step)
+                if self.progress.output_closed and self.stop.signum is None:
+                    self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
                 if self.stop.signum is not None and step < self.tc.max_steps:
                     return self._interrupted()
         self.state.status = "completed"
@@ -309,11 +329,11 @@ class Trainer:
         t3 = time.perf_counter()
         completions = [c for g in groups for c in g]
         n = len(completions)
-        mean_reward = sum(scores.rewards) / n
+        mean_reward, reward_std = mean_and_std(scores.rewards)  # overflow-safe (1e200 rewards)
         row = {
             "batch_size": batch_size, "group_size": tc.group_size, "num_completions": n,
             "mean_reward": mean_reward,
-            "reward_std": math.sqrt(sum((r - mean_reward) ** 2 for r in scores.rewards) / n),
+            "reward_std": reward_std,
             "correct_rate": sum(scores.correct) / n,
             "max_token_hit_rate": sum(c.finish_reason == "length" for c in completions) / n,
             "mean_completion_tokens": sum(len(c.tokens) for c in completions) / n,
@@ -373,6 +393,7 @@ class Trainer:
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.tc.seed}
         s.extra["oom_cap"] = self.oom_cap
+        checkpoint.save_resume_point(self.run_dir, s)  # the checkpoint carries its resume point
         runlog.save_state(self.run_dir, s)
         checkpoint.prune(self.run_dir / runlog.CHECKPOINT_DIR, step, self.tc.save_every,
                          self.tc.max_steps)
@@ -380,6 +401,8 @@ class Trainer:
     # ------------------------------------------------------------------ endings
 
     def _interrupted(self) -> int:
+        if self.stop.signum == signal.SIGPIPE:
+            print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
         self.state.status = "interrupted"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
@@ -392,7 +415,7 @@ class Trainer:
         self.state.status = "failed"
         self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
         with contextlib.suppress(OSError):  # the original error matters more
-            runlog.save_state(self.run_dir, self.state)
+            runlog.save_state_even_if_full(self.run_dir, self.state)
 
     def _report_reward_errors(self, step: int, errors: list[str]) -> None:
         if errors and self.reward_errors_shown < REPORTED_REWARD_ERRORS:

@@ -151,3 +151,22 @@ def test_methods_agree_on_sign(rewards):
             for r, a in zip(g, adv, strict=True):
                 if abs(r - m) > 1e-9:
                     assert a != 0.0 and (a > 0) == (r > m)
+
+
+@given(st.lists(st.floats(min_value=-1.7e308, max_value=1.7e308), min_size=1, max_size=16))
+def test_mean_and_std_are_finite_for_any_finite_rewards(values):
+    """The trainer's reward statistics: 1e200 rewards once raised OverflowError at step 1."""
+    from retrain.advantages import mean_and_std
+
+    mean, std = mean_and_std(values)
+    assert math.isfinite(mean) and math.isfinite(std) and std >= 0
+    assert min(values) <= mean <= max(values) or math.isclose(mean, min(values))
+
+
+def test_mean_and_std_match_the_plain_formula_on_small_values():
+    from retrain.advantages import mean_and_std
+
+    assert mean_and_std([1.0, 2.0, 3.0]) == (2.0, math.sqrt(2 / 3))
+    assert mean_and_std([]) == (0.0, 0.0)
+    mean, std = mean_and_std([1e200, -1e200])
+    assert mean == 0.0 and math.isclose(std, 1e200)

@@ -122,3 +122,27 @@ def test_end_to_end_in_a_temp_folder(tmp_path, cli_env):
     proc = retrain("explain", "quickstart.toml", "--set", "training.batchsize=4")
     assert proc.returncode == 2 and "did you mean 'training.batch_size'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_os_errors_become_one_line_with_the_right_exit_status(tmp_path, capsys, monkeypatch):
+    """The one OSError -> message mapping: path, meaning and fix; 2 for setup, 1 for a run."""
+    import errno
+
+    from retrain.errors import user_error_from_os
+
+    full = user_error_from_os(OSError(errno.ENOSPC, "No space left on device", "logs/x"))
+    assert full.exit_code == 1 and "logs/x: no space left" in str(full)
+    ro = user_error_from_os(OSError(errno.EROFS, "Read-only file system", "logs"),
+                            "logging.log_dir")
+    assert ro.exit_code == 2 and str(ro).startswith("logging.log_dir: logs: read-only")
+    odd = user_error_from_os(OSError(errno.EMFILE, "Too many open files"))
+    assert odd.exit_code == 1 and "Too many open files" in str(odd)
+
+    import retrain.launch
+
+    def boom(*_a, **_k):
+        raise OSError(errno.EACCES, "Permission denied", "logs/run/state.json")
+    monkeypatch.setattr(retrain.launch, "launch", boom)
+    code, out = cli(["run", "x.toml"], capsys)
+    assert code == 2 and out.startswith("error: logs/run/state.json: permission denied")
+    assert "Traceback" not in out

@@ -385,6 +385,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         cfg.reward.function = "rewards:score"
     if cfg.reward.type == "format":
         cfg.reward.pattern = "\\\\boxed"
+    t = cfg.training
+    t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:
@@ -425,3 +427,20 @@ name = "a"
 "training.lr" = [1e-5, 2e-5]
 """)
     assert config.loads_config(config.dumps_config(cfg)) == cfg
+
+
+@pytest.mark.parametrize("key, value", [
+    ("training.batch_size", 10**12), ("training.group_size", config.MAX_GROUP + 1),
+    ("training.max_tokens", config.MAX_TOKENS + 1), ("training.max_steps", 10**12),
+    ("data.size", 10**10), ("model.lora_rank", 10**9), ("campaign.max_workers", 10**6),
+])
+def test_absurd_sizes_are_config_errors(key, value):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"{name}: must be <= "):
+        config.from_dict({section: {name: value}})
+
+
+def test_completions_per_step_are_bounded_across_keys():
+    with pytest.raises(ConfigError, match="completions per step"):
+        config.from_dict({"training": {"batch_size": 65536, "group_size": 64}})
+    config.from_dict({"training": {"batch_size": 256, "group_size": 4096}})  # 1048576: fine

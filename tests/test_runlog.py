@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from retrain import runlog
 from retrain.runlog import MetricsWriter, RunState
 
@@ -110,3 +112,77 @@ def test_walk_logs_finds_runs_and_campaigns(tmp_path):
     runs, campaigns = runlog.walk_logs(tmp_path)
     assert runs == [tmp_path / "a", tmp_path / "camp" / "r1"]
     assert campaigns == [tmp_path / "camp"]
+
+
+def test_hostile_json_is_a_bad_line_not_a_crash(tmp_path):
+    """safejson's limits: deep nesting, 400-digit integers and lone surrogates are bad lines;
+    non-finite numbers read as null."""
+    from retrain import safejson
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(["[" * 100_000 + "]" * 100_000, '{"step": 1' + "0" * 400 + "}",
+                               '{"step": 2, "x": "\\ud800"}', '{"step": 3, "a": NaN, "b": 1e999}',
+                               '{"step": 4, "deep": ' + "[" * 70 + "]" * 70 + "}"]))
+    read = runlog.read_metrics(path)
+    assert read.rows == [{"step": 3, "a": None, "b": None}] and read.bad_lines == 4
+    (tmp_path / "state.json").write_text('{"step": ' + "9" * 400 + "}")
+    assert runlog.read_json(tmp_path / "state.json") is None
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(safejson.BadJSON, match="empty"):
+        safejson.read_object(tmp_path / "empty.json")
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"step": -1}, "step is -1"), ({"step": "3"}, "step is '3'"),
+    ({"status": ["x"]}, "status is"), ({"data_cursor": []}, "data_cursor is list"),
+    ({"checkpoint": 5}, "checkpoint is 5"), ({"max_steps": True}, "max_steps is True"),
+])
+def test_state_with_wrong_types_is_reported_not_loaded(tmp_path, change, problem):
+    good = RunState(status="running", step=3, checkpoint="x/step-000003",
+                    data_cursor={"epoch": 0, "position": 6})
+    runlog.write_json_atomic(tmp_path / "state.json", {**good.to_dict(), **change})
+    read = runlog.read_state(tmp_path)
+    assert read.state is None and problem in read.problem
+    assert runlog.load_state(tmp_path) is None
+
+
+def test_resume_problems_of_a_well_typed_state():
+    ok = RunState(step=3, checkpoint="logs/r/checkpoints/step-000003",
+                  data_cursor={"epoch": 0, "position": 6})
+    assert ok.resume_problem() == "" and RunState().resume_problem() == ""
+    assert "no checkpoint" in RunState(step=3, data_cursor=ok.data_cursor).resume_problem()
+    assert "position" in RunState(step=3, checkpoint=ok.checkpoint,
+                                  data_cursor={"epoch": 0}).resume_problem()
+    wrong = RunState(step=9, checkpoint=ok.checkpoint, data_cursor=ok.data_cursor)
+    assert "checkpoint is of step 3" in wrong.resume_problem()
+
+
+def test_failed_state_is_written_in_place_when_the_disk_is_full(tmp_path, monkeypatch):
+    import errno
+
+    state = RunState(status="running", step=2, error="")
+    runlog.save_state(tmp_path, state)
+    size = (tmp_path / "state.json").stat().st_size
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(runlog, "replace_atomically", full)
+    state.status, state.error = "failed", "OSError: " + "x" * 5000
+    runlog.save_state_even_if_full(tmp_path, state)
+    assert (tmp_path / "state.json").stat().st_size == size
+    back = runlog.load_state(tmp_path)
+    assert back.status == "failed" and back.step == 2 and back.error.startswith("OSError: x")
+
+
+def test_prune_removes_resume_points_with_their_checkpoints(tmp_path):
+    from retrain import checkpoint
+
+    folder = tmp_path / "checkpoints"
+    for step in range(1, 6):
+        (folder / checkpoint.checkpoint_name(step)).mkdir(parents=True)
+        (folder / f"{checkpoint.checkpoint_name(step)}.json").write_text("{}")
+    (folder / ".step-000006.json.abc.tmp").write_text("torn")
+    checkpoint.prune(folder, current=5, save_every=2, max_steps=10)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step-000002", "step-000002.json", "step-000004", "step-000004.json",
+        "step-000005", "step-000005.json"]

@@ -52,7 +52,8 @@ def test_a_run_writes_every_promised_metric_and_its_files(workdir, capsys):
     assert st["data_cursor"]["position"] + st["data_cursor"]["epoch"] * \
         st["data_cursor"]["n_items"] == 10
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["step-000002", "step-000004", "step-000005"]
+    kept = ["step-000002", "step-000004", "step-000005"]
+    assert names == sorted(kept + [f"{k}.json" for k in kept])  # each with its resume point
     assert (run_dir / "checkpoints" / "step-000005" / "adapter_config.json").exists()
     saved = load_config(run_dir / "config.toml")
     assert saved.logging.run_name == "run" and saved.training.max_steps == 5

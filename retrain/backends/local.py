@@ -280,6 +280,7 @@ class LocalBackend:
             model = LocalModel.load(path, m.dtype, m.device, m.threads)
         except BackendError as exc:  # a folder or id that is no model: the config's fault
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
+        _check_target_modules(model.base, m.lora_target_modules, m.name)
         return model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
                                  m.lora_target_modules, seed=cfg.training.seed,
                                  micro_batch_size=cfg.training.micro_batch_size)
@@ -470,15 +471,25 @@ class LocalBackend:
         return str(final)
 
     def load_state(self, ref: str) -> None:
-        """Restore adapter weights, optimizer and RNG from a `save_state` folder."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
+        """Restore adapter weights, optimizer and RNG from a `save_state` folder; a missing or
+        damaged one is a BackendError (the trainer then falls back to an older one)."""
         path = Path(ref)
         if not path.is_dir() and self.checkpoint_dir is not None:
             path = self.checkpoint_dir / path.name  # the run folder was moved
         if not (path / ADAPTER_WEIGHTS).exists():
             raise BackendError(f"no checkpoint at {ref}")
+        try:
+            self._load_files(path)
+        except BackendError:
+            raise
+        except Exception as exc:  # a torn or corrupt file: safetensors, pickle, shapes
+            raise BackendError(f"checkpoint {path} is damaged: {type(exc).__name__}: "
+                               f"{str(exc)[:200]}") from exc
+
+    def _load_files(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
         with self.model.lock:
             weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.model.device))
             result = set_peft_model_state_dict(self.model.peft, weights, adapter_name=self.adapter)
@@ -495,6 +506,21 @@ class LocalBackend:
     def close(self) -> None:
         """Drop the optimizer state; the model stays loaded for other adapters."""
         self.optimizer.state.clear()
+
+
+def _check_target_modules(base: torch.nn.Module, targets: list[str], model_name: str) -> None:
+    """model.lora_target_modules must name modules the model has (peft matches a name on
+    the last parts of a module path): a clear config error, not a traceback from peft."""
+    names = [n for n, _ in base.named_modules() if n]
+    missing = [t for t in targets
+               if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, mod in base.named_modules()
+                         if isinstance(mod, torch.nn.Linear)})
+        raise UserError(f"model.lora_target_modules: {', '.join(map(repr, missing))} "
+                        f"{'is' if len(missing) == 1 else 'are'} not a module of {model_name}; "
+                        f"its linear layers are {', '.join(linear)} (or leave the list "
+                        "empty for the architecture's default)")
 
 
 def _patch_base_path(folder: Path, base: str) -> None:

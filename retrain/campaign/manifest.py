@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import runlog
+from retrain import runlog, safejson
 from retrain.errors import UserError
 
 RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
@@ -77,20 +79,55 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict) -> Manifest:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        """Values of the wrong type (a hand-edited or foreign file) fall back to defaults."""
+        known = _typed(cls, d, {"campaign": "", "config_file": "", "config_hash": ""},
+                       skip=("runs", "retired_runs"))
+        if known.get("status", "running") not in CAMPAIGN_STATUSES:
+            del known["status"]
         for key in ("runs", "retired_runs"):
-            known[key] = [_entry(r) for r in known.get(key, []) if isinstance(r, dict)]
-        for key in ("campaign", "config_file", "config_hash"):
-            known.setdefault(key, "")
+            value = d.get(key)
+            known[key] = [_entry(r) for r in value if isinstance(r, dict)] \
+                if isinstance(value, list) else []
         return cls(**known)
 
 
 def _entry(d: dict) -> RunEntry:
-    known = {k: v for k, v in d.items() if k in RunEntry.__dataclass_fields__}
-    known.setdefault("name", "?")
-    known.setdefault("condition", "")
-    known.setdefault("seed", 0)
+    known = _typed(RunEntry, d, {"name": "?", "condition": "", "seed": 0})
+    if known.get("status", "pending") not in RUN_STATUSES:
+        del known["status"]
     return RunEntry(**known)
+
+
+def _typed(cls: type, d: dict, required: dict[str, Any], skip: tuple = ()) -> dict:
+    """The keys of `d` that `cls` has and whose values have the declared type; `required`
+    supplies fields without a default."""
+    hints = typing.get_type_hints(cls)
+    out = dict(required)
+    for name in cls.__dataclass_fields__:
+        # plain int fields are counts, pids, steps, seeds: never negative (unlike exit_code)
+        negative = hints[name] is int and isinstance(d.get(name), int) and d[name] < 0
+        if name in d and name not in skip and _fits(d[name], hints[name]) and not negative:
+            out[name] = d[name]
+    return out
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether `value` has type `tp` (int | None, list[int], dict[str, Any], float, ...)."""
+    if isinstance(value, bool) and tp is not bool:
+        return False
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float))
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    return isinstance(value, tp) if isinstance(tp, type) else True
 
 
 def manifest_path(campaign_dir: str | Path) -> Path:
@@ -108,8 +145,11 @@ def load_manifest(campaign_dir: str | Path) -> Manifest | None:
     path = manifest_path(campaign_dir)
     if not path.exists():
         return None
-    data = runlog.read_json(path)
-    if data is None:
-        raise UserError(f"{path}: not a readable manifest; move it aside, or start a fresh "
-                        "campaign with --new")
+    try:
+        data = safejson.read_object(path)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserError(f"{path}: not a readable manifest ({why}); the run folders beside it "
+                        "are intact. Move it aside, or start a fresh campaign with --new"
+                        ) from None
     return Manifest.from_dict(data)
