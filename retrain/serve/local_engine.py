@@ -14,6 +14,7 @@ same adapter as a local run with the same seed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import warnings
@@ -23,18 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from retrain.backends.base import AdamParams, BackendError, Datum, LossConfig, SamplingParams
+from retrain.backends.base import (
+    AdamParams,
+    BackendError,
+    Completion,
+    Datum,
+    LossConfig,
+    LossOutput,
+    SamplingParams,
+)
 from retrain.backends.local import ADAPTER_WEIGHTS, LocalBackend, LocalModel
 from retrain.config import ModelConfig
-from retrain.serve.engine import (
-    AdamStep,
-    EngineError,
-    FwdBwdResult,
-    SampledSeq,
-    SampleResult,
-    SampleSpec,
-    TrainDatum,
-)
+from retrain.serve.engine import EngineError, SampleResult
 
 
 class LocalEngine:
@@ -98,28 +99,27 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ training
 
-    def forward_backward(self, model_id: str, data: list[TrainDatum], loss_fn: str,
-                         config: dict[str, float], forward_only: bool) -> FwdBwdResult:
+    def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str,
+                         config: dict[str, float], forward_only: bool) -> LossOutput:
         if forward_only:
             raise EngineError("forward-only passes are not supported by retrain serve; "
                               "use forward_backward")
         backend = self._backend(model_id)
-        positions = sum(len(d.tokens) for d in data)
+        positions = sum(len(d) for d in data)
         datums = [_local_datum(d, positions) for d in data]
         loss = LossConfig(name=loss_fn,
                           clip_eps=1.0 - config.get("clip_low_threshold", 0.8),
                           clip_eps_high=config.get("clip_high_threshold", 1.2) - 1.0,
                           temperature=config.get("temperature", 1.0))
         out = backend.forward_backward(datums, loss)
-        metrics = {"loss:sum": out.loss}
+        metrics = {}
         if "clip_fraction" in out.metrics:
             metrics["clip_fraction:mean"] = out.metrics["clip_fraction"]
-        return FwdBwdResult([np.asarray(lp, dtype=np.float32) for lp in out.logprobs], metrics)
+        return LossOutput(out.loss, [np.asarray(lp, dtype=np.float32) for lp in out.logprobs],
+                          metrics)
 
-    def optim_step(self, model_id: str, adam: AdamStep) -> dict[str, float]:
-        out = self._backend(model_id).optim_step(AdamParams(
-            learning_rate=adam.learning_rate, beta1=adam.beta1, beta2=adam.beta2, eps=adam.eps,
-            weight_decay=adam.weight_decay, grad_clip_norm=adam.grad_clip_norm))
+    def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
+        out = self._backend(model_id).optim_step(adam)
         return {"grad_norm": out.grad_norm, **out.metrics}
 
     # ------------------------------------------------------------------ checkpoints
@@ -179,7 +179,7 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ sampling
 
-    def sample(self, snap: Any, prompt: list[int], n: int, spec: SampleSpec,
+    def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
                prompt_logprobs: bool) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
@@ -189,33 +189,33 @@ class LocalEngine:
         if prompt_logprobs:
             raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
                               "retrain serve")
-        if spec.top_k not in (-1, 0):
+        if params.top_k not in (-1, 0):
             raise EngineError("top_k sampling is not supported by retrain serve")
-        key = (snap, n, spec.max_tokens, spec.temperature, spec.top_p)
-        mine = _Queued(prompt, spec.seed)
+        key = (snap, n, params.max_tokens, params.temperature, params.top_p)
+        mine = _Queued(prompt, params.seed)
         with self._lock:
             self._queued.setdefault(key, []).append(mine)
         with self.model.lock:
             if mine.result is None and mine.error is None:
                 with self._lock:
                     batch = self._queued.pop(key, [])
-                self._decode(batch, snap, n, spec)
+                self._decode(batch, snap, n, params)
         if mine.error is not None:
             raise mine.error
-        stops = set(spec.stop_tokens) - self.model.eos_ids
+        stops = set(params.stop_tokens) - self.model.eos_ids
         return SampleResult([_cut(c, stops) for c in mine.result])
 
-    def _decode(self, batch: list[_Queued], snap: Any, n: int, spec: SampleSpec) -> None:
-        # Seeds go per prompt (prompt_seeds), so the batch-wide params.seed stays unset.
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
-                                top_p=spec.top_p)
+    def _decode(self, batch: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
+        # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
+        common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                                top_p=params.top_p)
         seeds = None
         if any(q.seed is not None for q in batch):
             seeds = [int(self._seeds.integers(2**63)) if q.seed is None else q.seed
                      for q in batch]
         try:
             groups = self._sampler.sample(
-                [q.prompt for q in batch], n, params, adapter=snap or self._sampler.adapter,
+                [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
                 prompt_seeds=seeds)
         except BaseException as exc:
             for q in batch:
@@ -235,19 +235,15 @@ class _Queued:
     error: BaseException | None = None
 
 
-def _local_datum(d: TrainDatum, positions: int) -> Datum:
+def _local_datum(d: Datum, positions: int) -> Datum:
     """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum."""
-    n = len(d.tokens)
-    return Datum(input_tokens=list(d.tokens),
-                 target_tokens=d.inputs["target_tokens"].astype(int).tolist(),
-                 logprobs=d.inputs["logprobs"].astype(float).tolist(),
-                 advantages=(d.inputs["advantages"].astype(float) * positions).tolist(),
-                 mask=[1.0] * n)
+    return dataclasses.replace(d, advantages=[a * positions for a in d.advantages],
+                               mask=[1.0] * len(d))
 
 
-def _cut(c: Any, stops: set[int]) -> SampledSeq:
+def _cut(c: Completion, stops: set[int]) -> Completion:
     """Apply extra stop tokens the model's EOS set does not cover."""
     for i, t in enumerate(c.tokens):
         if t in stops:
-            return SampledSeq(c.tokens[:i + 1], c.logprobs[:i + 1], "stop")
-    return SampledSeq(list(c.tokens), list(c.logprobs), c.finish_reason)
+            return Completion(c.tokens[:i + 1], c.logprobs[:i + 1], "stop")
+    return Completion(list(c.tokens), list(c.logprobs), c.finish_reason)

@@ -22,8 +22,9 @@ from typing import Any
 
 from tinker import types
 
+from retrain.backends.base import AdamParams, SamplingParams
 from retrain.serve import wire
-from retrain.serve.engine import AdamStep, Engine, EngineError, SampleSpec
+from retrain.serve.engine import Engine, EngineError
 from retrain.serve.futures import FutureStore, Reply
 from retrain.serve.ordering import Sequencer
 
@@ -243,8 +244,8 @@ class TinkerService:
         p = req.optim_params
         if not isinstance(p, types.AdamParams):
             raise ApiError(400, "retrain serve supports the adamw optimizer only")
-        adam = AdamStep(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay,
-                        p.grad_clip_norm)
+        adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                          eps=p.eps, weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
         return self._ordered(
             model, req.seq_id,
             lambda: self._in_thread(self.engine.optim_step, model.model_id, adam),
@@ -368,7 +369,7 @@ class TinkerService:
         if sampler.sampler_id and req.seq_id is not None and key in self._samples:
             return self._samples[key]  # a retried submit
         prompt = _prompt_tokens(req.prompt)
-        spec = _sample_spec(req.sampling_params, self.engine)
+        params = _sampling_params(req.sampling_params)
         request_id = self.futures.create()
         reply = {"request_id": request_id,
                  "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
@@ -379,7 +380,7 @@ class TinkerService:
 
         def work():
             try:
-                return self.engine.sample(sampler.snap, prompt, req.num_samples, spec,
+                return self.engine.sample(sampler.snap, prompt, req.num_samples, params,
                                           bool(req.prompt_logprobs))
             finally:
                 if own_snapshot:
@@ -481,7 +482,7 @@ def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
     return tokens
 
 
-def _sample_spec(p: types.SamplingParams, engine: Engine) -> SampleSpec:
+def _sampling_params(p: types.SamplingParams) -> SamplingParams:
     stops: list[int] = []
     raw = p.stop
     if isinstance(raw, str):
@@ -496,5 +497,5 @@ def _sample_spec(p: types.SamplingParams, engine: Engine) -> SampleSpec:
         raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
     if p.temperature < 0:
         raise ApiError(400, "SamplingParams.temperature must be >= 0 (0 = greedy)")
-    return SampleSpec(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                      top_k=p.top_k, seed=p.seed, stop_tokens=tuple(stops))
+    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                          top_k=p.top_k, seed=p.seed, stop_tokens=tuple(stops))
