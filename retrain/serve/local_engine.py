@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import threading
 import warnings
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from retrain.backends.base import (
 from retrain.backends.local import ADAPTER_WEIGHTS, LocalBackend, LocalModel
 from retrain.config import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
+from retrain.serve.stops import cut_at_stop_strings
 
 
 class LocalEngine:
@@ -101,16 +103,15 @@ class LocalEngine:
 
     def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str,
                          config: dict[str, float], forward_only: bool) -> LossOutput:
-        if forward_only:
-            raise EngineError("forward-only passes are not supported by retrain serve; "
-                              "use forward_backward")
         backend = self._backend(model_id)
-        positions = sum(len(d) for d in data)
-        datums = [_local_datum(d, positions) for d in data]
         loss = LossConfig(name=loss_fn,
                           clip_eps=1.0 - config.get("clip_low_threshold", 0.8),
                           clip_eps_high=config.get("clip_high_threshold", 1.2) - 1.0,
                           temperature=config.get("temperature", 1.0))
+        if forward_only:
+            return _forward_only(backend, data, loss)
+        positions = sum(len(d) for d in data)
+        datums = [_local_datum(d, positions, loss_fn) for d in data]
         out = backend.forward_backward(datums, loss)
         metrics = {}
         if "clip_fraction" in out.metrics:
@@ -186,11 +187,9 @@ class LocalEngine:
         settings in one batch; when any of them has a seed, each prompt draws from its own
         seed (a random one where the request gave none), so a seeded request's completions do
         not depend on what it was batched with."""
-        if prompt_logprobs:
-            raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
-                              "retrain serve")
         if params.top_k not in (-1, 0):
-            raise EngineError("top_k sampling is not supported by retrain serve")
+            raise EngineError("SamplingParams.top_k: top-k sampling is not supported by "
+                              "retrain serve (use -1)")
         key = (snap, n, params.max_tokens, params.temperature, params.top_p)
         mine = _Queued(prompt, params.seed)
         with self._lock:
@@ -203,7 +202,21 @@ class LocalEngine:
         if mine.error is not None:
             raise mine.error
         stops = set(params.stop_tokens) - self.model.eos_ids
-        return SampleResult([_cut(c, stops) for c in mine.result])
+        decode = self.model.tokenizer.decode
+        sequences = [cut_at_stop_strings(_cut(c, stops), params.stop_strings, decode)
+                     for c in mine.result]
+        return SampleResult(sequences, self._prompt_logprobs(snap, prompt) if prompt_logprobs
+                            else None)
+
+    def _prompt_logprobs(self, snap: Any, prompt: list[int]) -> list[float]:
+        """log p(prompt[i] | prompt[:i]) under `snap` at temperature 1; NaN for the first."""
+        if len(prompt) < 2:
+            return [math.nan] * len(prompt)
+        datum = Datum(input_tokens=prompt[:-1], target_tokens=prompt[1:],
+                      logprobs=[0.0] * (len(prompt) - 1), advantages=[0.0] * (len(prompt) - 1),
+                      mask=[1.0] * (len(prompt) - 1))
+        [lps] = self._sampler.logprobs([datum], adapter=snap or self._sampler.adapter)
+        return [math.nan, *lps]
 
     def _decode(self, batch: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
         # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
@@ -235,10 +248,32 @@ class _Queued:
     error: BaseException | None = None
 
 
-def _local_datum(d: Datum, positions: int) -> Datum:
-    """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum."""
-    return dataclasses.replace(d, advantages=[a * positions for a in d.advantages],
+def _local_datum(d: Datum, positions: int, loss_fn: str) -> Datum:
+    """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum;
+    for `cross_entropy` the advantages are the client's token weights."""
+    weights = d.weights if loss_fn == "cross_entropy" else d.advantages
+    return dataclasses.replace(d, advantages=[a * positions for a in weights or [0.0] * len(d)],
                                mask=[1.0] * len(d))
+
+
+def _forward_only(backend: LocalBackend, data: list[Datum], loss: LossConfig) -> LossOutput:
+    """A forward pass without gradient: target log-probs and the Tinker loss (a sum)."""
+    logprobs = backend.logprobs([dataclasses.replace(d, mask=[1.0] * len(d)) for d in data],
+                                loss.temperature)
+    total = 0.0
+    for d, lp in zip(data, logprobs, strict=True):
+        new = np.asarray(lp)
+        if loss.name == "cross_entropy":
+            total -= float(np.dot(np.asarray(d.weights or [0.0] * len(d)), new))
+        else:  # the ratio is exp(new - sampler); PPO's clip only changes the gradient's
+            ratio = np.exp(new - np.asarray(d.logprobs))
+            adv = np.asarray(d.advantages)
+            if loss.name == "ppo":
+                clipped = np.clip(ratio, 1 - loss.clip_eps, 1 + loss.clip_eps_high)
+                total -= float(np.minimum(ratio * adv, clipped * adv).sum())
+            else:
+                total -= float((ratio * adv).sum())
+    return LossOutput(total, [np.asarray(lp, dtype=np.float32) for lp in logprobs])
 
 
 def _cut(c: Completion, stops: set[int]) -> Completion:

@@ -483,19 +483,13 @@ def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
 
 
 def _sampling_params(p: types.SamplingParams) -> SamplingParams:
-    stops: list[int] = []
-    raw = p.stop
-    if isinstance(raw, str):
-        raw = [raw]
-    for item in raw or []:
-        if isinstance(item, int):
-            stops.append(item)
-        else:
-            raise ApiError(400, "retrain serve takes stop sequences as token ids "
-                           f"(SamplingParams.stop=[id, ...]), not strings like {item!r}")
+    raw = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
+    stop_tokens = tuple(s for s in raw if isinstance(s, int))
+    stop_strings = tuple(s for s in raw if isinstance(s, str) and s)
     if p.max_tokens is None or p.max_tokens < 1:
         raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
     if p.temperature < 0:
         raise ApiError(400, "SamplingParams.temperature must be >= 0 (0 = greedy)")
     return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                          top_k=p.top_k, seed=p.seed, stop_tokens=tuple(stops))
+                          top_k=p.top_k, seed=p.seed, stop_tokens=stop_tokens,
+                          stop_strings=stop_strings)
