@@ -107,3 +107,21 @@ def test_compute_logprobs_matches_the_trainer(client):
                          "cross_entropy").result()
     want = np.asarray(fwd.loss_fn_outputs[0]["logprobs"].data)
     np.testing.assert_allclose(got[1:], want, atol=1e-4)
+
+
+def test_forward_backward_custom_runs_over_forward_and_cross_entropy(client):
+    """The SDK's custom loss: a forward pass, torch on the client, a cross_entropy surrogate."""
+    torch = pytest.importorskip("torch")
+    tok = client.get_tokenizer()
+    tokens = tok.encode("a custom loss")
+    datum = _sft_datum(tokens, [1.0] * (len(tokens) - 1))
+
+    def loss_fn(data, logprobs_list):
+        loss = -torch.stack([lp.sum() for lp in logprobs_list]).sum()
+        return loss, {"custom": float(loss)}
+
+    out = client.forward_backward_custom([datum], loss_fn).result()
+    ce = client.forward([datum], "cross_entropy").result()
+    assert out.metrics["custom"] == pytest.approx(ce.metrics["loss:sum"], rel=1e-4)
+    step = client.optim_step(types.AdamParams(learning_rate=0.05)).result()
+    assert step.metrics["skipped"] == 0.0 and step.metrics["grad_norm"] > 0
