@@ -49,6 +49,8 @@ class BigramEngine:
         self.base_model = "bigram-test"
         self.tokenizer_id = tokenizer_id
         self.vocab = vocab
+        self.vocab_size = vocab
+        self.max_context = 64
         self.eos = eos
         self.delay_s = delay_s
         self.adapters: dict[str, dict] = {}

@@ -45,6 +45,8 @@ class Engine(Protocol):
     base_model: str      # the name clients pass as `base_model`
     tokenizer_id: str    # reported by get_info: a local folder, so clients load it offline
     arch: str
+    vocab_size: int      # token ids a request may use: 0 .. vocab_size - 1
+    max_context: int | None  # prompt + completion tokens the model takes (None: no limit)
 
     def accepts(self, base_model: str) -> bool:
         """Whether `base_model` names the model this engine serves."""

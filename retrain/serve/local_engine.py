@@ -49,6 +49,8 @@ class LocalEngine:
         self.model = model
         self.base_model = name
         self.tokenizer_id = model.name_or_path
+        self.vocab_size = model.vocab_size
+        self.max_context = getattr(model.base.config, "max_position_embeddings", None)
         self.lora = lora or ModelConfig()
         self._backends: dict[str, LocalBackend] = {}
         self._snapshot_of: dict[str, str] = {}  # snapshot adapter -> training model id
@@ -187,9 +189,6 @@ class LocalEngine:
         settings in one batch; when any of them has a seed, each prompt draws from its own
         seed (a random one where the request gave none), so a seeded request's completions do
         not depend on what it was batched with."""
-        if params.top_k not in (-1, 0):
-            raise EngineError("SamplingParams.top_k: top-k sampling is not supported by "
-                              "retrain serve (use -1)")
         key = (snap, n, params.max_tokens, params.temperature, params.top_p)
         mine = _Queued(prompt, params.seed)
         with self._lock:

@@ -23,7 +23,7 @@ from typing import Any
 from tinker import types
 
 from retrain.backends.base import AdamParams, SamplingParams
-from retrain.serve import wire
+from retrain.serve import validate, wire
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.futures import FutureStore, Reply
 from retrain.serve.ordering import Sequencer
@@ -231,6 +231,8 @@ class TinkerService:
 
     def forward_backward(self, call: wire.FwdBwdCall) -> dict:
         model = self._model(call.model_id)
+        validate.check_datums(call.data, call.config, self.engine.vocab_size,
+                              self.engine.max_context)
 
         def work():
             return self.engine.forward_backward(model.model_id, call.data, call.loss_fn,
@@ -246,6 +248,7 @@ class TinkerService:
             raise ApiError(400, "retrain serve supports the adamw optimizer only")
         adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
                           eps=p.eps, weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+        validate.check_adam(adam)
         return self._ordered(
             model, req.seq_id,
             lambda: self._in_thread(self.engine.optim_step, model.model_id, adam),
@@ -370,6 +373,10 @@ class TinkerService:
             return self._samples[key]  # a retried submit
         prompt = _prompt_tokens(req.prompt)
         params = _sampling_params(req.sampling_params)
+        validate.check_sample(prompt, req.num_samples, params, self.engine.vocab_size,
+                              self.engine.max_context)
+        validate.check_sample_extras(req.topk_prompt_logprobs, req.topk_sample_logprobs,
+                                     req.target_prompt_logprobs, req.prompt_alt_tokens_k)
         request_id = self.futures.create()
         reply = {"request_id": request_id,
                  "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
@@ -486,10 +493,8 @@ def _sampling_params(p: types.SamplingParams) -> SamplingParams:
     raw = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
     stop_tokens = tuple(s for s in raw if isinstance(s, int))
     stop_strings = tuple(s for s in raw if isinstance(s, str) and s)
-    if p.max_tokens is None or p.max_tokens < 1:
+    if p.max_tokens is None:
         raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
-    if p.temperature < 0:
-        raise ApiError(400, "SamplingParams.temperature must be >= 0 (0 = greedy)")
     return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
                           top_k=p.top_k, seed=p.seed, stop_tokens=stop_tokens,
                           stop_strings=stop_strings)

@@ -59,7 +59,11 @@ def _decode_datum(d: pb.Datum, index: int, loss_fn: str, forward_only: bool) -> 
     for chunk in d.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
             raise EngineError(f"datum {index}: only text chunks are supported by retrain serve")
-        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+        raw = chunk.encoded_text.tokens
+        if len(raw) % 4:
+            raise EngineError(f"datum {index}: encoded_text tokens are {len(raw)} bytes, not "
+                              "a whole number of int32 values")
+        tokens.extend(np.frombuffer(raw, dtype=np.int32).tolist())
     inputs = {name: _decode_tensor(t, f"datum {index}: {name}") for name, t in
               d.loss_fn_inputs.items()}
     needed = LOSS_INPUTS[loss_fn] if not forward_only else ("target_tokens",)
@@ -91,7 +95,14 @@ def _decode_tensor(t: pb.Tensor, where: str) -> np.ndarray:
         raise EngineError(f"{where}: unsupported dtype {t.dtype}")
     if len(t.shape) > 1:
         raise EngineError(f"{where}: only 1-D loss inputs are supported, got shape {list(t.shape)}")
-    return np.frombuffer(t.dense, dtype=_DTYPES[t.dtype]).copy()
+    dtype = np.dtype(_DTYPES[t.dtype])
+    if len(t.dense) % dtype.itemsize:
+        raise EngineError(f"{where}: {len(t.dense)} bytes are not a whole number of "
+                          f"{dtype.name} values")
+    values = np.frombuffer(t.dense, dtype=dtype).copy()
+    if len(t.shape) == 1 and t.shape[0] != len(values):
+        raise EngineError(f"{where}: shape {list(t.shape)} but {len(values)} values")
+    return values
 
 
 def encode_forward_backward(result: LossOutput) -> bytes:
