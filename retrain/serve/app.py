@@ -23,9 +23,10 @@ from tinker import types
 
 from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
+from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, Traffic
-from retrain.serve.service import SESSION_TIMEOUT_S, ApiError, TinkerService
+from retrain.serve.service import SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
 log = logging.getLogger("retrain.serve")
