@@ -5,7 +5,8 @@ so it lives in its own virtualenv: `make cookbook` creates `.venv-cookbook`, or 
 $RETRAIN_COOKBOOK_PYTHON at a Python that imports `tinker_cookbook`. Without one, the
 module is skipped and says how to get it. Runs: the RL recipe (`math_rl.train`,
 env=arithmetic) with the `role_colon` renderer (string stop sequences, post-update KL
-through compute_logprobs) and with `qwen3_instruct` + PPO + one step off-policy; and the
+through compute_logprobs), with `qwen3_instruct` + PPO + one step off-policy, and stopped
+and resumed from the server's checkpoint; and the
 supervised loop (`supervised.train`) on a small local JSONL chat file (cross_entropy,
 forward-only NLL evaluation).
 """
@@ -105,6 +106,22 @@ def test_rl_recipe_arithmetic(served, tiny_model, tmp_path, renderer, extra):
     assert rows and all(math.isfinite(r["env/all/reward/total"]) for r in rows)
     if "compute_post_kl=True" in extra:
         assert len(rows) == 3 and all(math.isfinite(r["kl_pre_post_v1"]) for r in rows)
+
+
+def test_rl_recipe_resumes(served, tiny_model, tmp_path):
+    """Checkpoint every step, stop, start again with more steps: it resumes from the
+    server's checkpoint and reads its renderer back from the training run's metadata."""
+    log = tmp_path / "rl"
+    outs = [_cookbook(["-m", "tinker_cookbook.recipes.math_rl.train", f"model_name={tiny_model}",
+                       "renderer_name=role_colon", "env=arithmetic", "group_size=4",
+                       "groups_per_batch=2", "max_tokens=6", "lora_rank=8",
+                       f"base_url={served}", f"log_path={log}", f"max_steps={steps}",
+                       "eval_every=0", "save_every=1", "behavior_if_log_dir_exists=resume"],
+                      tmp_path) for steps in (2, 3)]
+    assert all(o.returncode == 0 for o in outs), outs[-1].stderr[-3000:]
+    assert "Resumed training from tinker://" in outs[1].stderr
+    assert "Could not fetch renderer metadata" not in outs[1].stderr
+    assert [r["step"] for r in _metrics(log)] == [0, 1, 2]
 
 
 def test_supervised_loop_on_a_local_jsonl_chat_file(served, tiny_model, tmp_path):

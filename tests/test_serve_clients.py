@@ -125,3 +125,25 @@ def test_forward_backward_custom_runs_over_forward_and_cross_entropy(client):
     assert out.metrics["custom"] == pytest.approx(ce.metrics["loss:sum"], rel=1e-4)
     step = client.optim_step(types.AdamParams(learning_rate=0.05)).result()
     assert step.metrics["skipped"] == 0.0 and step.metrics["grad_norm"] > 0
+
+
+def test_training_run_metadata_for_resume(tmp_path, sdk_env):
+    """tinker-cookbook reads its renderer back from the run's user_metadata on resume."""
+    from test_serve import BigramEngine
+
+    with Served(BigramEngine(), tmp_path, hold_s=2.0) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        tc = service.create_lora_training_client(
+            base_model="bigram-test", rank=3, user_metadata={"renderer_name": "role_colon"}
+        ).result()
+        path = tc.save_state("c1").result().path
+        rest = tinker.RestClient(base_url=served.url)
+        run = rest.get_training_run_by_tinker_path(path).result()
+        assert run.user_metadata == {"renderer_name": "role_colon"} and run.lora_rank == 3
+        service.close("success").result()
+        # the model is gone; the checkpoint still tells
+        run = tinker.RestClient(base_url=served.url).get_training_run_by_tinker_path(
+            path).result()
+        assert run.user_metadata == {"renderer_name": "role_colon"}
+        with pytest.raises(tinker.NotFoundError):
+            rest.get_training_run_by_tinker_path("tinker://nope/weights/x").result()

@@ -136,6 +136,9 @@ def build_routes(service: TinkerService) -> list[Route]:
         req = await _parse(request, types.FutureRetrieveRequest)
         return await _retrieve(s.futures, req.request_id, request)
 
+    async def training_run(request: Request):
+        return s.get_training_run(request.path_params["run"])
+
     async def delete_checkpoint(request: Request):
         return s.delete_checkpoint(request.path_params["run"], request.path_params["cid"])
 
@@ -170,6 +173,7 @@ def build_routes(service: TinkerService) -> list[Route]:
         ("POST", "asample", asample),
         ("POST", "retrieve_future", retrieve_future),
         ("POST", "cancel_future", ignore),
+        ("GET", "training_runs/{run}", training_run),
         ("DELETE", "training_runs/{run}/checkpoints/{cid:path}", delete_checkpoint),
         ("POST", "telemetry", telemetry),
         ("GET", "healthz", healthz),

@@ -9,12 +9,18 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from retrain.serve.errors import ApiError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _KINDS = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def string_map(raw: object) -> dict[str, str]:
+    """A client's user_metadata as the string map Tinker's TrainingRun holds."""
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
 
 
 class CheckpointStore:
@@ -49,6 +55,34 @@ class CheckpointStore:
             raise ApiError(400, f"{path} was saved from {meta.get('base_model')!r}, but this "
                            f"server serves {self.base_model!r}")
         return folder, meta
+
+    def newest_meta(self, run_id: str) -> dict | None:
+        """The meta.json of the newest checkpoint of a run, or None."""
+        if not _NAME.match(run_id):
+            return None
+        metas = []
+        for kind in _KINDS:
+            for meta_file in (self.state_dir / "runs" / run_id / kind).glob("*/meta.json"):
+                try:
+                    metas.append(json.loads(meta_file.read_text()))
+                except (OSError, ValueError):
+                    continue  # a torn or foreign file: not a checkpoint of ours
+        metas = [m for m in metas if isinstance(m, dict) and isinstance(m.get("created"),
+                                                                          int | float)]
+        return max(metas, key=lambda m: m["created"], default=None)
+
+    def training_run(self, run_id: str, live: tuple[int, dict[str, str]] | None) -> dict | None:
+        """Tinker's TrainingRun for `run_id`: rank and user_metadata from the live model
+        (`live`) or else from the run's newest checkpoint; None if neither exists."""
+        meta = self.newest_meta(run_id)
+        if live is None and meta is None:
+            return None
+        rank, metadata = live if live else (meta.get("rank"), string_map(meta.get("user_metadata")))
+        when = meta["created"] if meta else time.time()
+        return {"training_run_id": run_id, "base_model": self.base_model,
+                "model_owner": "local", "is_lora": True, "lora_rank": rank,
+                "last_request_time": datetime.fromtimestamp(when, UTC).isoformat(),
+                "user_metadata": metadata or None}
 
     def delete(self, path: str) -> None:
         folder, _ = self.find(path, None)

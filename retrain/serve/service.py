@@ -21,7 +21,7 @@ from tinker import types
 
 from retrain.backends.base import AdamParams, SamplingParams
 from retrain.serve import validate, wire
-from retrain.serve.checkpoints import CheckpointStore
+from retrain.serve.checkpoints import CheckpointStore, string_map
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore, Reply
@@ -49,6 +49,7 @@ class Model:
     rank: int
     seq: Sequencer = field(default_factory=Sequencer)
     samplers: list[str] = field(default_factory=list)  # ephemeral sampler ids, oldest first
+    user_metadata: dict[str, str] = field(default_factory=dict)  # kept in its checkpoints
 
 
 @dataclass
@@ -149,7 +150,8 @@ class TinkerService:
         def create() -> None:
             self.engine.create_adapter(model_id, rank, seed)
 
-        self._run(request_id, self._model_job(session, model_id, rank, create),
+        self._run(request_id, self._model_job(session, model_id, rank, create,
+                                              string_map(req.user_metadata)),
                   lambda _: {"type": "create_model", "model_id": model_id})
         return {"request_id": request_id, "model_id": model_id}
 
@@ -168,7 +170,8 @@ class TinkerService:
         """Training clients (LoRA adapters) alive or being created in unfinished sessions."""
         return sum(len(s.models) for s in self.sessions.values() if not s.finished)
 
-    def _model_job(self, session: Session, model_id: str, rank: int, create: Callable):
+    def _model_job(self, session: Session, model_id: str, rank: int, create: Callable,
+                   user_metadata: dict[str, str]):
         """The job that builds a model's adapter in a thread, then registers the model."""
         async def job() -> None:
             try:
@@ -178,7 +181,8 @@ class TinkerService:
                 self._creating.pop(model_id, None)
                 self._background(self._in_thread(self.engine.drop_adapter, model_id))
                 raise
-            self.models[model_id] = Model(model_id, session.session_id, rank)
+            self.models[model_id] = Model(model_id, session.session_id, rank,
+                                          user_metadata=user_metadata)
             if session.finished:  # the session ended while the adapter was being built
                 self._drop_model(model_id)
         return job
@@ -253,7 +257,7 @@ class TinkerService:
         def work():
             self.checkpoints.write_atomically(
                 folder, lambda tmp: self.engine.save_state(model.model_id, tmp),
-                {"rank": model.rank, "kind": "training"})
+                {"rank": model.rank, "kind": "training", "user_metadata": model.user_metadata})
 
         return self._ordered(model, req.seq_id, lambda: self._in_thread(work),
                              lambda _: Reply(json={"type": "save_weights", "path": path}))
@@ -269,7 +273,8 @@ class TinkerService:
             try:
                 self.checkpoints.write_atomically(
                     folder, lambda tmp: self.engine.write_snapshot(snap, tmp),
-                    {"rank": model.rank, "kind": "sampler"})
+                    {"rank": model.rank, "kind": "sampler",
+                     "user_metadata": model.user_metadata})
             finally:
                 self.engine.drop_snapshot(snap)
 
@@ -312,7 +317,8 @@ class TinkerService:
             self.engine.create_adapter(model_id, rank, None)
             self.engine.load_state(model_id, folder, req.optimizer)
 
-        self._run(request_id, self._model_job(session, model_id, rank, create),
+        metadata = string_map(req.user_metadata) or string_map(meta.get("user_metadata"))
+        self._run(request_id, self._model_job(session, model_id, rank, create, metadata),
                   lambda _: {"path": req.path, "model_id": model_id})
         return {"request_id": request_id, "model_id": model_id}
 
@@ -389,6 +395,17 @@ class TinkerService:
         return reply
 
     # ------------------------------------------------------------------ checkpoints
+
+    def get_training_run(self, run_id: str) -> dict:
+        """GET training_runs/<run>: what tinker-cookbook reads back on resume (the renderer
+        in user_metadata), from the live model or else its newest checkpoint."""
+        live = next((m for m in self.models.values()
+                     if m.model_id.replace(":", "-") == run_id), None)
+        run = self.checkpoints.training_run(
+            run_id, (live.rank, live.user_metadata) if live else None)
+        if run is None:
+            raise ApiError(404, f"no training run {run_id!r} on this server")
+        return run
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
         """DELETE training_runs/<run>/checkpoints/<kind>/<name> (rolling checkpoints)."""
