@@ -1,4 +1,8 @@
-"""ASGI middleware in front of the API: shared-key check, traffic counting, fault injection.
+"""ASGI middleware in front of the API: shared-key check, added latency, traffic counting,
+fault injection.
+
+Added latency (`delay_s`, `retrain serve --delay-ms`): every API request waits that long
+before it is handled, a stand-in for a network round trip in tests and benchmarks.
 
 Traffic counts concurrent API requests (heartbeat and telemetry excluded: the SDK sends
 them from a background loop, outside any client-side throttling). A request stops
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("retrain.serve")
 
 PREFIX = "/api/v1/"
+MAX_BODY_BYTES = 64 * 2**20  # the SDK sends forward_backward in chunks of about 5 MB
 UNTHROTTLED = frozenset({"session_heartbeat", "telemetry"})
 FAULT_CODES = ("429", "502", "504", "hang")
 
@@ -112,14 +117,18 @@ class Traffic:
 
 
 class Guard:
-    """ASGI middleware: key check, then counting, then fault injection, then the app."""
+    """ASGI middleware: key check, then counting, then the added delay, then fault injection,
+    then the app."""
 
     def __init__(self, app, api_key: str | None = None, faults: FaultPlan | None = None,
-                 traffic: Traffic | None = None):
+                 traffic: Traffic | None = None, delay_s: float = 0.0,
+                 max_body_bytes: int = MAX_BODY_BYTES):
         self.app = app
+        self.max_body_bytes = max_body_bytes
         self.api_key = api_key
         self.faults = faults
         self.traffic = traffic or Traffic()
+        self.delay_s = delay_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -130,8 +139,12 @@ class Guard:
             return await _json(send, 401, {"error": "missing or wrong API key: set "
                                            "TINKER_API_KEY to the key `retrain serve` was "
                                            "started with", "category": "user"})
+        if self._declared_size(scope) > self.max_body_bytes:
+            return await _json(send, 413, self._too_large())
+        receive = self._capped(receive)
         counted = route not in UNTHROTTLED
         if not counted:
+            await self._delay(path)
             return await self.app(scope, receive, send)
         self.traffic.enter()
         left = False
@@ -145,6 +158,7 @@ class Guard:
             await send(message)
 
         try:
+            await self._delay(path)
             fault = self.faults.draw(route) if self.faults else None
             if fault is None:
                 await self.app(scope, receive, counted_send)
@@ -154,6 +168,35 @@ class Guard:
         finally:
             if not left:
                 self.traffic.leave()
+
+    def _too_large(self) -> dict:
+        return {"error": f"request body over {self.max_body_bytes} bytes", "category": "user"}
+
+    @staticmethod
+    def _declared_size(scope) -> int:
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                return int(value) if value.isdigit() else 0
+        return 0
+
+    def _capped(self, receive):
+        """`receive` that stops a body (e.g. chunked, with no length) past the cap."""
+        seen = 0
+
+        async def capped():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:  # the app's 413 handler answers it
+                from starlette.exceptions import HTTPException
+
+                raise HTTPException(413, self._too_large()["error"])
+            return message
+        return capped
+
+    async def _delay(self, path: str) -> None:
+        if self.delay_s > 0 and path.startswith(PREFIX):
+            await asyncio.sleep(self.delay_s)
 
     def _key_ok(self, scope) -> bool:
         for name, value in scope.get("headers", []):
