@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from retrain.campaign import semaphore as sem_mod  # noqa: E402
-from retrain.campaign.semaphore import CountingSemaphore  # noqa: E402
+from retrain import slots as sem_mod  # noqa: E402
+from retrain.slots import CountingSemaphore  # noqa: E402
 
 
 class Slot0Semaphore:

@@ -283,7 +283,7 @@ def _slots_in_use(folder: Path, manifest: dict) -> int | None:
     if not isinstance(slots, str) or not slots:
         return None
     try:
-        from retrain.campaign.semaphore import slots_in_use
+        from retrain.slots import slots_in_use
     except ImportError:
         return None
     try:

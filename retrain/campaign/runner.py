@@ -24,11 +24,11 @@ from retrain import runlog, toml_io
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import Manifest, RunEntry, load_manifest, save_manifest
 from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for, safe_name
-from retrain.campaign.semaphore import ENV_VAR, env_value
 from retrain.config import Config, ConfigError
 from retrain.cpu import AUTO_THREADS_ENV, available_cores
 from retrain.errors import UserError
 from retrain.launch import anchor_paths
+from retrain.slots import ENV_VAR, env_value
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
 TICK_S = 0.005          # scheduler poll interval after an event (a waitpid per worker) ...
