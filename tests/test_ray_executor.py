@@ -153,7 +153,7 @@ def test_removed_node_run_is_retried_elsewhere_and_resumes_exactly(tmp_path, env
     driver = _start({**env, "RETRAIN_TEST_REWARD_DELAY": "0.15"}, path, tmp_path / "out.txt")
     try:
         entry = _wait_for(lambda: _running_at_step(campaign, 2), 120, "step 2 on a node")
-        (victim,) = [n for n in cluster.worker_nodes if n.unique_id == entry.node]
+        (victim,) = [n for n in cluster.worker_nodes if n.node_id == entry.node]
         cluster.remove_node(victim)
         assert driver.wait(timeout=180) == 0, (tmp_path / "out.txt").read_text()
     finally:

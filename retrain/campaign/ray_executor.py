@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ NAMESPACE = slots_ray.NAMESPACE
 FORWARDED_ENV = ("RETRAIN_", "TINKER_", "HF_", "WANDB_")  # the driver's settings workers need
 SHARED_CHECK_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0
+PREVIOUS_ATTEMPT_WAIT_S = 120.0
 
 
 class RunProcess:
@@ -47,6 +49,7 @@ class RunProcess:
 
     async def start(self, config_path: str, log_path: str, env: dict[str, str]) -> dict:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        await _previous_attempt_gone(Path(config_path).parent, log_path)
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "retrain", "run", config_path],
@@ -73,6 +76,26 @@ class RunProcess:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signum)
+
+
+async def _previous_attempt_gone(run_dir: Path, log_path: str) -> None:
+    """Wait while the run's last worker is still alive on this host (its node's raylet died but
+    it has not noticed yet), so two attempts never write one run folder at once."""
+    from retrain import runlog
+
+    deadline = time.monotonic() + PREVIOUS_ATTEMPT_WAIT_S
+    waited = False
+    while time.monotonic() < deadline:
+        state = runlog.load_state(run_dir)
+        if not (state and state.status == "running" and state.pid != os.getpid()
+                and runlog.pid_alive(state.pid, state.host)):
+            break
+        waited = True
+        await asyncio.sleep(0.2)
+    if waited:
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"(waited {PREVIOUS_ATTEMPT_WAIT_S - deadline + time.monotonic():.1f}s "
+                      "for the previous attempt's process on this host to exit)\n")
 
 
 def _die_with_parent() -> None:
