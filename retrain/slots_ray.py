@@ -145,14 +145,25 @@ def find_broker(name: str) -> Any | None:
         return None
 
 
-def connect(address: str = "") -> None:
-    """Join the cluster at `address` (default $RAY_ADDRESS, else a running one) once."""
+def connect(address: str = "", start: bool = False) -> None:
+    """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here
+    (unless `start` is False: then ConnectionError)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
-                 namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
-                 configure_logging=False)
+    if ray.is_initialized():
+        return
+    target = address or os.environ.get("RAY_ADDRESS", "")
+    kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
+                  configure_logging=False)
+    if target:
+        ray.init(address=target, **kwargs)
+        return
+    try:
+        ray.init(address="auto", **kwargs)
+    except ConnectionError:
+        if not start:
+            raise
+        ray.init(include_dashboard=False, **kwargs)  # no cluster: a one-machine one
 
 
 class RaySlots:

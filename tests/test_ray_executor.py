@@ -178,6 +178,13 @@ def test_killed_driver_rerun_adopts_the_running_runs(tmp_path, env):
     _wait_for(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
+    status = _retrain(env, "status", str(tmp_path / "logs"))
+    running = [e for e in load_manifest(campaign).runs if e.status == "running"]
+    assert "API slots 0/4 in use" in status.stdout, status.stdout + status.stderr
+    assert "node" in status.stdout and f"{running[0].host} ({running[0].node[:8]})" in status.stdout
+    explain = _retrain(env, "explain", str(path))
+    assert "ray: 3 node(s), 2 CPU, 0 GPU; each run asks cpu = 1, gpu = 0; 2 run(s) fit at " \
+           "once" in explain.stdout, explain.stdout + explain.stderr
     again = _retrain(slow, str(path))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "still running from a previous runner" in again.stdout

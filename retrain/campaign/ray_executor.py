@@ -186,7 +186,7 @@ class RayExecutor:
     def prepare(self, max_concurrent: int) -> None:
         import ray
 
-        connect(self.cfg.campaign.ray_address)
+        slots_ray.connect(self.cfg.campaign.ray_address, start=True)
         self.cpu, self.gpu = self._resources(ray.cluster_resources().get("GPU", 0.0))
         check_shared_storage(self.campaign_dir)
         slots_ray.ensure_broker(self.broker_name, max_concurrent)
@@ -250,22 +250,27 @@ def run_actor_name(key: str, run: str, attempt: int) -> str:
     return f"run:{key}:{run}:{attempt}"
 
 
-def connect(address: str = "") -> None:
-    """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    target = address or os.environ.get("RAY_ADDRESS", "")
-    kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
-                  configure_logging=False)
-    if target:
-        ray.init(address=target, **kwargs)
-        return
+def describe_cluster(cfg: Config) -> tuple[str, int | None]:
+    """For `explain`: the reachable cluster's resources and how many runs fit on it at once
+    (None when Ray is missing or no cluster answers; nothing is started)."""
     try:
-        ray.init(address="auto", **kwargs)
-    except ConnectionError:
-        ray.init(include_dashboard=False, **kwargs)  # no cluster: a one-machine one
+        import ray
+
+        slots_ray.connect(cfg.campaign.ray_address, start=False)
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    except Exception as exc:  # no Ray, or no cluster: explain goes on without it
+        return f"no cluster reachable ({type(exc).__name__}); one starts on this machine", None
+    res = run_resources(cfg, sum(n.get("GPU", 0.0) for n in nodes))
+    fits = sum(_fits(n, res) for n in nodes)
+    cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
+    text = (f"{len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU; each run asks "
+            f"cpu = {res['cpu']:g}, gpu = {res['gpu']:g}")
+    return text, fits
+
+
+def _fits(node: dict[str, float], res: dict[str, float]) -> int:
+    counts = [int(node.get(key.upper(), 0.0) // need) for key, need in res.items() if need > 0]
+    return min(counts) if counts else 0
 
 
 def _read_marker(path: str) -> str:
