@@ -47,12 +47,15 @@ class RunProcess:
         self.proc: subprocess.Popen | None = None
         self.started = asyncio.Event()
 
-    async def start(self, config_path: str, log_path: str, env: dict[str, str]) -> dict:
+    async def start(self, config_path: str, log_path: str, env: dict[str, str],
+                    command: list[str] | None = None) -> dict:
+        """Start `<command> <config>` (default: this node's `python -m retrain run`)."""
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         await _previous_attempt_gone(Path(config_path).parent, log_path)
+        command = command or [sys.executable, "-m", "retrain", "run"]
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "retrain", "run", config_path],
+                [*command, config_path],
                 cwd=str(Path(config_path).parent), env=full_env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent)
@@ -171,9 +174,10 @@ class RayWorker:
 class RayExecutor:
     """Launches runs as Ray actors on the cluster at `address` ('' = auto, else start one)."""
 
-    def __init__(self, campaign_dir: Path, cfg: Config):
+    def __init__(self, campaign_dir: Path, cfg: Config, command: list[str] | None = None):
         self.campaign_dir = Path(campaign_dir)
         self.cfg = cfg
+        self.command = command  # None: `python -m retrain run` with each node's own Python
         self.key = campaign_key(self.campaign_dir)
         self.broker_name = slots_ray.broker_name(self.key)
         self.cpu, self.gpu = self._resources(0.0)
@@ -210,7 +214,8 @@ class RayExecutor:
             name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=self.cpu,
             num_gpus=self.gpu, max_restarts=0, max_concurrency=8).remote()
         job.log_path.parent.mkdir(parents=True, exist_ok=True)
-        info_ref = actor.start.remote(str(job.config_path), str(job.log_path), dict(job.env))
+        info_ref = actor.start.remote(str(job.config_path), str(job.log_path), dict(job.env),
+                                      self.command)
         return RayWorker(actor, info_ref, name)
 
     def adopt(self, name: str, attempt: int) -> RayWorker | None:
