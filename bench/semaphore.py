@@ -71,7 +71,8 @@ def worker(args: argparse.Namespace) -> None:
         from retrain.slots_ray import RaySlots
 
         sem = RaySlots(args.folder, args.slots)
-        sem._connect()  # join the cluster before the start line, not inside the timing
+        with sem:  # join the cluster and reach the actor before the start line
+            pass
     else:
         sem = (Slot0Semaphore(args.folder, args.slots) if args.variant == "slot0"
                else CountingSemaphore(args.folder, args.slots))
@@ -209,7 +210,7 @@ def ray_dead_holder(trials: int) -> list[float]:
 def start_ray() -> None:
     import ray
 
-    ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
+    ray.init(address="local", num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
              namespace="retrain", log_to_driver=False)
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")

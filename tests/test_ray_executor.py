@@ -229,3 +229,21 @@ def test_folder_not_shared_with_a_node_stops_before_launching(tmp_path, env, clu
     finally:
         os.killpg(node.pid, signal.SIGTERM)
         node.wait(timeout=60)
+
+
+def test_ctrl_c_checkpoints_the_runs_and_leaves_no_actor(tmp_path, env):
+    path = _campaign(tmp_path, seeds="[1]", max_steps=4)
+    campaign = tmp_path / "logs" / "exp"
+    slow = {**env, "RETRAIN_TEST_REWARD_DELAY": "0.1"}
+    driver = _start(slow, path, tmp_path / "out.txt")
+    _wait_for(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
+    driver.send_signal(signal.SIGINT)
+    assert driver.wait(timeout=120) == 130, (tmp_path / "out.txt").read_text()
+    (e,) = load_manifest(campaign).runs
+    assert e.status == "interrupted" and e.failures == 0
+    assert runlog.load_state(campaign / e.name).status == "interrupted"  # it checkpointed
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if n.startswith("run:") or n.startswith("slots:")], names
+    again = _retrain(slow, str(path))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _steps(campaign / e.name) == [1, 2, 3, 4]
