@@ -209,7 +209,12 @@ class RayExecutor:
         return env
 
     def launch(self, job: Job) -> RayWorker:
-        name = run_actor_name(self.key, job.name, getattr(job, "attempt", 0))
+        attempt = getattr(job, "attempt", 0)
+        # A runner killed between launching and saving the manifest left this attempt running.
+        running = self.adopt(job.name, attempt)
+        if running is not None:
+            return running
+        name = run_actor_name(self.key, job.name, attempt)
         actor = _actor_class().options(
             name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=self.cpu,
             num_gpus=self.gpu, max_restarts=0, max_concurrency=8).remote()
