@@ -147,12 +147,26 @@ def find_broker(name: str) -> Any | None:
 
 def connect(address: str = "", start: bool = False) -> None:
     """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here
-    (unless `start` is False: then ConnectionError)."""
+    when `start` (else ConnectionError). Keeps this process's SIGTERM handler: ray.init
+    replaces it with an exit, and the trainer's handler is what checkpoints on SIGTERM."""
+    import signal
+
     import ray
 
     if ray.is_initialized():
         return
-    target = address or os.environ.get("RAY_ADDRESS", "")
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        _init(address or os.environ.get("RAY_ADDRESS", ""), start)
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init(target: str, start: bool) -> None:
+    import ray
+
     kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
                   configure_logging=False)
     if target:

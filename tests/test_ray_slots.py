@@ -157,3 +157,26 @@ def test_slots_from_env_names_the_ray_actor(monkeypatch):
     slots = slots_from_env()
     assert isinstance(slots, slots_ray.RaySlots) and slots.name == "slots:abc"
     assert slots.max_concurrent == 3
+
+
+KEEPS_HANDLER = """
+import signal
+from retrain.slots import slots_from_env
+def mine(signum, frame):
+    pass
+signal.signal(signal.SIGTERM, mine)
+with slots_from_env():  # joins the cluster here, in the main thread
+    pass
+assert signal.getsignal(signal.SIGTERM) is mine, signal.getsignal(signal.SIGTERM)
+print("kept")
+"""
+
+
+def test_joining_the_cluster_keeps_the_trainers_sigterm_handler(cluster):
+    """ray.init installs its own SIGTERM handler; the trainer's (which checkpoints) must stay."""
+    name = "slots:test-handler"
+    slots_ray.ensure_broker(name, 1)
+    env = {**os.environ, ENV_VAR: f"ray:{name}:1", "RAY_ADDRESS": cluster.address}
+    done = subprocess.run([sys.executable, "-c", KEEPS_HANDLER], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "kept", done.stderr[-2000:]
