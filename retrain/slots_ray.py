@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 NAMESPACE = "retrain"
@@ -165,19 +166,50 @@ def connect(address: str = "", start: bool = False) -> None:
 
 
 def _init(target: str, start: bool) -> None:
+    """ray.init, after a quick TCP probe: Ray itself waits minutes on an address nobody
+    answers (a stale ray_current_cluster file left by a head that crashed)."""
     import ray
 
     kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
                   configure_logging=False)
-    if target:
+    if target and target != "auto":
+        if "://" not in target and not _reachable(target):
+            raise ConnectionError(f"no Ray cluster answers at {target} ([campaign] ray_address "
+                                  "or $RAY_ADDRESS); start it with `ray start --head`, or fix "
+                                  "the address")
         ray.init(address=target, **kwargs)
         return
+    found = _address_of_this_machines_cluster()
+    if found and _reachable(found):
+        ray.init(address=found, **kwargs)
+        return
+    if not start:
+        raise ConnectionError("no Ray cluster is running on this machine"
+                              + (f" ({found}, recorded by Ray, does not answer)" if found else ""))
+    ray.init(address="local", include_dashboard=False, **kwargs)  # a one-machine cluster
+
+
+def _address_of_this_machines_cluster() -> str:
+    """What `ray start` recorded on this machine ('' when nothing is)."""
     try:
-        ray.init(address="auto", **kwargs)
-    except ConnectionError:
-        if not start:
-            raise
-        ray.init(include_dashboard=False, **kwargs)  # no cluster: a one-machine one
+        from ray._common.utils import get_ray_address_file
+
+        path = Path(get_ray_address_file(None))
+    except ImportError:  # moved in another Ray version: its default place
+        path = Path("/tmp/ray/ray_current_cluster")
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _reachable(address: str, timeout_s: float = 2.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class RaySlots:

@@ -190,7 +190,10 @@ class RayExecutor:
     def prepare(self, max_concurrent: int) -> None:
         import ray
 
-        slots_ray.connect(self.cfg.campaign.ray_address, start=True)
+        try:
+            slots_ray.connect(self.cfg.campaign.ray_address, start=True)
+        except ConnectionError as exc:
+            raise UserError(f"[campaign] executor = \"ray\": {exc}") from None
         self.cpu, self.gpu = self._resources(ray.cluster_resources().get("GPU", 0.0))
         check_shared_storage(self.campaign_dir)
         slots_ray.ensure_broker(self.broker_name, max_concurrent)
