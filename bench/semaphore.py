@@ -3,11 +3,15 @@
     python bench/semaphore.py                  # defaults: 12 processes, 3 slots, 30 x 5 ms holds
     python bench/semaphore.py --hold-ms 1 --rounds 100
     python bench/semaphore.py --hold-ms 20 --gap-ms 20   # workers that compute between calls
+    python bench/semaphore.py --variants doorbell,ray    # + the Ray slot actor (needs ray)
 
 Contention runs compare three variants on the same workload:
   doorbell   the shipped semaphore (line on queue.lock, head sleeps on the doorbell FIFO)
   polling    the same without the doorbell (head polls with backoff capped at 2 ms)
   slot0      the naive scheme: try every slot once, then block on slot 0
+  ray        the Ray executor's slot actor (retrain.slots_ray) on a local one-node Ray
+             cluster started here; also reports its uncontended latency and how long a
+             SIGKILLed holder keeps its slot
 Reported: acquisitions/s, mean holders while saturated (ideal = slots), max holders,
 mean and p99 wait per acquisition, and the spread of per-process finish times.
 Numbers on a shared machine are noisy; compare variants within one invocation.
@@ -28,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from retrain.campaign import semaphore as sem_mod  # noqa: E402
-from retrain.campaign.semaphore import CountingSemaphore  # noqa: E402
+from retrain import slots as sem_mod  # noqa: E402
+from retrain.slots import CountingSemaphore  # noqa: E402
 
 
 class Slot0Semaphore:
@@ -63,8 +67,15 @@ class Slot0Semaphore:
 def worker(args: argparse.Namespace) -> None:
     if args.variant == "polling":
         sem_mod._open_doorbell = lambda path: None
-    sem = (Slot0Semaphore(args.folder, args.slots) if args.variant == "slot0"
-           else CountingSemaphore(args.folder, args.slots))
+    if args.variant == "ray":
+        from retrain.slots_ray import RaySlots
+
+        sem = RaySlots(args.folder, args.slots)
+        with sem:  # join the cluster and reach the actor before the start line
+            pass
+    else:
+        sem = (Slot0Semaphore(args.folder, args.slots) if args.variant == "slot0"
+               else CountingSemaphore(args.folder, args.slots))
     log = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     while time.monotonic() < args.start_at:
         time.sleep(0.001)
@@ -83,9 +94,16 @@ def worker(args: argparse.Namespace) -> None:
 def contention(variant: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "events.log")
-        start_at = time.monotonic() + 1.0 + 0.05 * args.procs
+        # Ray workers first join the cluster (about a second each on a busy machine).
+        start_at = time.monotonic() + 1.0 + (2.0 if variant == "ray" else 0.05) * args.procs
+        folder = os.path.join(tmp, "slots")
+        if variant == "ray":
+            from retrain.slots_ray import ensure_broker
+
+            folder = f"slots:bench-{os.getpid()}-{time.monotonic_ns()}"
+            ensure_broker(folder, args.slots)
         cmd = [sys.executable, __file__, "--worker", "--variant", variant, "--folder",
-               os.path.join(tmp, "slots"), "--slots", str(args.slots), "--rounds",
+               folder, "--slots", str(args.slots), "--rounds",
                str(args.rounds), "--hold-ms", str(args.hold_ms), "--gap-ms", str(args.gap_ms),
                "--log", log,
                "--start-at", str(start_at)]
@@ -140,6 +158,64 @@ def uncontended(n: int) -> dict:
                 "p50_us": 1e6 * times[n // 2], "p99_us": 1e6 * times[int(0.99 * (n - 1))]}
 
 
+def ray_uncontended(n: int) -> dict:
+    from retrain.slots_ray import RaySlots, ensure_broker
+
+    name = f"slots:bench-u-{os.getpid()}"
+    ensure_broker(name, 4)
+    sem = RaySlots(name, 4)
+    with sem:
+        pass  # connect outside the timing
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with sem:
+            pass
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"n": n, "mean_us": 1e6 * statistics.fmean(times),
+            "p50_us": 1e6 * times[n // 2], "p99_us": 1e6 * times[int(0.99 * (n - 1))]}
+
+
+HOLDER = "from retrain.slots import slots_from_env; s = slots_from_env(); s.acquire(); " \
+         "print('held', flush=True); import time; time.sleep(600)"
+
+
+def ray_dead_holder(trials: int) -> list[float]:
+    """Seconds from SIGKILLing a holder until a waiter gets its (only) slot."""
+    import signal
+
+    from retrain.slots import ENV_VAR
+    from retrain.slots_ray import RaySlots, ensure_broker
+
+    out = []
+    for i in range(trials):
+        name = f"slots:bench-dead-{os.getpid()}-{i}"
+        ensure_broker(name, 1)
+        env = {**os.environ, ENV_VAR: f"ray:{name}:1"}
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, text=True,
+                                stdout=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == "held"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait()
+        waiter = RaySlots(name, 1)
+        waiter.acquire()
+        out.append(time.monotonic() - killed)
+        waiter.release()
+    return out
+
+
+def start_ray() -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
+             namespace="retrain", log_to_driver=False)
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--procs", type=int, default=12)
@@ -162,6 +238,14 @@ def main() -> None:
     u = uncontended(args.uncontended)
     print(f"uncontended acquire+release ({u['n']}x): mean {u['mean_us']:.1f} us, "
           f"p50 {u['p50_us']:.1f} us, p99 {u['p99_us']:.1f} us")
+    if "ray" in args.variants.split(","):
+        start_ray()
+        u = ray_uncontended(min(args.uncontended, 1000))
+        print(f"ray actor acquire+release ({u['n']}x): mean {u['mean_us']:.0f} us, "
+              f"p50 {u['p50_us']:.0f} us, p99 {u['p99_us']:.0f} us")
+        freed = ray_dead_holder(3)
+        print("ray actor: SIGKILLed holder's slot free again after "
+              + ", ".join(f"{x:.2f}s" for x in freed))
     print(f"contention: {args.procs} processes x {args.rounds} acquisitions, "
           f"{args.slots} slots, hold {args.hold_ms} ms, gap {args.gap_ms} ms "
           f"(ideal {1000 * args.slots / args.hold_ms:.0f} acq/s)")

@@ -29,6 +29,8 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 SeedOpt = Annotated[int | None, typer.Option(help="Shortcut for --set training.seed=N.")]
 StepsOpt = Annotated[int | None, typer.Option(help="Shortcut for --set training.max_steps=N.")]
 LogDirOpt = Annotated[str | None, typer.Option(help="Shortcut for --set logging.log_dir=DIR.")]
+ExecutorOpt = Annotated[str | None, typer.Option(
+    help="Shortcut for --set campaign.executor=NAME (local or ray).", metavar="NAME")]
 
 
 def _version(value: bool) -> None:
@@ -45,11 +47,11 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 def _overrides(sets: list[str] | None, seed: int | None = None, max_steps: int | None = None,
-               log_dir: str | None = None) -> dict:
+               log_dir: str | None = None, executor: str | None = None) -> dict:
     from retrain.config import command_line_overrides
 
     return command_line_overrides(sets or [], {"--seed": seed, "--max-steps": max_steps,
-                                               "--log-dir": log_dir})
+                                               "--log-dir": log_dir, "--executor": executor})
 
 
 @app.command()
@@ -60,6 +62,7 @@ def run(
     seed: SeedOpt = None,
     max_steps: StepsOpt = None,
     log_dir: LogDirOpt = None,
+    executor: ExecutorOpt = None,
     new: Annotated[bool, typer.Option("--new", help="Start fresh instead of resuming.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Resume a campaign even if its matrix "
                                         "changed.")] = False,
@@ -67,7 +70,8 @@ def run(
     """Train: a single run, or every run of a campaign. Re-running resumes."""
     from retrain.launch import launch
 
-    code = launch(config, _overrides(set_, seed, max_steps, log_dir), new=new, force=force)
+    code = launch(config, _overrides(set_, seed, max_steps, log_dir, executor), new=new,
+                  force=force)
     raise typer.Exit(code)
 
 

@@ -182,6 +182,13 @@ class CampaignConfig:
                                       factory=True)
     grid: dict = opt({}, "[campaign.grid]: dotted key -> list of values (cartesian product)",
                      factory=True)
+    executor: str = opt("local", "where runs execute: local processes, or a Ray cluster",
+                        choices=("local", "ray"))
+    ray_address: str = opt("", "ray: cluster address ('' = $RAY_ADDRESS or a running cluster, "
+                           "else start one here)")
+    run_resources: dict = opt({}, "ray: resources per run, {cpu = N, gpu = M} (default: cpu = "
+                              "model.threads or 1, gpu = 1 when the model runs on cuda)",
+                              factory=True)
 
 
 @dataclass
@@ -526,6 +533,31 @@ def _merged(old: Any, new: Any) -> Any:
     return copy.deepcopy(new)
 
 
+RUN_RESOURCE_KEYS = ("cpu", "gpu")
+
+
+def _run_resources_issues(value: dict) -> list[ConfigIssue]:
+    issues = []
+    for key, amount in value.items():
+        where = f"campaign.run_resources.{key}"
+        if key not in RUN_RESOURCE_KEYS:
+            issues.append(ConfigIssue(where, "unknown resource; run_resources takes cpu and gpu, "
+                                      "e.g. run_resources = {cpu = 2, gpu = 1}"))
+        elif isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            issues.append(ConfigIssue(where, f"expected a number >= 0, got {_show(amount)}"))
+    return issues
+
+
+def run_resources(cfg: Config, cluster_gpus: float = 0.0) -> dict[str, float]:
+    """What one run asks Ray for: [campaign] run_resources, with defaults derived from the run
+    (cpu = model.threads or 1; gpu = 1 when the model runs on cuda, i.e. device = "cuda", or
+    "auto" on a cluster that has GPUs; a remote backend needs none)."""
+    res = cfg.campaign.run_resources
+    on_cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and cluster_gpus > 0)
+    gpu = 1.0 if on_cuda and cfg.backend.backend == "local" else 0.0
+    return {"cpu": float(res.get("cpu", cfg.model.threads or 1)), "gpu": float(res.get("gpu", gpu))}
+
+
 def cross_checks(cfg: Config) -> list[ConfigIssue]:
     """Problems that involve more than one key."""
     issues = []
@@ -570,6 +602,7 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
     if any(s < 0 for s in cfg.campaign.seeds):
         issues.append(ConfigIssue("campaign.seeds", "seeds must be >= 0, got "
                                   + _show(cfg.campaign.seeds)))
+    issues += _run_resources_issues(cfg.campaign.run_resources)
     return issues
 
 
@@ -694,7 +727,7 @@ def _cli_override_problem(dotted: str, value: Any) -> str | None:
 
 # Command-line shortcuts for the most common overrides.
 SHORTCUTS = {"--seed": "training.seed", "--max-steps": "training.max_steps",
-             "--log-dir": "logging.log_dir"}
+             "--log-dir": "logging.log_dir", "--executor": "campaign.executor"}
 
 
 def command_line_overrides(sets: list[str], shortcuts: dict[str, Any]) -> dict[str, Any]:

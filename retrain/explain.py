@@ -59,6 +59,9 @@ class Report:
     wall_time_s: float | None
     wall_time: str                 # human-readable, or UNKNOWN_TIME
     warnings: list[str]
+    executor: str = "local"        # campaigns: [campaign] executor
+    cluster: str = ""              # executor = "ray": the cluster's resources, when reachable
+    runs_at_once: int | None = None  # executor = "ray": runs the cluster fits at once (capped)
 
 
 # ---------------------------------------------------------------------------- building
@@ -83,6 +86,12 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
                                          cfg.campaign.max_workers, len(plans))
     pilot = find_pilot(log_dir, {signature(c) for c in run_cfgs})
     wall = capacity.wall_time_s(pilot.median_step_time_s, steps, par) if pilot else None
+    cluster, fits = "", None
+    if cfg.is_campaign and cfg.campaign.executor == "ray":
+        from retrain.campaign.ray_executor import describe_cluster  # imports Ray only here
+
+        cluster, fits = describe_cluster(cfg)
+        fits = min(fits, par) if fits is not None else None
     return Report(
         config_file=str(path), kind="campaign" if cfg.is_campaign else "single run", name=name,
         settings=key_settings(cfg),
@@ -92,7 +101,8 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         seeds=_unique(p.seed for p in plans) if cfg.is_campaign else [],
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
-        warnings=warnings(cfg, path, len(plans), par, overrides))
+        warnings=warnings(cfg, path, len(plans), par, overrides),
+        executor=cfg.campaign.executor, cluster=cluster, runs_at_once=fits)
 
 
 def campaign_folder(cfg: Config, path: Path) -> Path:
@@ -349,12 +359,21 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
         mode = (f"parallel, max_workers {s['campaign.max_workers']}, stagger "
                 f"{s['campaign.stagger_seconds']}s" if s["campaign.parallel"] else "one at a time")
         out.append(("workers", mode))
+        out.append(("executor", _executor_line(r)))
     out.append(("logs", r.runs[0].folder if r.kind == "single run"
                 else str(Path(r.runs[0].folder).parent) if r.runs else s["logging.log_dir"]))
     out.append(("total steps", f"{r.total_steps}" + (f" ({runs} runs)" if runs > 1 else "")))
     out.append(("parallelism", str(r.effective_parallelism)))
     out.append(("wall time", _wall_line(r)))
     return out
+
+
+def _executor_line(r: Report) -> str:
+    if r.executor != "ray":
+        return "local (processes on this machine)"
+    if r.runs_at_once is None:
+        return f"ray: {r.cluster}"
+    return f"ray: {r.cluster}; {r.runs_at_once} run(s) fit at once"
 
 
 def _wall_line(r: Report) -> str:

@@ -46,6 +46,7 @@ class RunStatus:
     seed: int | None = None
     attempts: int | None = None
     exit_code: int | None = None
+    node: str | None = None        # Ray campaigns: host (node id) of the current attempt
 
 
 @dataclass
@@ -269,6 +270,8 @@ def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
     run.exit_code = entry["exit_code"] if _is_int(entry.get("exit_code")) else None
     run.step = max(run.step, max(_int(entry.get("last_step"), 0), 0))
     run.max_steps = max(_int(entry.get("max_steps"), 0), 0) or run.max_steps
+    if entry.get("node"):
+        run.node = f"{_text(entry.get('host')) or '?'} ({str(entry['node'])[:8]})"
     status = _text(entry.get("status"))
     if status in ("completed", "failed"):
         run.state = _FROM_FILE[status]
@@ -317,17 +320,36 @@ def _time_left(runs: list[RunStatus], parallel: bool, max_workers: int
 
 
 def _slots_in_use(folder: Path, manifest: dict) -> int | None:
+    actor = manifest.get("slots_actor")
+    if isinstance(actor, str) and actor:
+        return _ray_slots_in_use(actor, manifest)
     slots = manifest.get("slots_dir")
     if not isinstance(slots, str) or not slots or Path(slots).is_absolute() \
             or ".." in Path(slots).parts:
         return None
     try:
-        from retrain.campaign.semaphore import slots_in_use
+        from retrain.slots import slots_in_use
     except ImportError:
         return None
     try:
         return int(slots_in_use(folder / slots))
     except (OSError, ValueError):
+        return None
+
+
+def _ray_slots_in_use(actor: str, manifest: dict) -> int | None:
+    """Ask a running Ray campaign's slot actor (Ray is imported only for such a campaign)."""
+    if manifest.get("status") != "running":
+        return None
+    try:
+        import ray
+
+        from retrain.slots_ray import connect, find_broker
+
+        connect(str(manifest.get("ray_address") or ""), start=False)
+        broker = find_broker(actor)
+        return None if broker is None else int(ray.get(broker.stats.remote(), timeout=5)["in_use"])
+    except Exception:  # no Ray, no cluster, actor gone: slots are unknown, status goes on
         return None
 
 
@@ -417,13 +439,16 @@ def _run_cells(r: RunStatus) -> list[str]:
 
 def runs_table(runs: list[RunStatus], with_campaign: bool = False) -> render.Table:
     headers = list(RUN_HEADERS)
+    with_node = with_campaign and any(r.node for r in runs)
     if with_campaign:
-        headers += ["attempts", "exit"]
+        headers += ["attempts", "exit"] + (["node"] if with_node else [])
     rows = []
     for r in runs:
         cells = _run_cells(r)
         if with_campaign:
             cells += [str(r.attempts or 0), "-" if r.exit_code is None else str(r.exit_code)]
+        if with_node:
+            cells.append(r.node if r.node and r.state == "running" else "-")
         rows.append(cells)
     return render.Table(headers, rows)
 

@@ -43,12 +43,12 @@ from retrain.backends.base import (
     SamplingParams,
     make_datum,
 )
-from retrain.campaign.semaphore import slots_from_env
 from retrain.config import Config, run_config
 from retrain.errors import UserError
 from retrain.eval import evaluate
 from retrain.progress import Progress
 from retrain.scorer import build_scorer
+from retrain.slots import slots_from_env
 from retrain.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.trackers import Trackers
 

@@ -232,10 +232,10 @@ def test_campaign_plain_output(campaign, capsys):
 
 
 def test_campaign_slots_in_use(campaign, monkeypatch, capsys):
-    sem = types.ModuleType("retrain.campaign.semaphore")
+    sem = types.ModuleType("retrain.slots")
     seen = []
     sem.slots_in_use = lambda folder: seen.append(folder) or 3
-    monkeypatch.setitem(sys.modules, "retrain.campaign.semaphore", sem)
+    monkeypatch.setitem(sys.modules, "retrain.slots", sem)
     (c,) = status.scan(campaign).campaigns
     assert c.api_slots_in_use == 3 and seen == [campaign / "sweep" / "slots"]
     assert "API slots 3/4 in use" in status.campaign_header(c)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from retrain.slots import ApiSlots, NoSlots  # noqa: F401  (re-exported for the backends)
+
 TokenIds = list[int]
 
 
@@ -117,31 +119,6 @@ class BackendError(RuntimeError):
 
 class BackendOOMError(BackendError):
     """Out of memory: the trainer retries the step with a smaller batch and tells the controller."""
-
-
-class ApiSlots(Protocol):
-    """A counting semaphore held around each remote API request (`with slots: call()`).
-
-    `wait_s` is the total time spent waiting to acquire, so callers can log it per step.
-    """
-
-    wait_s: float
-
-    def __enter__(self) -> Any: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-class NoSlots:
-    """The semaphore of a standalone run: never waits."""
-
-    wait_s = 0.0
-
-    def __enter__(self) -> NoSlots:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @runtime_checkable

@@ -1,7 +1,9 @@
 """Where campaign workers run. The runner only sees `Executor.launch(job) -> Worker`.
 
-`LocalExecutor` starts each run as a child process on this machine; a distributed
-executor would implement the same two small protocols.
+`LocalExecutor` starts each run as a child process on this machine; `ray_executor.RayExecutor`
+implements the same two small protocols on a Ray cluster. Optional executor hooks the runner
+uses when present: `prepare(max_concurrent)`, `worker_env(max_concurrent)`,
+`adopt(name, attempt)`, `close(finished)`; a worker may have `placement()` and `lost`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Job:
     config_path: Path
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)   # added to the runner's environment
+    attempt: int = 0   # which attempt of the run this is (the Ray executor names actors by it)
 
 
 class Worker(Protocol):

@@ -41,6 +41,9 @@ class RunEntry:
     max_steps: int = 0
     final_metrics: dict[str, Any] = field(default_factory=dict)
     error: str = ""   # last lines of worker.log when the run failed
+    host: str = ""    # where the current (or last) attempt runs; Ray executor only
+    node: str = ""
+    placements: list[dict[str, Any]] = field(default_factory=list)  # {attempt, host, node, pid}
 
 
 @dataclass
@@ -59,6 +62,9 @@ class Manifest:
     stagger_seconds: float = 0.0
     max_concurrent: int = 1
     slots_dir: str = "slots"
+    executor: str = "local"
+    slots_actor: str = ""   # the Ray slot actor's name (executor = "ray")
+    ray_address: str = ""
     conditions: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     runs: list[RunEntry] = field(default_factory=list)

@@ -24,11 +24,11 @@ from retrain import runlog, toml_io
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import Manifest, RunEntry, load_manifest, save_manifest
 from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for, safe_name
-from retrain.campaign.semaphore import ENV_VAR, env_value
 from retrain.config import Config, ConfigError
 from retrain.config_paths import anchor_paths
 from retrain.cpu import AUTO_THREADS_ENV, available_cores
 from retrain.errors import UserError
+from retrain.slots import ENV_VAR, env_value
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
 TICK_S = 0.005          # scheduler poll interval after an event (a waitpid per worker) ...
@@ -67,12 +67,30 @@ def run_campaign(cfg: Config, config_path: str | Path, new: bool = False, force:
     campaign_dir = locate_campaign(root, name, new=new)
     campaign_dir.mkdir(parents=True, exist_ok=True)
     with runner_lock(campaign_dir):
+        executor = executor or executor_for(cfg, campaign_dir)
+        if hasattr(executor, "prepare"):  # e.g. Ray: join the cluster, check shared storage
+            executor.prepare(cfg.backend.max_concurrent)
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
-        manifest, adopted = prepare_manifest(cfg, config_path, campaign_dir, plans, force)
-        runner = Runner(cfg, campaign_dir, plans, manifest, executor or ex.LocalExecutor())
+        manifest, adopted = prepare_manifest(cfg, config_path, campaign_dir, plans, force,
+                                             executor)
+        runner = Runner(cfg, campaign_dir, plans, manifest, executor)
         return runner.run(adopted)
+
+
+def executor_for(cfg: Config, campaign_dir: Path) -> ex.Executor:
+    """The executor `[campaign] executor` names (Ray is imported only when chosen)."""
+    if cfg.campaign.executor != "ray":
+        return ex.LocalExecutor()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError("[campaign] executor = \"ray\" needs Ray: pip install 'retrain[ray]' "
+                        "(or set executor = \"local\")") from None
+    from retrain.campaign.ray_executor import RayExecutor
+
+    return RayExecutor(campaign_dir, cfg)
 
 
 # ---------------------------------------------------------------------------- campaign folder
@@ -112,7 +130,7 @@ def runner_lock(campaign_dir: Path) -> Iterator[None]:
 
 
 def prepare_manifest(cfg: Config, config_path: Path, campaign_dir: Path,
-                     plans: list[PlannedRun], force: bool
+                     plans: list[PlannedRun], force: bool, executor: object = None
                      ) -> tuple[Manifest, dict[str, ex.Worker]]:
     """Load or create the manifest, refuse a changed matrix unless forced, and reconcile
     runs left 'running' by a runner that died. Returns it with any still-live workers."""
@@ -134,8 +152,8 @@ def prepare_manifest(cfg: Config, config_path: Path, campaign_dir: Path,
                             "campaign, or --force to continue this one with the new matrix "
                             "(finished runs are kept; a raised training.max_steps continues them).")
         manifest = _merge(old, plans, new_hash)
-    _describe_campaign(manifest, cfg, config_path)
-    adopted = _reconcile(manifest, plans)
+    _describe_campaign(manifest, cfg, config_path, campaign_dir)
+    adopted = _reconcile(manifest, plans, executor)
     save_manifest(campaign_dir, manifest)
     return manifest, adopted
 
@@ -164,13 +182,20 @@ def _merge(old: Manifest, plans: list[PlannedRun], new_hash: str) -> Manifest:
     return old
 
 
-def _describe_campaign(m: Manifest, cfg: Config, config_path: Path) -> None:
+def _describe_campaign(m: Manifest, cfg: Config, config_path: Path,
+                       campaign_dir: Path | None = None) -> None:
     c = cfg.campaign
     m.config_file = str(config_path)
     m.runner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
     m.status = "running"
     m.parallel, m.max_workers, m.stagger_seconds = c.parallel, c.max_workers, c.stagger_seconds
     m.max_concurrent, m.slots_dir = cfg.backend.max_concurrent, SLOTS_DIR
+    m.executor, m.ray_address = c.executor, c.ray_address
+    if c.executor == "ray":
+        from retrain.campaign.ray_executor import campaign_key
+        from retrain.slots_ray import broker_name
+
+        m.slots_dir, m.slots_actor = "", broker_name(campaign_key(campaign_dir))
     m.conditions = list(dict.fromkeys(r.condition for r in m.runs))
     m.seeds = list(dict.fromkeys(r.seed for r in m.runs))
 
@@ -224,7 +249,8 @@ def _some(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def _reconcile(m: Manifest, plans: list[PlannedRun]) -> dict[str, ex.Worker]:
+def _reconcile(m: Manifest, plans: list[PlannedRun],
+               executor: object = None) -> dict[str, ex.Worker]:
     """Runs a dead runner left 'running': adopt the live workers, mark the rest interrupted.
     Runs whose state.json says completed are completed (their runner died before noting it)."""
     adopted: dict[str, ex.Worker] = {}
@@ -233,8 +259,9 @@ def _reconcile(m: Manifest, plans: list[PlannedRun]) -> dict[str, ex.Worker]:
         if entry is None:
             continue
         if entry.status == "running":
-            if ex.is_worker_of(entry.pid, plan.config_path):
-                adopted[entry.name] = ex.AdoptedWorker(entry.pid, plan.config_path)
+            worker = _still_running(executor, entry, plan)
+            if worker is not None:
+                adopted[entry.name] = worker
                 continue
             entry.status = "interrupted"
         state = runlog.load_state(plan.run_dir)
@@ -243,6 +270,26 @@ def _reconcile(m: Manifest, plans: list[PlannedRun]) -> dict[str, ex.Worker]:
             entry.status, entry.exit_code = "completed", 0
             _record_progress(entry, plan.run_dir, final=True)
     return adopted
+
+
+def _still_running(executor: object, entry: RunEntry, plan: PlannedRun) -> ex.Worker | None:
+    """The live worker of a run left 'running', found the executor's way (Ray: by actor name)."""
+    if hasattr(executor, "adopt"):
+        return executor.adopt(entry.name, entry.attempts)
+    if ex.is_worker_of(entry.pid, plan.config_path):
+        return ex.AdoptedWorker(entry.pid, plan.config_path)
+    return None
+
+
+def _record_placement(entry: RunEntry, worker: ex.Worker) -> bool:
+    """Copy where the worker runs (Ray: host, node, pid) into the entry once it is known."""
+    where = worker.placement() if hasattr(worker, "placement") else None
+    if not where or (entry.node == where["node"] and entry.pid == where["pid"]):
+        return False
+    entry.host, entry.node, entry.pid = where["host"], where["node"], int(where["pid"])
+    entry.placements.append({"attempt": entry.attempts, "host": entry.host,
+                             "node": entry.node, "pid": entry.pid})
+    return True
 
 
 def _record_progress(entry: RunEntry, run_dir: Path, final: bool = False) -> bool:
@@ -298,6 +345,8 @@ class Runner:
         self.stagger = c.stagger_seconds if c.parallel else 0.0
         self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent),
                     **thread_share_env(cfg, min(self.cap, n))}
+        if hasattr(executor, "worker_env"):  # Ray: the slot actor instead of a local folder
+            self.env = executor.worker_env(cfg.backend.max_concurrent)
         self.alive: dict[str, ex.Worker] = {}
         self.todo: list[RunEntry] = []
         self.stop = _Stop()
@@ -359,11 +408,13 @@ class Runner:
             log.write(f"\n=== attempt {entry.attempts} of {entry.name} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
         entry.started_at, entry.ended_at, entry.exit_code = time.time(), None, None
-        worker = self.executor.launch(ex.Job(entry.name, config_path, log_path, self.env))
+        worker = self.executor.launch(ex.Job(entry.name, config_path, log_path, self.env,
+                                             attempt=entry.attempts))
         entry.status, entry.pid, entry.error = "running", worker.pid, ""
         self.alive[entry.name] = worker
         self._save()
-        self.say(f"start {entry.name} (attempt {entry.attempts}, pid {worker.pid})")
+        where = f"Ray actor {worker.name}" if hasattr(worker, "placement") else f"pid {worker.pid}"
+        self.say(f"start {entry.name} (attempt {entry.attempts}, {where})")
 
     def _reap(self, stopping: bool = False) -> bool:
         """Record every worker that has ended; True if any had."""
@@ -388,6 +439,7 @@ class Runner:
             if entry.status == "failed":
                 entry.failures += 1
                 entry.error = log_tail(plan.run_dir / WORKER_LOG)
+            self._retry_if_lost(entry, worker, stopping)
             self._save()
             took = entry.ended_at - (entry.started_at or entry.ended_at)
             detail = "" if entry.status == "completed" else f", {describe_exit(code)}"
@@ -395,8 +447,22 @@ class Runner:
                      f"in {took:.1f}s{detail}")
         return reaped
 
+    def _retry_if_lost(self, entry: RunEntry, worker: ex.Worker, stopping: bool) -> None:
+        """A run whose Ray actor died (its node left) starts again elsewhere, now, while it
+        has retries left; it resumes from its last checkpoint."""
+        _record_placement(entry, worker)
+        if not getattr(worker, "lost", False) or entry.status != "failed":
+            return
+        entry.error = f"its Ray actor died on {entry.host or 'an unknown host'} " \
+                      f"(node {entry.node[:12] or '?'} lost or process killed)\n" + entry.error
+        if not stopping and entry.failures <= self.max_retries:
+            self.say(f"{entry.name}: its node or actor died; retrying on another node "
+                     f"(failure {entry.failures} of max_retries = {self.max_retries} + 1)")
+            self.todo.append(entry)
+
     def _progress(self) -> None:
         changed = [_record_progress(self.m.entry(n), self.plans[n].run_dir) for n in self.alive]
+        changed += [_record_placement(self.m.entry(n), w) for n, w in self.alive.items()]
         if any(changed):
             self._save()
 
@@ -431,6 +497,8 @@ class Runner:
         else:
             self.m.status = "interrupted"
         self._save()
+        if hasattr(self.executor, "close"):
+            self.executor.close(finished=not self.alive)
         print(summary(self.m, self.dir), flush=True)
         if self.stop.signum is not None:
             return 128 + self.stop.signum

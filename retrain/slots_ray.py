@@ -1,0 +1,298 @@
+"""The API budget across nodes: one named, detached Ray actor hands out `max_concurrent` slots.
+
+- Same contract as the file semaphore (`retrain.slots.ApiSlots`): `with slots:` holds one slot,
+  `wait_s` adds up the time spent waiting; waiters queue, nothing fails for lack of a slot.
+- FIFO-fair: waiters are served in arrival order at the actor; a holder that releases and
+  asks again joins the back of the line.
+- Dead holders: each process renews the leases of the slots it holds every HEARTBEAT_S from a
+  daemon thread; the actor releases a lease not renewed for LEASE_S (its holder's process or
+  node died). LEASE_S is ten heartbeats so a briefly starved holder keeps its slot.
+  (Measured release time: bench/ray_semaphore.py, bench/RESULTS.md.)
+- The actor counts the peak number of holders, grants and expired leases, so tests and
+  `status` can check that `max_concurrent` held across every node.
+
+Ray is imported inside the functions here; importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+NAMESPACE = "retrain"
+HEARTBEAT_S = 0.5
+LEASE_S = 5.0
+
+
+class SlotBroker:
+    """The actor's state: who holds a slot (with their last renewal) and who waits, in order."""
+
+    def __init__(self, max_concurrent: int, lease_s: float = LEASE_S):
+        self.max_concurrent = max_concurrent
+        self.lease_s = lease_s
+        self.holders: dict[str, float] = {}              # holder id -> last renewal (monotonic)
+        self.queue: OrderedDict[str, asyncio.Future] = OrderedDict()
+        self.peak = self.grants = self.expired = 0
+        self._reaper: asyncio.Task | None = None
+
+    async def acquire(self, holder: str) -> bool:
+        """Wait for a slot in arrival order; True once `holder` holds it."""
+        self._start_reaper()
+        if holder in self.holders:
+            return True
+        if len(self.holders) < self.max_concurrent and not self.queue:
+            self._grant(holder)
+            return True
+        future = asyncio.get_running_loop().create_future()
+        self.queue[holder] = future
+        await future
+        return True
+
+    async def release(self, holder: str) -> None:
+        self.holders.pop(holder, None)
+        self._hand_on()
+
+    async def abandon(self, holder: str) -> None:
+        """A waiter gave up (timeout): leave the line, or give back a slot granted meanwhile."""
+        future = self.queue.pop(holder, None)
+        if future is not None and not future.done():
+            future.cancel()
+        await self.release(holder)
+
+    async def renew(self, holders: list[str]) -> list[str]:
+        """Extend these leases; returns the ones it no longer knows (expired)."""
+        now = time.monotonic()
+        lost = []
+        for h in holders:
+            if h in self.holders:
+                self.holders[h] = now
+            else:
+                lost.append(h)
+        return lost
+
+    async def resize(self, max_concurrent: int) -> None:
+        self.max_concurrent = max_concurrent
+        self._hand_on()
+
+    async def stats(self) -> dict[str, Any]:
+        return {"max_concurrent": self.max_concurrent, "in_use": len(self.holders),
+                "waiting": len(self.queue), "peak": self.peak, "grants": self.grants,
+                "expired": self.expired, "lease_s": self.lease_s}
+
+    def _grant(self, holder: str) -> None:
+        self.holders[holder] = time.monotonic()
+        self.grants += 1
+        self.peak = max(self.peak, len(self.holders))
+
+    def _hand_on(self) -> None:
+        """Give free slots to the head of the line."""
+        while self.queue and len(self.holders) < self.max_concurrent:
+            holder, future = self.queue.popitem(last=False)
+            if future.done():
+                continue
+            self._grant(holder)
+            future.set_result(True)
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 10)
+            cutoff = time.monotonic() - self.lease_s
+            dead = [h for h, t in self.holders.items() if t < cutoff]
+            for h in dead:
+                del self.holders[h]
+            if dead:
+                self.expired += len(dead)
+                self._hand_on()
+
+
+def broker_name(campaign_key: str) -> str:
+    return f"slots:{campaign_key}"
+
+
+def ensure_broker(name: str, max_concurrent: int, lease_s: float = LEASE_S) -> Any:
+    """The named broker actor, created detached on first use (it outlives any one driver)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the driver's node (a worker node may leave); restarted elsewhere if that node dies,
+    # with an empty table: holders then re-acquire as their requests end (a brief overshoot).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    actor_cls = ray.remote(SlotBroker)
+    broker = actor_cls.options(name=name, namespace=NAMESPACE, lifetime="detached",
+                               get_if_exists=True, num_cpus=0, max_concurrency=10_000,
+                               max_restarts=-1, scheduling_strategy=here
+                               ).remote(max_concurrent, lease_s)
+    ray.get(broker.resize.remote(max_concurrent))
+    return broker
+
+
+def find_broker(name: str) -> Any | None:
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def connect(address: str = "", start: bool = False) -> None:
+    """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here
+    when `start` (else ConnectionError). Keeps this process's SIGTERM handler: ray.init
+    replaces it with an exit, and the trainer's handler is what checkpoints on SIGTERM."""
+    import signal
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        _init(address or os.environ.get("RAY_ADDRESS", ""), start)
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init(target: str, start: bool) -> None:
+    """ray.init, after a quick TCP probe: Ray itself waits minutes on an address nobody
+    answers (a stale ray_current_cluster file left by a head that crashed)."""
+    import ray
+
+    kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
+                  configure_logging=False)
+    if target and target != "auto":
+        if "://" not in target and not _reachable(target):
+            raise ConnectionError(f"no Ray cluster answers at {target} ([campaign] ray_address "
+                                  "or $RAY_ADDRESS); start it with `ray start --head`, or fix "
+                                  "the address")
+        ray.init(address=target, **kwargs)
+        return
+    found = _address_of_this_machines_cluster()
+    if found and _reachable(found):
+        ray.init(address=found, **kwargs)
+        return
+    if not start:
+        raise ConnectionError("no Ray cluster is running on this machine"
+                              + (f" ({found}, recorded by Ray, does not answer)" if found else ""))
+    ray.init(address="local", include_dashboard=False, **kwargs)  # a one-machine cluster
+
+
+def _address_of_this_machines_cluster() -> str:
+    """What `ray start` recorded on this machine ('' when nothing is)."""
+    try:
+        from ray._common.utils import get_ray_address_file
+
+        path = Path(get_ray_address_file(None))
+    except ImportError:  # moved in another Ray version: its default place
+        path = Path("/tmp/ray/ray_current_cluster")
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _reachable(address: str, timeout_s: float = 2.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+class RaySlots:
+    """A worker's handle on the broker: the `ApiSlots` of a Ray campaign.
+
+    Several threads may share it, each holding at most one slot at a time (like the file
+    semaphore). Connects to the cluster on first use, so a run that never calls the API
+    never pays for it.
+    """
+
+    def __init__(self, name: str, max_concurrent: int, timeout: float | None = None):
+        self.name = name
+        self.max_concurrent = max_concurrent
+        self.timeout = timeout
+        self.wait_s = 0.0
+        self._held: set[str] = set()
+        self._mine = threading.local()
+        self._lock = threading.Lock()
+        self._broker: Any = None
+        self._beat: threading.Thread | None = None
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Take a slot; False if `timeout` seconds pass first (None waits for ever)."""
+        import ray
+
+        if getattr(self._mine, "holder", None) is not None:
+            raise RuntimeError(f"this thread already holds a slot of {self.name}; "
+                               "release it first (the semaphore is not reentrant)")
+        broker = self._connect()
+        holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        start = time.monotonic()
+        try:
+            ray.get(broker.acquire.remote(holder), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.get(broker.abandon.remote(holder))
+            return False
+        finally:
+            with self._lock:
+                self.wait_s += time.monotonic() - start
+        self._mine.holder = holder
+        with self._lock:
+            self._held.add(holder)
+        return True
+
+    def release(self) -> None:
+        import ray
+
+        holder = getattr(self._mine, "holder", None)
+        if holder is None:
+            raise RuntimeError(f"this thread holds no slot of {self.name}")
+        self._mine.holder = None
+        with self._lock:
+            self._held.discard(holder)
+        ray.get(self._broker.release.remote(holder))
+
+    def __enter__(self) -> RaySlots:
+        if not self.acquire(self.timeout):
+            raise TimeoutError(f"no API slot free in Ray actor {self.name} after {self.timeout}s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _connect(self) -> Any:
+        with self._lock:
+            if self._broker is None:
+                connect()
+                self._broker = find_broker(self.name)
+                if self._broker is None:
+                    from retrain.errors import UserError
+
+                    raise UserError(f"no Ray slot actor named {self.name!r} in namespace "
+                                    f"{NAMESPACE!r}; was the campaign runner stopped? Run the "
+                                    "campaign again to recreate it")
+                self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                              name="retrain-slot-lease")
+                self._beat.start()
+            return self._broker
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with self._lock:
+                held = list(self._held)
+            if held:
+                self._broker.renew.remote(held)  # fire and forget: the next beat follows

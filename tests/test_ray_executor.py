@@ -1,0 +1,249 @@
+"""Campaigns on a real multi-node Ray cluster (ray.cluster_utils.Cluster: several raylets on
+this machine), through the real CLI on the tiny model: placement over nodes, a node removed
+mid-run, a killed driver, the slot actor across nodes, and the shared-storage check.
+
+One cluster for the whole module: a head with no CPU (it hosts the drivers and the slot actor)
+and two 1-CPU worker nodes, so runs land on the workers and a removed worker can be replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
+
+from retrain import runlog  # noqa: E402
+from retrain.campaign.manifest import load_manifest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+
+CAMPAIGN = """
+[model]
+name = "tiny-random"
+dtype = "float32"
+threads = 1
+[data]
+eval_size = 0
+[training]
+batch_size = 2
+group_size = 2
+max_tokens = 8
+max_steps = {max_steps}
+save_every = 1
+[reward]
+type = "custom"
+function = "{reward}"
+timeout_s = 600.0
+[logging]
+log_dir = "{log_dir}"
+[campaign]
+seeds = {seeds}
+parallel = true
+max_workers = {max_workers}
+stagger_seconds = 0
+executor = "ray"
+"""
+
+REWARD = """
+import os, time
+def reward(completion, answer):
+    time.sleep(float(os.environ.get("RETRAIN_TEST_REWARD_DELAY", "0")))
+    return sum(ch.isdigit() for ch in completion) / len(completion) if completion else 0.0
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model):
+    from ray.cluster_utils import Cluster
+
+    os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 80 * 2**20, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(**NODE_ARGS)
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace="retrain", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def env(cli_env, cluster) -> dict:
+    return {**cli_env, "RAY_ADDRESS": cluster.address}
+
+
+def _campaign(tmp: Path, **kw) -> Path:
+    (tmp / "score.py").write_text(REWARD)
+    params = {"max_steps": 3, "log_dir": str(tmp / "logs"), "seeds": "[1, 2, 3, 4]",
+              "max_workers": 4, "reward": str(tmp / "score.py") + ":reward", **kw}
+    path = tmp / "exp.toml"
+    path.write_text(CAMPAIGN.format(**params))
+    return path
+
+
+def _retrain(env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "retrain", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def _start(env: dict, path: Path, log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / runlog.METRICS_FILE).read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _running_at_step(campaign: Path, step: int):
+    """The manifest's running entry once it is placed and its run has passed `step`."""
+    m = load_manifest(campaign) if (campaign / runlog.MANIFEST_FILE).exists() else None
+    for e in (m.runs if m else []):
+        state = runlog.load_state(campaign / e.name)
+        if e.status == "running" and e.node and state is not None and state.step >= step:
+            return e
+    return None
+
+
+def test_campaign_spreads_over_nodes_and_runs_every_step_once(tmp_path, env):
+    path = _campaign(tmp_path, max_steps=2)
+    done = _retrain(env, str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    campaign = tmp_path / "logs" / "exp"
+    m = load_manifest(campaign)
+    assert m.executor == "ray" and m.slots_actor and m.status == "completed"
+    worker_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]
+                    and n["Resources"].get("CPU", 0) > 0}
+    assert {e.node for e in m.runs} == worker_nodes  # two nodes shared the four runs
+    for e in m.runs:
+        assert e.status == "completed" and e.attempts == 1 and e.host
+        assert [p["node"] for p in e.placements] == [e.node]
+        assert _steps(campaign / e.name) == [1, 2]
+    # The slot actor and every run actor are gone once the campaign ended.
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert not any(m.slots_actor in n or n.startswith("run:") for n in names), names
+
+
+def test_removed_node_run_is_retried_elsewhere_and_resumes_exactly(tmp_path, env, cluster):
+    path = _campaign(tmp_path, seeds="[1]", max_steps=5)
+    campaign = tmp_path / "logs" / "exp"
+    driver = _start({**env, "RETRAIN_TEST_REWARD_DELAY": "0.15"}, path, tmp_path / "out.txt")
+    try:
+        entry = _wait_for(lambda: _running_at_step(campaign, 2), 120, "step 2 on a node")
+        (victim,) = [n for n in cluster.worker_nodes if n.node_id == entry.node]
+        cluster.remove_node(victim)
+        assert driver.wait(timeout=180) == 0, (tmp_path / "out.txt").read_text()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        cluster.add_node(**NODE_ARGS)  # back to two workers for the next tests
+        cluster.wait_for_nodes()
+    out = (tmp_path / "out.txt").read_text()
+    (e,) = load_manifest(campaign).runs
+    assert e.status == "completed" and e.attempts == 2 and e.failures == 1, out
+    assert [p["attempt"] for p in e.placements] == [1, 2]
+    assert e.placements[0]["node"] == entry.node != e.placements[1]["node"]
+    assert "retrying on another node" in out
+    assert _steps(campaign / e.name) == [1, 2, 3, 4, 5]  # resumed: no step lost or twice
+
+
+def test_killed_driver_rerun_adopts_the_running_runs(tmp_path, env):
+    path = _campaign(tmp_path, seeds="[1, 2]", max_steps=4)
+    campaign = tmp_path / "logs" / "exp"
+    slow = {**env, "RETRAIN_TEST_REWARD_DELAY": "0.3"}  # still running while status looks
+    driver = _start(slow, path, tmp_path / "first.txt")
+    _wait_for(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    status = _retrain(env, "status", str(tmp_path / "logs"))
+    running = [e for e in load_manifest(campaign).runs if e.status == "running"]
+    assert "API slots 0/4 in use" in status.stdout, status.stdout + status.stderr
+    assert "node" in status.stdout and f"{running[0].host} ({running[0].node[:8]})" in status.stdout
+    again = _retrain(slow, str(path))
+    assert again.returncode == 0, again.stdout + again.stderr
+    explain = _retrain(env, "explain", str(path))
+    assert "ray: 3 node(s), 2 CPU, 0 GPU; each run asks cpu = 1, gpu = 0; 2 run(s) fit at " \
+           "once" in explain.stdout, explain.stdout + explain.stderr
+    assert "still running from a previous runner" in again.stdout
+    for e in load_manifest(campaign).runs:
+        assert e.status == "completed", again.stdout
+        assert _steps(campaign / e.name) == [1, 2, 3, 4]
+    adopted = [e for e in load_manifest(campaign).runs if e.attempts == 1
+               and len(e.placements) == 1]
+    assert adopted, "no run was adopted: a second copy was started"
+
+
+def test_folder_not_shared_with_a_node_stops_before_launching(tmp_path, env, cluster):
+    """A node in its own mount namespace, with an empty tmpfs over the log folder's parent."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to give one node its own view of the file system")
+    hidden = tmp_path / "shared"
+    hidden.mkdir()
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    base = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        base[1:1] = ["--user", "--map-root-user"]
+    node = subprocess.Popen(
+        [*base, "sh", "-c", f"mount -t tmpfs none {hidden} && exec {ray_cli} start "
+         f"--address={cluster.address} --num-cpus=0 --object-store-memory={80 * 2**20} --block"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        alive = len([n for n in ray.nodes() if n["Alive"]])
+        try:
+            _wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) > alive
+                      or node.poll() is not None, 60, "the namespaced node")
+        except AssertionError:
+            pytest.skip("could not start a Ray node in its own mount namespace")
+        if node.poll() is not None:
+            pytest.skip("unshare is not permitted here: " + node.stderr.read().decode()[-300:])
+        path = _campaign(hidden, seeds="[1]")
+        failed = _retrain(env, str(path))
+        assert failed.returncode == 2, failed.stdout + failed.stderr
+        folder = hidden / "logs" / "exp"
+        assert f"{folder}: logging.log_dir is not shared with every Ray node" in failed.stderr
+        assert "NFS" in failed.stderr and 'executor = "local"' in failed.stderr
+        assert not (folder / "seed1").exists() or not any((folder / "seed1").iterdir())
+    finally:
+        os.killpg(node.pid, signal.SIGTERM)
+        node.wait(timeout=60)
+
+
+def test_ctrl_c_checkpoints_the_runs_and_leaves_no_actor(tmp_path, env):
+    path = _campaign(tmp_path, seeds="[1]", max_steps=3)
+    campaign = tmp_path / "logs" / "exp"
+    slow = {**env, "RETRAIN_TEST_REWARD_DELAY": "0.1"}
+    driver = _start(slow, path, tmp_path / "out.txt")
+    _wait_for(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
+    driver.send_signal(signal.SIGINT)
+    assert driver.wait(timeout=120) == 130, (tmp_path / "out.txt").read_text()
+    (e,) = load_manifest(campaign).runs
+    assert e.status == "interrupted" and e.failures == 0
+    assert runlog.load_state(campaign / e.name).status == "interrupted"  # it checkpointed
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if n.startswith("run:") or n.startswith("slots:")], names
+    again = _retrain(slow, str(path))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _steps(campaign / e.name) == [1, 2, 3]

@@ -1,0 +1,182 @@
+"""The slot actor on a real 3-node Ray cluster on this machine: `max_concurrent` holds across
+nodes, waiters are served first come first served, and a SIGKILLed holder's slot comes back
+within the lease. One cluster for the module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
+
+from retrain import slots_ray  # noqa: E402
+from retrain.slots import ENV_VAR, slots_from_env  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace=slots_ray.NAMESPACE, log_to_driver=False)
+    # Tasks defined here are shipped by value: the workers cannot import this test module.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _stats(name: str) -> dict:
+    return ray.get(slots_ray.find_broker(name).stats.remote())
+
+
+def _hammer(name: str, n: int, rounds: int, hold_s: float) -> list[tuple[str, float, float]]:
+    """On one node: take and give back a slot `rounds` times; (node, start, end) per hold."""
+    slots = slots_ray.RaySlots(name, n)
+    node = ray.get_runtime_context().get_node_id()
+    held = []
+    for _ in range(rounds):
+        with slots:
+            start = time.time()
+            time.sleep(hold_s)
+            held.append((node, start, time.time()))
+    return held
+
+
+def test_max_concurrent_holds_across_nodes(cluster):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name = "slots:test-across"
+    slots_ray.ensure_broker(name, 2)
+    task = ray.remote(num_cpus=0)(_hammer)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 3
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote(name, 2, 8, 0.02) for node in nodes for _ in range(2)]
+    holds = [h for hs in ray.get(refs, timeout=120) for h in hs]
+    assert {node for node, _, _ in holds} == set(nodes)
+    stats = _stats(name)
+    assert stats["grants"] == 6 * 8 and stats["in_use"] == 0 and stats["waiting"] == 0
+    assert stats["peak"] == 2  # the actor's own count of holders never went above 2
+    edges = sorted([(a, 1) for _, a, _ in holds] + [(b, -1) for _, _, b in holds])
+    alive = peak = 0
+    for _, d in edges:
+        alive += d
+        peak = max(peak, alive)
+    assert peak <= 2  # the holders' own clocks agree (one machine, one clock)
+
+
+def test_waiters_are_served_in_arrival_order(cluster):
+    name = "slots:test-fifo"
+    slots_ray.ensure_broker(name, 1)
+    slots = slots_ray.RaySlots(name, 1)
+    order: list[int] = []
+    slots.acquire()
+
+    def wait_then_note(i: int) -> None:
+        with slots:
+            order.append(i)
+
+    threads = []
+    for i in range(4):
+        t = threading.Thread(target=wait_then_note, args=(i,))
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 30
+        while _stats(name)["waiting"] < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # in line before the next one comes
+    slots.release()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == [0, 1, 2, 3]
+    assert slots.wait_s > 0
+
+
+def test_timeout_leaves_the_line(cluster):
+    name = "slots:test-timeout"
+    slots_ray.ensure_broker(name, 1)
+    holder, waiter = slots_ray.RaySlots(name, 1), slots_ray.RaySlots(name, 1)
+    assert holder.acquire()
+    assert waiter.acquire(timeout=0.3) is False
+    assert _stats(name)["waiting"] == 0
+    holder.release()
+    assert waiter.acquire(timeout=5) is True
+    waiter.release()
+
+
+HOLDER = """
+import sys, time
+from retrain.slots import slots_from_env
+slots = slots_from_env()
+slots.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkilled_holder_frees_its_slot_within_the_lease(cluster):
+    name = "slots:test-dead"
+    slots_ray.ensure_broker(name, 1)
+    env = {**os.environ, ENV_VAR: f"ray:{name}:1", "RAY_ADDRESS": cluster.address}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        time.sleep(2 * slots_ray.HEARTBEAT_S)  # renewals keep a live holder's slot
+        assert _stats(name)["in_use"] == 1
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait()
+        waiter = slots_ray.RaySlots(name, 1)
+        assert waiter.acquire(timeout=slots_ray.LEASE_S + 10)
+        freed_after = time.monotonic() - killed
+        waiter.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert freed_after <= slots_ray.LEASE_S + 2.0, freed_after
+    assert _stats(name)["expired"] == 1
+
+
+def test_slots_from_env_names_the_ray_actor(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "ray:slots:abc:3")
+    slots = slots_from_env()
+    assert isinstance(slots, slots_ray.RaySlots) and slots.name == "slots:abc"
+    assert slots.max_concurrent == 3
+
+
+KEEPS_HANDLER = """
+import signal
+from retrain.slots import slots_from_env
+def mine(signum, frame):
+    pass
+signal.signal(signal.SIGTERM, mine)
+with slots_from_env():  # joins the cluster here, in the main thread
+    pass
+assert signal.getsignal(signal.SIGTERM) is mine, signal.getsignal(signal.SIGTERM)
+print("kept")
+"""
+
+
+def test_joining_the_cluster_keeps_the_trainers_sigterm_handler(cluster):
+    """ray.init installs its own SIGTERM handler; the trainer's (which checkpoints) must stay."""
+    name = "slots:test-handler"
+    slots_ray.ensure_broker(name, 1)
+    env = {**os.environ, ENV_VAR: f"ray:{name}:1", "RAY_ADDRESS": cluster.address}
+    done = subprocess.run([sys.executable, "-c", KEEPS_HANDLER], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "kept", done.stderr[-2000:]
