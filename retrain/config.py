@@ -114,6 +114,9 @@ class TrainingConfig:
                           lo=0)
     eval_every: int = opt(0, "greedy eval on the held-out split every N steps (0 = start and end)",
                           lo=0)
+    max_steps_off_policy: int = opt(
+        0, "tinker: 1 = sample the next step while this one trains (samples one update old); "
+        "0 = on-policy", lo=0, hi=1)
 
 
 @dataclass
@@ -525,6 +528,10 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
                 re.compile(cfg.reward.pattern)
             except re.error as exc:
                 issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
+    if cfg.training.max_steps_off_policy and cfg.backend.backend != "tinker":
+        issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
+                                  "the local backend samples and trains on the same device, one "
+                                  "at a time, so overlap only makes samples stale; set it to 0"))
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
