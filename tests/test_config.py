@@ -385,6 +385,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         cfg.reward.function = "rewards:score"
     if cfg.reward.type == "format":
         cfg.reward.pattern = "\\\\boxed"
+    if cfg.training.max_steps_off_policy and cfg.backend.backend != "tinker":
+        cfg.training.max_steps_off_policy = 0
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:
