@@ -150,11 +150,18 @@ def serve(
     dtype: Annotated[str, typer.Option(
         help="Weights dtype: auto (bfloat16 where computed natively, else float32), "
              "bfloat16, float32 or float16.")] = "auto",
+    delay_ms: Annotated[float, typer.Option(
+        help="Added latency before every API request, in ms (tests and benchmarks: a "
+             "stand-in for a network round trip).", min=0)] = 0.0,
+    max_sessions: Annotated[int, typer.Option(
+        help="Training clients alive at once (0 = no limit); one more gets HTTP 429 until "
+             "a session finishes or stops heart-beating.", min=0)] = 0,
 ) -> None:
     """Serve the Tinker API over the local backend (for the official tinker SDK)."""
     from retrain.serve import serve_forever
 
-    serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype)
+    serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype,
+                  delay_ms=delay_ms, max_sessions=max_sessions)
 
 
 COMMANDS = ("run", "init", "explain", "status", "plot", "serve")

@@ -23,7 +23,7 @@ from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import FaultPlan, Guard, Traffic
-from retrain.serve.service import ApiError, TinkerService
+from retrain.serve.service import SESSION_TIMEOUT_S, ApiError, TinkerService
 
 log = logging.getLogger("retrain.serve")
 PROTO = "application/x-protobuf"
@@ -159,7 +159,10 @@ def _wrap(handler):
         try:
             result = await handler(request)
         except ApiError as exc:
-            return _error(exc.status, exc.message)
+            reply = _error(exc.status, exc.message)
+            if exc.status == 429:  # the SDK honours Retry-After: poll for a free place each second
+                reply.headers["retry-after"] = "1"
+            return reply
         return result if isinstance(result, Response) else JSONResponse(result)
     return endpoint
 
@@ -201,9 +204,15 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
-              reap_every_s: float = 60.0) -> tuple[Guard, TinkerService]:
-    """The ASGI app (Starlette behind the Guard middleware) and its service."""
-    service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s))
+              reap_every_s: float = 60.0, delay_s: float = 0.0, max_sessions: int = 0,
+              session_timeout_s: float = SESSION_TIMEOUT_S) -> tuple[Guard, TinkerService]:
+    """The ASGI app (Starlette behind the Guard middleware) and its service.
+
+    `delay_s` is added before every API request (`--delay-ms`); `max_sessions` caps the
+    training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429).
+    """
+    service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s),
+                            max_sessions=max_sessions, session_timeout_s=session_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -220,4 +229,5 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
 
     app = Starlette(routes=build_routes(service), lifespan=lifespan,
                     exception_handlers={404: _not_found, 405: _not_allowed})
-    return Guard(app, api_key=api_key, faults=faults, traffic=Traffic()), service
+    return Guard(app, api_key=api_key, faults=faults, traffic=Traffic(),
+                 delay_s=delay_s), service

@@ -1,4 +1,8 @@
-"""ASGI middleware in front of the API: shared-key check, traffic counting, fault injection.
+"""ASGI middleware in front of the API: shared-key check, added latency, traffic counting,
+fault injection.
+
+Added latency (`delay_s`, `retrain serve --delay-ms`): every API request waits that long
+before it is handled, a stand-in for a network round trip in tests and benchmarks.
 
 Traffic counts concurrent API requests (heartbeat and telemetry excluded: the SDK sends
 them from a background loop, outside any client-side throttling). A request stops
@@ -112,14 +116,16 @@ class Traffic:
 
 
 class Guard:
-    """ASGI middleware: key check, then counting, then fault injection, then the app."""
+    """ASGI middleware: key check, then counting, then the added delay, then fault injection,
+    then the app."""
 
     def __init__(self, app, api_key: str | None = None, faults: FaultPlan | None = None,
-                 traffic: Traffic | None = None):
+                 traffic: Traffic | None = None, delay_s: float = 0.0):
         self.app = app
         self.api_key = api_key
         self.faults = faults
         self.traffic = traffic or Traffic()
+        self.delay_s = delay_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -132,6 +138,7 @@ class Guard:
                                            "started with", "category": "user"})
         counted = route not in UNTHROTTLED
         if not counted:
+            await self._delay(path)
             return await self.app(scope, receive, send)
         self.traffic.enter()
         left = False
@@ -145,6 +152,7 @@ class Guard:
             await send(message)
 
         try:
+            await self._delay(path)
             fault = self.faults.draw(route) if self.faults else None
             if fault is None:
                 await self.app(scope, receive, counted_send)
@@ -154,6 +162,10 @@ class Guard:
         finally:
             if not left:
                 self.traffic.leave()
+
+    async def _delay(self, path: str) -> None:
+        if self.delay_s > 0 and path.startswith(PREFIX):
+            await asyncio.sleep(self.delay_s)
 
     def _key_ok(self, scope) -> bool:
         for name, value in scope.get("headers", []):

@@ -73,8 +73,11 @@ class TinkerService:
     """All server state; every method runs on the event loop thread."""
 
     def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
-                 workers: int = 32):
+                 workers: int = 32, max_sessions: int = 0,
+                 session_timeout_s: float = SESSION_TIMEOUT_S):
         self.engine = engine
+        self.session_timeout_s = session_timeout_s
+        self.max_sessions = max_sessions  # training clients alive at once (0 = no limit)
         self.state_dir = Path(state_dir)
         self.futures = futures or FutureStore()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="retrain-serve")
@@ -105,8 +108,9 @@ class TinkerService:
             self._close_session(session)
         return {}
 
-    def reap_sessions(self, timeout_s: float = SESSION_TIMEOUT_S) -> list[str]:
+    def reap_sessions(self, timeout_s: float | None = None) -> list[str]:
         """Close sessions whose client stopped heart-beating (a crashed worker)."""
+        timeout_s = self.session_timeout_s if timeout_s is None else timeout_s
         now = time.monotonic()
         gone = [s for s in self.sessions.values()
                 if not s.finished and now - s.last_seen > timeout_s]
@@ -150,16 +154,44 @@ class TinkerService:
             return {"request_id": self._creating[model_id], "model_id": model_id}
         rank = req.lora_config.rank if req.lora_config else 32
         seed = req.lora_config.seed if req.lora_config else None
+        request_id = self._reserve_model(session, model_id)
+
+        def create() -> None:
+            self.engine.create_adapter(model_id, rank, seed)
+
+        self._run(request_id, self._model_job(session, model_id, rank, create),
+                  lambda _: {"type": "create_model", "model_id": model_id})
+        return {"request_id": request_id, "model_id": model_id}
+
+    def _reserve_model(self, session: Session, model_id: str) -> str:
+        """Take a training-client place for `model_id` (429 when --max-sessions are taken)."""
+        if self.max_sessions and self.live_sessions() >= self.max_sessions:
+            raise ApiError(429, f"retrain serve is at its limit of {self.max_sessions} "
+                           "concurrent training clients (--max-sessions); retry when one "
+                           "finishes")
         request_id = self.futures.create()
         self._creating[model_id] = request_id
+        session.models.add(model_id)  # counted from now on, freed when the session ends
+        return request_id
 
+    def live_sessions(self) -> int:
+        """Training clients (LoRA adapters) alive or being created in unfinished sessions."""
+        return sum(len(s.models) for s in self.sessions.values() if not s.finished)
+
+    def _model_job(self, session: Session, model_id: str, rank: int, create: Callable):
+        """The job that builds a model's adapter in a thread, then registers the model."""
         async def job() -> None:
-            await self._in_thread(self.engine.create_adapter, model_id, rank, seed)
-            self.models[model_id] = Model(model_id, req.session_id, rank)
-            session.models.add(model_id)
-
-        self._run(request_id, job, lambda _: {"type": "create_model", "model_id": model_id})
-        return {"request_id": request_id, "model_id": model_id}
+            try:
+                await self._in_thread(create)
+            except BaseException:  # free the place and whatever half-built adapter exists
+                session.models.discard(model_id)
+                self._creating.pop(model_id, None)
+                self._background(self._in_thread(self.engine.drop_adapter, model_id))
+                raise
+            self.models[model_id] = Model(model_id, session.session_id, rank)
+            if session.finished:  # the session ended while the adapter was being built
+                self._drop_model(model_id)
+        return job
 
     def get_info(self, model_id: str) -> dict:
         model = self._model(model_id)
@@ -278,19 +310,15 @@ class TinkerService:
         model_id = f"{req.session_id}:train:{req.model_seq_id}"  # the SDK derives this id too
         if model_id in self._creating:
             return {"request_id": self._creating[model_id], "model_id": model_id}
-        request_id = self.futures.create()
-        self._creating[model_id] = request_id
         rank = int(meta["rank"])
+        request_id = self._reserve_model(session, model_id)
 
-        async def job() -> None:
-            def work():
-                self.engine.create_adapter(model_id, rank, None)
-                self.engine.load_state(model_id, folder, req.optimizer)
-            await self._in_thread(work)
-            self.models[model_id] = Model(model_id, req.session_id, rank)
-            session.models.add(model_id)
+        def create() -> None:
+            self.engine.create_adapter(model_id, rank, None)
+            self.engine.load_state(model_id, folder, req.optimizer)
 
-        self._run(request_id, job, lambda _: {"path": req.path, "model_id": model_id})
+        self._run(request_id, self._model_job(session, model_id, rank, create),
+                  lambda _: {"path": req.path, "model_id": model_id})
         return {"request_id": request_id, "model_id": model_id}
 
     # ------------------------------------------------------------------ sampling
