@@ -9,8 +9,9 @@ One real `retrain serve --model tiny-random --delay-ms D` process per delay; the
 other, in alternating order per repeat, so both see the same machine load. The run is the
 quickstart's shape (4 prompts x 8 completions) on the tiny random model with a reward it can
 learn (share of digit characters; the quickstart's `match` reward is always 0 for a random
-model). Step time is the median `step_time_s` of steps 2.. (step 1 opens the session and has
-nothing to overlap with).
+model). Two times per run: the median `step_time_s` of steps 2.. (sample + reward + train; step 1
+opens the session and has nothing to overlap with), and the median period between consecutive
+metrics rows from step 3 on (the whole step, its checkpoint included: the wall time per step).
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ def run_once(folder: Path, url: str, steps: int, off_policy: int, env: dict) -> 
 
 def summary(rows: list[dict]) -> dict:
     rewards = [r["mean_reward"] for r in rows]
-    return {"step_time_s": statistics.median(r["step_time_s"] for r in rows[1:]),
+    # the full period of a step, checkpoint included: time between consecutive rows
+    periods = [b["time"] - a["time"] for a, b in zip(rows[1:], rows[2:], strict=False)]
+    return {"period_s": statistics.median(periods),
+            "step_time_s": statistics.median(r["step_time_s"] for r in rows[1:]),
             "sample_time_s": statistics.median(r["sample_time_s"] for r in rows[1:]),
             "train_time_s": statistics.median(r["train_time_s"] for r in rows[1:]),
             "reward_first5": statistics.mean(rewards[:5]),
@@ -142,22 +146,28 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results))
 
 
+def med(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
 def print_table(results: list[dict]) -> None:
-    print("\n| added per request | mode | step_time_s (median) | sample_time_s | train_time_s "
-          "| speed-up | reward first 5 -> last 10 |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| added per request | mode | wall time per step | speed-up | step_time_s "
+          "| speed-up | sample_time_s | train_time_s | reward first 5 -> last 10 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for delay in sorted({r["delay_ms"] for r in results}):
         by_mode = {m: [r for r in results if r["delay_ms"] == delay and r["off_policy"] == m]
                    for m in (0, 1)}
-        base = statistics.median(r["step_time_s"] for r in by_mode[0]) if by_mode[0] else None
+        base = by_mode[0]
         for mode, runs in by_mode.items():
             if not runs:
                 continue
-            t = statistics.median(r["step_time_s"] for r in runs)
-            speed = f"{base / t:.2f}x" if base else "-"
-            print(f"| {delay:g} ms | {'off-policy 1' if mode else 'on-policy'} | {t:.3f} "
+            period, t = med(runs, "period_s"), med(runs, "step_time_s")
+            up = f"{med(base, 'period_s') / period:.2f}x" if base else "-"
+            speed = f"{med(base, 'step_time_s') / t:.2f}x" if base else "-"
+            print(f"| {delay:g} ms | {'off-policy 1' if mode else 'on-policy'} | {period:.3f} "
+                  f"| {up} | {t:.3f} | {speed} "
                   f"| {statistics.median(r['sample_time_s'] for r in runs):.3f} "
-                  f"| {statistics.median(r['train_time_s'] for r in runs):.3f} | {speed} "
+                  f"| {statistics.median(r['train_time_s'] for r in runs):.3f} "
                   f"| {statistics.mean(r['reward_first5'] for r in runs):.2f} -> "
                   f"{statistics.mean(r['reward_last10'] for r in runs):.2f} |")
 

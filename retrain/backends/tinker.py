@@ -2,8 +2,13 @@
 
 - Sampling goes through a sampling client that is refreshed (save_weights_for_sampler)
   after every optimizer step, so completions always come from the current weights.
+  `sample_async` submits a batch on the current sampler and returns at once (the trainer's
+  off-policy overlap samples the next step while this one trains).
 - `forward_backward` submits at once and returns a result that is fetched on first use;
-  `optim_step` queues the optimizer step right behind it and then waits for both.
+  `optim_step` queues the optimizer step right behind it and the sampler save right behind
+  the step, then waits for the step (the new sampler is read when next sampling).
+- A new training client refused with HTTP 429 (the service's session limit) is queued: the
+  slot is given back, the backend waits with backoff and jitter, and asks again.
 - Every API request holds one of the campaign's API slots while it is in flight (`with
   slots:` per request, never while waiting for another slot, so workers cannot deadlock).
 - Every wait has a deadline (`backend.request_timeout_s`); a terminal failure raises
@@ -145,6 +150,7 @@ class TinkerBackend:
         self._service = tinker.ServiceClient(base_url=self.base_url)
         self._training: Any = None
         self._sampler: Any = None
+        self._next_sampler: tuple[concurrent.futures.Future, threading.Event] | None = None
         self._tokenizer: Any = None
         self._pending: _PendingLoss | None = None
         self._broken: str | None = None
@@ -266,8 +272,26 @@ class TinkerBackend:
 
     def _refresh_sampler(self) -> None:
         tc = self.training  # (created outside the slot: never hold one while taking another)
+        self._next_sampler = None
         self._sampler = self._call("save_weights_for_sampler",
                                    tc.save_weights_and_get_sampling_client)
+
+    def _queue_sampler_refresh(self, tc: Any) -> None:
+        """Save the sampler of the new weights right behind the optimizer step (the SDK keeps
+        the order); it is read only when the next sample needs it, so the save's round trips
+        overlap whatever the trainer does in between (checkpointing, scoring)."""
+        sent = threading.Event()
+        job = self._pool.submit(self._call, "save_weights_for_sampler",
+                                tc.save_weights_and_get_sampling_client, submitted=sent)
+        self._next_sampler = (job, sent)
+
+    def _current_sampler(self) -> Any:
+        if self._next_sampler is not None:
+            job, self._next_sampler = self._next_sampler[0], None
+            self._sampler = job.result()
+        if self._sampler is None:
+            self._refresh_sampler()
+        return self._sampler
 
     def _settle(self) -> None:
         """Finish a forward_backward that nobody has read yet (frees its slot)."""
@@ -290,9 +314,7 @@ class TinkerBackend:
         The sampler is captured here, so a weight update made while the job runs does not
         change which weights these completions come from (the off-policy overlap's contract).
         """
-        if self._sampler is None:
-            self._refresh_sampler()
-        sampler = self._sampler
+        sampler = self._current_sampler()
         types = self._tinker.types
         stop = sorted(_stop_ids(self.tokenizer))
 
@@ -322,6 +344,8 @@ class TinkerBackend:
             raise BackendError(f"loss {loss.name!r} is not supported by the tinker backend")
         tc = self.training
         self._check_usable()
+        if self._next_sampler is not None:  # keep it ahead of this call in the SDK's order
+            self._next_sampler[1].wait()
         submitted = threading.Event()
 
         def run() -> Any:  # in a worker thread: take a slot, submit, wait
@@ -347,7 +371,8 @@ class TinkerBackend:
         return self._pending
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
-        """Queue the step right behind the pending forward_backward, wait, refresh the sampler."""
+        """Queue the step right behind the pending forward_backward and the sampler save right
+        behind the step; wait for the step (the sampler is read when next sampling)."""
         types = self._tinker.types
         params = types.AdamParams(learning_rate=adam.learning_rate, beta1=adam.beta1,
                                   beta2=adam.beta2, eps=adam.eps, weight_decay=adam.weight_decay,
@@ -359,7 +384,11 @@ class TinkerBackend:
             # keeps them in order), each in its own thread with its own slot, so no thread
             # ever holds a slot while waiting for another.
             pending.submitted.wait()
-        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params))
+        optim_sent = threading.Event()
+        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params),
+                                   submitted=optim_sent)
+        optim_sent.wait()
+        self._queue_sampler_refresh(tc)
         try:
             if pending is not None:
                 pending.get()
@@ -367,7 +396,6 @@ class TinkerBackend:
             concurrent.futures.wait([queued])
             raise
         result = queued.result()
-        self._refresh_sampler()
         metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
         return OptimOutput(grad_norm=_grad_norm(metrics), metrics=metrics)
 
