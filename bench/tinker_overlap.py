@@ -33,7 +33,7 @@ REWARD = '''def digits(completion: str, answer: str) -> float:
 '''
 
 
-def config(url: str, steps: int, off_policy: int) -> str:
+def config(url: str, steps: int, off_policy: int, lr: float, loss: str) -> str:
     return f"""
 [model]
 name = "tiny-random"
@@ -54,9 +54,12 @@ batch_size = 4
 group_size = 8
 max_tokens = 10
 max_steps = {steps}
-lr = 0.03
+lr = {lr}
 save_every = 0
 max_steps_off_policy = {off_policy}
+
+[algorithm]
+loss = "{loss}"
 
 [backend]
 backend = "tinker"
@@ -92,11 +95,12 @@ class Serve:
         self.proc.wait(timeout=60)
 
 
-def run_once(folder: Path, url: str, steps: int, off_policy: int, env: dict) -> list[dict]:
+def run_once(folder: Path, url: str, steps: int, off_policy: int, env: dict,
+             lr: float = 0.03, loss: str = "importance_sampling") -> list[dict]:
     name = f"off{off_policy}-{time.monotonic_ns()}"
     (folder / "reward.py").write_text(REWARD)
     path = folder / f"{name}.toml"
-    path.write_text(config(url, steps, off_policy))
+    path.write_text(config(url, steps, off_policy, lr, loss))
     proc = subprocess.run([sys.executable, "-m", "retrain", "run", str(path)], env=env,
                           cwd=folder, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -124,6 +128,9 @@ def main() -> None:
     ap.add_argument("--delays", default="0,100,300", help="ms added per request, comma list")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default="", help="write every run's rows here (JSON)")
+    ap.add_argument("--lr", type=float, default=0.03)
+    ap.add_argument("--loss", default="importance_sampling",
+                    choices=("importance_sampling", "ppo"))
     args = ap.parse_args()
     env = {**os.environ, "TINKER_API_KEY": "tml-bench", "TINKER_TELEMETRY": "0",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -134,7 +141,8 @@ def main() -> None:
             try:
                 for rep in range(args.repeats):
                     for off in ((0, 1) if rep % 2 == 0 else (1, 0)):
-                        rows = run_once(Path(tmp), serve.url, args.steps, off, env)
+                        rows = run_once(Path(tmp), serve.url, args.steps, off, env,
+                                        args.lr, args.loss)
                         results.append({"delay_ms": delay, "off_policy": off, "repeat": rep,
                                         **summary(rows), "rows": rows})
                         print(json.dumps({k: v for k, v in results[-1].items() if k != "rows"}),

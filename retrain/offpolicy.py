@@ -80,6 +80,8 @@ class Overlap:
     def take(self, step: int) -> Batch | None:
         """`step`'s batch if it was sampled ahead (waits for it), else None."""
         batch = self._ready(step)
+        if batch is None:
+            self.discard()  # nothing, or a batch for another step (after an OOM retry)
         self._batch = None
         if batch is not None and batch.staleness is None:
             batch.staleness = self.version - batch.version
