@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RETRAIN := $(VENV)/bin/retrain
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean cookbook
 
 setup: $(VENV)/.installed
 
@@ -35,3 +35,16 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) logs
+
+# tinker-cookbook 0.5.8 for tests/test_cookbook_compat.py: its own venv, because it pins
+# transformers<=5.5.4 (the newest cookbook, 0.6.x, needs tml-renderers the registry lacks).
+COOKBOOK_VENV ?= .venv-cookbook
+cookbook: $(COOKBOOK_VENV)/.installed
+
+$(COOKBOOK_VENV)/.installed:
+	python3 -m venv $(COOKBOOK_VENV)
+	$(COOKBOOK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COOKBOOK_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(COOKBOOK_VENV)/bin/python -m pip install -q tinker==0.38.0 tinker-cookbook==0.5.8 \
+		sympy pylatexenc math-verify
+	touch $@

@@ -19,15 +19,14 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
-from retrain.serve.app import build_app  # noqa: E402
-from retrain.serve.engine import (  # noqa: E402
-    AdamStep,
-    EngineError,
-    FwdBwdResult,
-    SampledSeq,
-    SampleResult,
-    SampleSpec,
+from retrain.backends.base import (  # noqa: E402
+    AdamParams,
+    Completion,
+    LossOutput,
+    SamplingParams,
 )
+from retrain.serve.app import build_app  # noqa: E402
+from retrain.serve.engine import EngineError, SampleResult  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
 from retrain.serve.server import ServerThread  # noqa: E402
 
@@ -50,6 +49,8 @@ class BigramEngine:
         self.base_model = "bigram-test"
         self.tokenizer_id = tokenizer_id
         self.vocab = vocab
+        self.vocab_size = vocab
+        self.max_context = 64
         self.eos = eos
         self.delay_s = delay_s
         self.adapters: dict[str, dict] = {}
@@ -102,12 +103,12 @@ class BigramEngine:
             out, total = [], 0.0
             lo, hi = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
             for d in data:
-                x = np.asarray(d.tokens)
-                y = d.inputs["target_tokens"].astype(int)
+                x = np.asarray(d.input_tokens)
+                y = np.asarray(d.target_tokens)
                 lp = logp[x, y]
                 out.append(lp.astype(np.float32))
-                ratio = np.exp(lp - d.inputs["logprobs"])
-                adv = d.inputs["advantages"]
+                ratio = np.exp(lp - np.asarray(d.logprobs))
+                adv = np.asarray(d.advantages)
                 if loss_fn == "ppo":
                     clipped = np.clip(ratio, lo, hi)
                     obj = np.minimum(ratio * adv, clipped * adv)
@@ -121,11 +122,11 @@ class BigramEngine:
                     grad = -p * dlp[:, None]
                     grad[np.arange(len(x)), y] += dlp
                     np.add.at(a["g"], x, grad)
-            return FwdBwdResult(out, {"loss:sum": total})
+            return LossOutput(total, out)
         finally:
             self._leave()
 
-    def optim_step(self, model_id, adam: AdamStep):
+    def optim_step(self, model_id, adam: AdamParams):
         self._enter("optim_step", model_id)
         try:
             a = self._a(model_id)
@@ -168,7 +169,7 @@ class BigramEngine:
         name = "state.npz" if (folder / "state.npz").exists() else "sampler.npz"
         return np.load(folder / name)["w"].copy()
 
-    def sample(self, snap, prompt, n, spec: SampleSpec, prompt_logprobs):
+    def sample(self, snap, prompt, n, spec: SamplingParams, prompt_logprobs):
         self._enter("sample", "")
         try:
             w = snap if snap is not None else np.zeros((self.vocab, self.vocab))
@@ -187,7 +188,7 @@ class BigramEngine:
                     if tok in stops:
                         reason = "stop"
                         break
-                seqs.append(SampledSeq(toks, lps, reason))
+                seqs.append(Completion(toks, lps, reason))
             plp = None
             if prompt_logprobs:
                 pairs = zip(prompt, prompt[1:], strict=False)
@@ -599,8 +600,8 @@ def test_queued_samples_are_decoded_in_one_batch(tiny_engine):
 
     tiny_engine._sampler.sample = spy
     try:
-        spec = SampleSpec(max_tokens=4, seed=1)
-        unseeded = SampleSpec(max_tokens=4)     # batched too: the seeded ones stay the same
+        spec = SamplingParams(max_tokens=4, seed=1)
+        unseeded = SamplingParams(max_tokens=4)     # batched too: the seeded ones stay the same
         results = {}
         with tiny_engine.model.lock:  # the model is busy (e.g. training)
             threads = [threading.Thread(target=lambda i=i: results.__setitem__(

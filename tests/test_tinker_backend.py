@@ -127,12 +127,12 @@ def test_sample_train_and_shift_on_the_wire(tmp_path, env, tiny_model):
         assert config == pytest.approx({"clip_low_threshold": 0.9, "clip_high_threshold": 1.3})
         tokens = sum(sum(d.mask) for d in datums)
         for d, wire, lp in zip(datums, data, out.logprobs, strict=True):
-            assert wire.tokens == d.input_tokens                      # tokens[:-1]
-            assert wire.inputs["target_tokens"].tolist() == d.target_tokens  # tokens[1:]
+            assert wire.input_tokens == d.input_tokens                # tokens[:-1]
+            assert wire.target_tokens == d.target_tokens              # tokens[1:]
             # advantages scaled by 1 / completion tokens of the call (the local token mean)
-            np.testing.assert_allclose(wire.inputs["advantages"] * tokens, d.advantages,
+            np.testing.assert_allclose(np.asarray(wire.advantages) * tokens, d.advantages,
                                        rtol=1e-6)
-            np.testing.assert_allclose(wire.inputs["logprobs"], d.logprobs, atol=1e-6)
+            np.testing.assert_allclose(wire.logprobs, d.logprobs, atol=1e-6)
             # on-policy: trainer log-probs of completion tokens equal the sampler's
             n = sum(d.mask)
             np.testing.assert_allclose(lp[-int(n):], d.logprobs[-int(n):], atol=1e-5)

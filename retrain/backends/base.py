@@ -14,12 +14,20 @@ TokenIds = list[int]
 
 @dataclass
 class SamplingParams:
-    """How to sample. Log-probs are returned under this same temperature."""
+    """How to sample. Log-probs are returned under this same temperature.
+
+    `top_k` (-1 = off), `stop_tokens` and `stop_strings` come from Tinker clients through
+    `retrain serve`: a completion ends at EOS, at a stop token, or with the token that
+    completes a stop string (matched on the decoded text), whichever comes first.
+    """
 
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = -1
+    stop_tokens: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -36,7 +44,8 @@ class Datum:
     """One training sequence, already shifted for next-token prediction.
 
     `input_tokens[i]` predicts `target_tokens[i]`; `logprobs`, `advantages` and `mask` are
-    aligned to the targets. Prompt positions have mask 0 and advantage 0.
+    aligned to the targets. Prompt positions have mask 0 and advantage 0. `weights` (aligned
+    too) are the per-token weights of a supervised `cross_entropy` loss; None otherwise.
     """
 
     input_tokens: TokenIds
@@ -44,6 +53,7 @@ class Datum:
     logprobs: list[float]
     advantages: list[float]
     mask: list[float]
+    weights: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.input_tokens)

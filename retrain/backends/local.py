@@ -417,6 +417,22 @@ class LocalBackend:
         lp = token_logprobs(logits, temperature)
         return lp.gather(-1, batch.targets[:, None]).squeeze(-1)
 
+    def logprobs(self, datums: list[Datum], temperature: float = 1.0,
+                 adapter: str | None = None) -> list[list[float]]:
+        """Target log-probs of the masked positions, no gradient (0.0 elsewhere); `adapter`
+        picks a snapshot. For forward-only passes and prompt log-probs in `retrain serve`."""
+        out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
+        with self.model.lock, oom_as_backend_error("forward"), torch.no_grad():
+            self.model.activate(adapter or self.adapter)
+            net = self.model.net
+            net.eval()
+            for unit in self._plan(datums, self.micro_batch_size):
+                batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device)
+                lp = self._target_logprobs(net, batch, temperature)
+                for (i, pos), value in zip(batch.where, lp.cpu().tolist(), strict=True):
+                    out_lp[i][pos] = value
+        return out_lp
+
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.
 

@@ -20,14 +20,17 @@ import torch
 
 from retrain.backends.base import Datum, LossConfig
 
-LOSSES = ("importance_sampling", "ppo")
+LOSSES = ("importance_sampling", "ppo", "cross_entropy")
 AUTO_TOKENS = 8192        # automatic micro-batches: padded suffix tokens per chunk
 AUTO_LOGITS = 2**26       # ... and logit entries (targets x vocab) per chunk
 
 
 def per_token_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor,
                    loss: LossConfig) -> torch.Tensor:
-    """Loss of each target token; ratio = exp(new - old) with the sampler's log-probs as old."""
+    """Loss of each target token; ratio = exp(new - old) with the sampler's log-probs as old.
+    `cross_entropy` (supervised, for `retrain serve`) reads the advantages as token weights."""
+    if loss.name == "cross_entropy":
+        return -adv * new_lp
     ratio = torch.exp(new_lp - old_lp)
     if loss.name == "importance_sampling":
         return -ratio * adv

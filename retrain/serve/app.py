@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 from pathlib import Path
 
 import pydantic
@@ -21,15 +23,38 @@ from tinker import types
 
 from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
+from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
-from retrain.serve.guard import FaultPlan, Guard, Traffic
-from retrain.serve.service import SESSION_TIMEOUT_S, ApiError, TinkerService
+from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, Traffic
+from retrain.serve.service import SESSION_TIMEOUT_S, TinkerService
+from retrain.serve.validate import RequestError
 
 log = logging.getLogger("retrain.serve")
 PROTO = "application/x-protobuf"
 
 # Flags for the SDK (ClientConfigResponse): API keys without a JWT exchange.
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key"}
+
+
+class ReplyJSON(JSONResponse):
+    """JSON whose non-finite floats (a diverged run's metrics) are sent as the strings
+    "nan" / "inf" / "-inf": JSON has no NaN (the SDK's orjson rejects the literal) and the
+    SDK's pydantic models read such strings as floats. A reply that failed to render would
+    answer every poll of its future with a 500."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(_finite_json(content), ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
+
+
+def _finite_json(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
 
 
 def _error(status: int, message: str, category: str = "user") -> JSONResponse:
@@ -158,12 +183,14 @@ def _wrap(handler):
     async def endpoint(request: Request) -> Response:
         try:
             result = await handler(request)
+        except RequestError as exc:  # validate.py: a field out of range
+            return _error(400, str(exc))
         except ApiError as exc:
             reply = _error(exc.status, exc.message)
             if exc.status == 429:  # the SDK honours Retry-After: poll for a free place each second
                 reply.headers["retry-after"] = "1"
             return reply
-        return result if isinstance(result, Response) else JSONResponse(result)
+        return result if isinstance(result, Response) else ReplyJSON(result)
     return endpoint
 
 
@@ -185,7 +212,7 @@ async def _retrieve(futures: FutureStore, request_id: str, request: Request) -> 
         if PROTO not in request.headers.get("accept", ""):
             return _error(406, "this result is protobuf; use tinker SDK >= 0.25")
         return Response(reply.proto, media_type=PROTO)
-    return JSONResponse(reply.json)
+    return ReplyJSON(reply.json)
 
 
 async def _disconnected(request: Request) -> None:
@@ -202,10 +229,15 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
     return _error(405, f"{request.method} is not allowed on {request.url.path}")
 
 
+async def _too_large(request: Request, exc: Exception) -> Response:
+    return _error(413, getattr(exc, "detail", "request body too large"))
+
+
 def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
               reap_every_s: float = 60.0, delay_s: float = 0.0, max_sessions: int = 0,
-              session_timeout_s: float = SESSION_TIMEOUT_S) -> tuple[Guard, TinkerService]:
+              session_timeout_s: float = SESSION_TIMEOUT_S,
+              max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service.
 
     `delay_s` is added before every API request (`--delay-ms`); `max_sessions` caps the
@@ -228,6 +260,7 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
             service.close()
 
     app = Starlette(routes=build_routes(service), lifespan=lifespan,
-                    exception_handlers={404: _not_found, 405: _not_allowed})
+                    exception_handlers={404: _not_found, 405: _not_allowed,
+                                        413: _too_large})
     return Guard(app, api_key=api_key, faults=faults, traffic=Traffic(),
-                 delay_s=delay_s), service
+                 delay_s=delay_s, max_body_bytes=max_body_bytes), service

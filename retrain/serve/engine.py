@@ -1,25 +1,29 @@
-"""What `retrain serve` needs from a model: the engine interface and its datatypes.
+"""What `retrain serve` needs from a model: the engine interface.
 
 The HTTP/protobuf/futures layer talks only to an `Engine`; the real one runs the local
 backend (`local_engine.py`), tests use small doubles. Engine methods are blocking and are
-called from worker threads, never from the event loop. Pure: numpy only, no torch.
+called from worker threads, never from the event loop. The datatypes are the backend
+contract's (`backends/base.py`), read with Tinker's semantics: a datum's loss inputs are
+the client's, summed over every position (no mask: positions not to train carry advantage
+or weight 0). Pure: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
+from retrain.backends.base import AdamParams, Completion, Datum, LossOutput, SamplingParams
 
 # Loss functions the server accepts (Tinker names) and the per-token inputs each reads.
-# Both are sums over all positions: -sum(r * A) and -sum(min(r * A, clip(r) * A)), with
-# r = exp(logprob - sampler logprob) and the clip range from `clip_low_threshold` /
-# `clip_high_threshold` (ratios, default 0.8 / 1.2).
+# All are sums over all positions: -sum(r * A), -sum(min(r * A, clip(r) * A)) and
+# -sum(w * logprob), with r = exp(logprob - sampler logprob), the clip range from
+# `clip_low_threshold` / `clip_high_threshold` (ratios, default 0.8 / 1.2), w = `weights`.
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "importance_sampling": ("target_tokens", "logprobs", "advantages"),
     "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cross_entropy": ("target_tokens", "weights"),
 }
 
 
@@ -28,56 +32,11 @@ class EngineError(Exception):
 
 
 @dataclass
-class TrainDatum:
-    """One sequence as the client sent it: `tokens[i]` predicts `inputs['target_tokens'][i]`."""
-
-    tokens: list[int]
-    inputs: dict[str, np.ndarray]
-
-
-@dataclass
-class FwdBwdResult:
-    """Per-datum target log-probs (float32) and Tinker-style metrics ("loss:sum", ...)."""
-
-    logprobs: list[np.ndarray]
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class SampleSpec:
-    """Sampling knobs from the request; `stop_tokens` end a sequence like EOS does."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop_tokens: tuple[int, ...] = ()
-
-
-@dataclass
-class SampledSeq:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str  # "stop" | "length"
-
-
-@dataclass
 class SampleResult:
-    sequences: list[SampledSeq]
+    """The completions of one sample request, and the prompt's log-probs when asked for."""
+
+    sequences: list[Completion]
     prompt_logprobs: list[float] | None = None  # NaN at position 0
-
-
-@dataclass
-class AdamStep:
-    """The optimizer hyper-parameters one `optim_step` request carries."""
-
-    learning_rate: float
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
 
 
 class Engine(Protocol):
@@ -86,6 +45,8 @@ class Engine(Protocol):
     base_model: str      # the name clients pass as `base_model`
     tokenizer_id: str    # reported by get_info: a local folder, so clients load it offline
     arch: str
+    vocab_size: int      # token ids a request may use: 0 .. vocab_size - 1
+    max_context: int | None  # prompt + completion tokens the model takes (None: no limit)
 
     def accepts(self, base_model: str) -> bool:
         """Whether `base_model` names the model this engine serves."""
@@ -95,12 +56,12 @@ class Engine(Protocol):
 
     def drop_adapter(self, model_id: str) -> None: ...
 
-    def forward_backward(self, model_id: str, data: list[TrainDatum], loss_fn: str,
-                         config: dict[str, float], forward_only: bool) -> FwdBwdResult:
+    def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str,
+                         config: dict[str, float], forward_only: bool) -> LossOutput:
         """Tinker semantics: the loss is a sum over datums and tokens; gradients accumulate."""
         ...
 
-    def optim_step(self, model_id: str, adam: AdamStep) -> dict[str, float]: ...
+    def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]: ...
 
     def save_state(self, model_id: str, folder: Path) -> None:
         """Adapter weights + optimizer state into `folder` (which exists and is empty)."""
@@ -122,7 +83,7 @@ class Engine(Protocol):
         """Sampler weights from a folder written by `write_snapshot` or `save_state`."""
         ...
 
-    def sample(self, snap: Any, prompt: list[int], n: int, spec: SampleSpec,
+    def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
                prompt_logprobs: bool) -> SampleResult:
         """`n` continuations of `prompt` under `snap` (None = the base model)."""
         ...

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("retrain.serve")
 
 PREFIX = "/api/v1/"
+MAX_BODY_BYTES = 64 * 2**20  # the SDK sends forward_backward in chunks of about 5 MB
 UNTHROTTLED = frozenset({"session_heartbeat", "telemetry"})
 FAULT_CODES = ("429", "502", "504", "hang")
 
@@ -120,8 +121,10 @@ class Guard:
     then the app."""
 
     def __init__(self, app, api_key: str | None = None, faults: FaultPlan | None = None,
-                 traffic: Traffic | None = None, delay_s: float = 0.0):
+                 traffic: Traffic | None = None, delay_s: float = 0.0,
+                 max_body_bytes: int = MAX_BODY_BYTES):
         self.app = app
+        self.max_body_bytes = max_body_bytes
         self.api_key = api_key
         self.faults = faults
         self.traffic = traffic or Traffic()
@@ -136,6 +139,9 @@ class Guard:
             return await _json(send, 401, {"error": "missing or wrong API key: set "
                                            "TINKER_API_KEY to the key `retrain serve` was "
                                            "started with", "category": "user"})
+        if self._declared_size(scope) > self.max_body_bytes:
+            return await _json(send, 413, self._too_large())
+        receive = self._capped(receive)
         counted = route not in UNTHROTTLED
         if not counted:
             await self._delay(path)
@@ -162,6 +168,31 @@ class Guard:
         finally:
             if not left:
                 self.traffic.leave()
+
+    def _too_large(self) -> dict:
+        return {"error": f"request body over {self.max_body_bytes} bytes", "category": "user"}
+
+    @staticmethod
+    def _declared_size(scope) -> int:
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                return int(value) if value.isdigit() else 0
+        return 0
+
+    def _capped(self, receive):
+        """`receive` that stops a body (e.g. chunked, with no length) past the cap."""
+        seen = 0
+
+        async def capped():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:  # the app's 413 handler answers it
+                from starlette.exceptions import HTTPException
+
+                raise HTTPException(413, self._too_large()["error"])
+            return message
+        return capped
 
     async def _delay(self, path: str) -> None:
         if self.delay_s > 0 and path.startswith(PREFIX):

@@ -14,7 +14,9 @@ same adapter as a local run with the same seed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import threading
 import warnings
 from dataclasses import dataclass
@@ -23,18 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from retrain.backends.base import AdamParams, BackendError, Datum, LossConfig, SamplingParams
+from retrain.backends.base import (
+    AdamParams,
+    BackendError,
+    Completion,
+    Datum,
+    LossConfig,
+    LossOutput,
+    SamplingParams,
+)
 from retrain.backends.local import ADAPTER_WEIGHTS, LocalBackend, LocalModel
 from retrain.config import ModelConfig
-from retrain.serve.engine import (
-    AdamStep,
-    EngineError,
-    FwdBwdResult,
-    SampledSeq,
-    SampleResult,
-    SampleSpec,
-    TrainDatum,
-)
+from retrain.serve.engine import EngineError, SampleResult
+from retrain.serve.stops import cut_at_stop_strings
 
 
 class LocalEngine:
@@ -46,6 +49,8 @@ class LocalEngine:
         self.model = model
         self.base_model = name
         self.tokenizer_id = model.name_or_path
+        self.vocab_size = model.vocab_size
+        self.max_context = getattr(model.base.config, "max_position_embeddings", None)
         self.lora = lora or ModelConfig()
         self._backends: dict[str, LocalBackend] = {}
         self._snapshot_of: dict[str, str] = {}  # snapshot adapter -> training model id
@@ -98,28 +103,26 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ training
 
-    def forward_backward(self, model_id: str, data: list[TrainDatum], loss_fn: str,
-                         config: dict[str, float], forward_only: bool) -> FwdBwdResult:
-        if forward_only:
-            raise EngineError("forward-only passes are not supported by retrain serve; "
-                              "use forward_backward")
+    def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str,
+                         config: dict[str, float], forward_only: bool) -> LossOutput:
         backend = self._backend(model_id)
-        positions = sum(len(d.tokens) for d in data)
-        datums = [_local_datum(d, positions) for d in data]
         loss = LossConfig(name=loss_fn,
                           clip_eps=1.0 - config.get("clip_low_threshold", 0.8),
                           clip_eps_high=config.get("clip_high_threshold", 1.2) - 1.0,
                           temperature=config.get("temperature", 1.0))
+        if forward_only:
+            return _forward_only(backend, data, loss)
+        positions = sum(len(d) for d in data)
+        datums = [_local_datum(d, positions, loss_fn) for d in data]
         out = backend.forward_backward(datums, loss)
-        metrics = {"loss:sum": out.loss}
+        metrics = {}
         if "clip_fraction" in out.metrics:
             metrics["clip_fraction:mean"] = out.metrics["clip_fraction"]
-        return FwdBwdResult([np.asarray(lp, dtype=np.float32) for lp in out.logprobs], metrics)
+        return LossOutput(out.loss, [np.asarray(lp, dtype=np.float32) for lp in out.logprobs],
+                          metrics)
 
-    def optim_step(self, model_id: str, adam: AdamStep) -> dict[str, float]:
-        out = self._backend(model_id).optim_step(AdamParams(
-            learning_rate=adam.learning_rate, beta1=adam.beta1, beta2=adam.beta2, eps=adam.eps,
-            weight_decay=adam.weight_decay, grad_clip_norm=adam.grad_clip_norm))
+    def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
+        out = self._backend(model_id).optim_step(adam)
         return {"grad_norm": out.grad_norm, **out.metrics}
 
     # ------------------------------------------------------------------ checkpoints
@@ -179,43 +182,52 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ sampling
 
-    def sample(self, snap: Any, prompt: list[int], n: int, spec: SampleSpec,
+    def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
                prompt_logprobs: bool) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
         settings in one batch; when any of them has a seed, each prompt draws from its own
         seed (a random one where the request gave none), so a seeded request's completions do
         not depend on what it was batched with."""
-        if prompt_logprobs:
-            raise EngineError("prompt log-probs (compute_logprobs) are not supported by "
-                              "retrain serve")
-        if spec.top_k not in (-1, 0):
-            raise EngineError("top_k sampling is not supported by retrain serve")
-        key = (snap, n, spec.max_tokens, spec.temperature, spec.top_p)
-        mine = _Queued(prompt, spec.seed)
+        key = (snap, n, params.max_tokens, params.temperature, params.top_p)
+        mine = _Queued(prompt, params.seed)
         with self._lock:
             self._queued.setdefault(key, []).append(mine)
         with self.model.lock:
             if mine.result is None and mine.error is None:
                 with self._lock:
                     batch = self._queued.pop(key, [])
-                self._decode(batch, snap, n, spec)
+                self._decode(batch, snap, n, params)
         if mine.error is not None:
             raise mine.error
-        stops = set(spec.stop_tokens) - self.model.eos_ids
-        return SampleResult([_cut(c, stops) for c in mine.result])
+        stops = set(params.stop_tokens) - self.model.eos_ids
+        decode = self.model.tokenizer.decode
+        sequences = [cut_at_stop_strings(_cut(c, stops), params.stop_strings, decode)
+                     for c in mine.result]
+        return SampleResult(sequences, self._prompt_logprobs(snap, prompt) if prompt_logprobs
+                            else None)
 
-    def _decode(self, batch: list[_Queued], snap: Any, n: int, spec: SampleSpec) -> None:
-        # Seeds go per prompt (prompt_seeds), so the batch-wide params.seed stays unset.
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature,
-                                top_p=spec.top_p)
+    def _prompt_logprobs(self, snap: Any, prompt: list[int]) -> list[float]:
+        """log p(prompt[i] | prompt[:i]) under `snap` at temperature 1; NaN for the first."""
+        if len(prompt) < 2:
+            return [math.nan] * len(prompt)
+        datum = Datum(input_tokens=prompt[:-1], target_tokens=prompt[1:],
+                      logprobs=[0.0] * (len(prompt) - 1), advantages=[0.0] * (len(prompt) - 1),
+                      mask=[1.0] * (len(prompt) - 1))
+        [lps] = self._sampler.logprobs([datum], adapter=snap or self._sampler.adapter)
+        return [math.nan, *lps]
+
+    def _decode(self, batch: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
+        # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
+        common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                                top_p=params.top_p)
         seeds = None
         if any(q.seed is not None for q in batch):
             seeds = [int(self._seeds.integers(2**63)) if q.seed is None else q.seed
                      for q in batch]
         try:
             groups = self._sampler.sample(
-                [q.prompt for q in batch], n, params, adapter=snap or self._sampler.adapter,
+                [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
                 prompt_seeds=seeds)
         except BaseException as exc:
             for q in batch:
@@ -235,19 +247,37 @@ class _Queued:
     error: BaseException | None = None
 
 
-def _local_datum(d: TrainDatum, positions: int) -> Datum:
-    """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum."""
-    n = len(d.tokens)
-    return Datum(input_tokens=list(d.tokens),
-                 target_tokens=d.inputs["target_tokens"].astype(int).tolist(),
-                 logprobs=d.inputs["logprobs"].astype(float).tolist(),
-                 advantages=(d.inputs["advantages"].astype(float) * positions).tolist(),
-                 mask=[1.0] * n)
+def _local_datum(d: Datum, positions: int, loss_fn: str) -> Datum:
+    """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum;
+    for `cross_entropy` the advantages are the client's token weights."""
+    weights = d.weights if loss_fn == "cross_entropy" else d.advantages
+    return dataclasses.replace(d, advantages=[a * positions for a in weights or [0.0] * len(d)],
+                               mask=[1.0] * len(d))
 
 
-def _cut(c: Any, stops: set[int]) -> SampledSeq:
+def _forward_only(backend: LocalBackend, data: list[Datum], loss: LossConfig) -> LossOutput:
+    """A forward pass without gradient: target log-probs and the Tinker loss (a sum)."""
+    logprobs = backend.logprobs([dataclasses.replace(d, mask=[1.0] * len(d)) for d in data],
+                                loss.temperature)
+    total = 0.0
+    for d, lp in zip(data, logprobs, strict=True):
+        new = np.asarray(lp)
+        if loss.name == "cross_entropy":
+            total -= float(np.dot(np.asarray(d.weights or [0.0] * len(d)), new))
+        else:  # the ratio is exp(new - sampler); PPO's clip only changes the gradient's
+            ratio = np.exp(new - np.asarray(d.logprobs))
+            adv = np.asarray(d.advantages)
+            if loss.name == "ppo":
+                clipped = np.clip(ratio, 1 - loss.clip_eps, 1 + loss.clip_eps_high)
+                total -= float(np.minimum(ratio * adv, clipped * adv).sum())
+            else:
+                total -= float((ratio * adv).sum())
+    return LossOutput(total, [np.asarray(lp, dtype=np.float32) for lp in logprobs])
+
+
+def _cut(c: Completion, stops: set[int]) -> Completion:
     """Apply extra stop tokens the model's EOS set does not cover."""
     for i, t in enumerate(c.tokens):
         if t in stops:
-            return SampledSeq(c.tokens[:i + 1], c.logprobs[:i + 1], "stop")
-    return SampledSeq(list(c.tokens), list(c.logprobs), c.finish_reason)
+            return Completion(c.tokens[:i + 1], c.logprobs[:i + 1], "stop")
+    return Completion(list(c.tokens), list(c.logprobs), c.finish_reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
+from retrain.errors import UserError
 from retrain.serve.app import build_app
 from retrain.serve.engine import Engine
 from retrain.serve.guard import FaultPlan, Guard
@@ -29,14 +31,34 @@ def default_state_dir() -> Path:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0 = any free port)."""
+    """A listening socket (port 0 = any free port); a bad host or port, or a port in use,
+    is a UserError that says which and what to do."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"retrain serve: --port {port} is not a TCP port (0-65535; 0 = any "
+                        "free port)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise UserError(_bind_error(host, port, exc)) from None
     sock.set_inheritable(True)
     return sock
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (f"retrain serve: port {port} on {host} is in use (another retrain serve?); "
+                "pick another --port, or --port 0 for any free port")
+    if exc.errno == errno.EACCES:
+        return (f"retrain serve: no permission to listen on port {port} (ports below 1024 "
+                "need root); pick --port 1024 or above")
+    reason = exc.strerror or str(exc)
+    return (f"retrain serve: cannot listen on --host {host!r} --port {port}: {reason} "
+            "(use an address of this machine, e.g. 127.0.0.1 or 0.0.0.0)")
 
 
 def _config(app, log_level: str) -> uvicorn.Config:
@@ -54,12 +76,11 @@ def exposure_warning(host: str, has_key: bool) -> str | None:
                                               "$RETRAIN_SERVE_API_KEY) to require a key"))
 
 
-def run(app: Guard, host: str, port: int) -> None:
-    """Serve until interrupted."""
+def run(app: Guard, host: str, sock: socket.socket) -> None:
+    """Serve on the bound `sock` until interrupted."""
     warning = exposure_warning(host, app.api_key is not None)
     if warning:
         print(warning, file=sys.stderr)
-    sock = bind(host, port)
     print(f"retrain serve: http://{host}:{sock.getsockname()[1]} "
           f"(TINKER_BASE_URL for clients)", file=sys.stderr, flush=True)
     uvicorn.Server(_config(app, "warning")).run(sockets=[sock])
@@ -98,6 +119,7 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
     """`retrain serve`: the Tinker API over the local backend, until Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
+    sock = bind(host, port)  # before loading the model: a taken port fails in a second
     if engine is None:
         from retrain.serve.local_engine import LocalEngine
 
@@ -106,4 +128,4 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
     app, _ = build_app(engine, state_dir or default_state_dir(), api_key=api_key,
                        faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
                        max_sessions=max_sessions)
-    run(app, host, port)
+    run(app, host, sock)

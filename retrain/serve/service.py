@@ -8,10 +8,7 @@ model run in seq_id order (`ordering.Sequencer`), sampling runs concurrently.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -22,8 +19,11 @@ from typing import Any
 
 from tinker import types
 
-from retrain.serve import wire
-from retrain.serve.engine import AdamStep, Engine, EngineError, SampleSpec
+from retrain.backends.base import AdamParams, SamplingParams
+from retrain.serve import validate, wire
+from retrain.serve.checkpoints import CheckpointStore
+from retrain.serve.engine import Engine, EngineError
+from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore, Reply
 from retrain.serve.ordering import Sequencer
 
@@ -31,17 +31,6 @@ log = logging.getLogger("retrain.serve")
 
 SAMPLERS_KEPT_PER_MODEL = 8  # ephemeral sampler snapshots kept per training model
 SESSION_TIMEOUT_S = 300.0    # no heartbeat for this long: the session's adapters are freed
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_KINDS = {"weights": "training", "sampler_weights": "sampler"}
-
-
-class ApiError(Exception):
-    """An immediate HTTP error: status code + message (never a traceback)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -79,6 +68,7 @@ class TinkerService:
         self.session_timeout_s = session_timeout_s
         self.max_sessions = max_sessions  # training clients alive at once (0 = no limit)
         self.state_dir = Path(state_dir)
+        self.checkpoints = CheckpointStore(self.state_dir, engine.base_model)
         self.futures = futures or FutureStore()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="retrain-serve")
         self.sessions: dict[str, Session] = {}
@@ -230,6 +220,8 @@ class TinkerService:
 
     def forward_backward(self, call: wire.FwdBwdCall) -> dict:
         model = self._model(call.model_id)
+        validate.check_datums(call.data, call.config, self.engine.vocab_size,
+                              self.engine.max_context)
 
         def work():
             return self.engine.forward_backward(model.model_id, call.data, call.loss_fn,
@@ -243,8 +235,9 @@ class TinkerService:
         p = req.optim_params
         if not isinstance(p, types.AdamParams):
             raise ApiError(400, "retrain serve supports the adamw optimizer only")
-        adam = AdamStep(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay,
-                        p.grad_clip_norm)
+        adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                          eps=p.eps, weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+        validate.check_adam(adam)
         return self._ordered(
             model, req.seq_id,
             lambda: self._in_thread(self.engine.optim_step, model.model_id, adam),
@@ -253,13 +246,14 @@ class TinkerService:
     def save_weights(self, req: types.SaveWeightsRequest) -> dict:
         model = self._model(req.model_id)
         name = req.path or f"ckpt-{uuid.uuid4().hex[:8]}"
-        path, folder = self._checkpoint(model.model_id, "weights", name)
+        path, folder = self.checkpoints.place(model.model_id, "weights", name)
         if folder.exists() and not req.overwrite:
             raise ApiError(409, f"checkpoint {path} exists; pass overwrite=True to replace it")
 
         def work():
-            self._write_atomically(folder, lambda tmp: self.engine.save_state(model.model_id, tmp),
-                                   {"rank": model.rank, "kind": "training"})
+            self.checkpoints.write_atomically(
+                folder, lambda tmp: self.engine.save_state(model.model_id, tmp),
+                {"rank": model.rank, "kind": "training"})
 
         return self._ordered(model, req.seq_id, lambda: self._in_thread(work),
                              lambda _: Reply(json={"type": "save_weights", "path": path}))
@@ -268,13 +262,14 @@ class TinkerService:
         model = self._model(req.model_id)
         if req.path is None:
             return self._ephemeral_sampler(model, req)
-        path, folder = self._checkpoint(model.model_id, "sampler_weights", req.path)
+        path, folder = self.checkpoints.place(model.model_id, "sampler_weights", req.path)
 
         def work():
             snap = self.engine.snapshot(model.model_id)
             try:
-                self._write_atomically(folder, lambda tmp: self.engine.write_snapshot(snap, tmp),
-                                       {"rank": model.rank, "kind": "sampler"})
+                self.checkpoints.write_atomically(
+                    folder, lambda tmp: self.engine.write_snapshot(snap, tmp),
+                    {"rank": model.rank, "kind": "sampler"})
             finally:
                 self.engine.drop_snapshot(snap)
 
@@ -295,7 +290,7 @@ class TinkerService:
                              lambda _: Reply(json={"sampling_session_id": sampler_id}))
 
     def load_weights(self, req: types.LoadWeightsRequest) -> dict:
-        folder, meta = self._find_checkpoint(req.path, "weights")
+        folder, meta = self.checkpoints.find(req.path, "weights")
         if req.model_id is not None:  # into an existing model, in its seq order
             model = self._model(req.model_id)
             return self._ordered(
@@ -330,7 +325,7 @@ class TinkerService:
             return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
         snap = None
         if req.model_path:
-            folder, _ = self._find_checkpoint(req.model_path, None)
+            folder, _ = self.checkpoints.find(req.model_path, None)
             snap = await self._in_thread(self.engine.read_snapshot, folder)
         else:
             self._check_base(req.base_model)
@@ -358,7 +353,7 @@ class TinkerService:
         if req.sampling_session_id:
             sampler = self._sampler(req.sampling_session_id)
         elif req.model_path:
-            folder, _ = self._find_checkpoint(req.model_path, None)
+            folder, _ = self.checkpoints.find(req.model_path, None)
             sampler = Sampler("", await self._in_thread(self.engine.read_snapshot, folder))
             own_snapshot = True
         else:
@@ -368,7 +363,11 @@ class TinkerService:
         if sampler.sampler_id and req.seq_id is not None and key in self._samples:
             return self._samples[key]  # a retried submit
         prompt = _prompt_tokens(req.prompt)
-        spec = _sample_spec(req.sampling_params, self.engine)
+        params = _sampling_params(req.sampling_params)
+        validate.check_sample(prompt, req.num_samples, params, self.engine.vocab_size,
+                              self.engine.max_context)
+        validate.check_sample_extras(req.topk_prompt_logprobs, req.topk_sample_logprobs,
+                                     req.target_prompt_logprobs, req.prompt_alt_tokens_k)
         request_id = self.futures.create()
         reply = {"request_id": request_id,
                  "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
@@ -379,7 +378,7 @@ class TinkerService:
 
         def work():
             try:
-                return self.engine.sample(sampler.snap, prompt, req.num_samples, spec,
+                return self.engine.sample(sampler.snap, prompt, req.num_samples, params,
                                           bool(req.prompt_logprobs))
             finally:
                 if own_snapshot:
@@ -391,50 +390,10 @@ class TinkerService:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
-        if not _NAME.match(name):
-            raise ApiError(400, f"checkpoint name {name!r} must be letters, digits, '.', '_' "
-                           "or '-' (at most 128)")
-        run_id = model_id.replace(":", "-")
-        return f"tinker://{run_id}/{kind}/{name}", self.state_dir / "runs" / run_id / kind / name
-
-    def _find_checkpoint(self, path: str, want_kind: str | None) -> tuple[Path, dict]:
-        parts = path[len("tinker://"):].split("/") if path.startswith("tinker://") else []
-        if len(parts) != 3 or parts[1] not in _KINDS or not all(_NAME.match(p) for p in parts):
-            raise ApiError(400, f"{path!r} is not a tinker://<run>/weights/<name> path")
-        if want_kind is not None and parts[1] != want_kind:
-            raise ApiError(400, f"{path!r}: load_weights needs a training checkpoint "
-                           "(tinker://<run>/weights/<name>), not sampler weights")
-        folder = self.state_dir / "runs" / parts[0] / parts[1] / parts[2]
-        try:
-            meta = json.loads((folder / "meta.json").read_text())
-        except (OSError, ValueError):
-            raise ApiError(404, f"no checkpoint at {path} on this server") from None
-        if meta.get("base_model") != self.engine.base_model:
-            raise ApiError(400, f"{path} was saved from {meta.get('base_model')!r}, but this "
-                           f"server serves {self.engine.base_model!r}")
-        return folder, meta
-
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
         """DELETE training_runs/<run>/checkpoints/<kind>/<name> (rolling checkpoints)."""
-        folder, _ = self._find_checkpoint(f"tinker://{run_id}/{checkpoint_id}", None)
-        shutil.rmtree(folder, ignore_errors=True)
+        self.checkpoints.delete(f"tinker://{run_id}/{checkpoint_id}")
         return {}
-
-    def _write_atomically(self, folder: Path, write: Callable[[Path], None], meta: dict) -> None:
-        """Write a checkpoint into a temp folder, then rename it into place (runs in a thread)."""
-        tmp = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:6]}.tmp"
-        tmp.mkdir(parents=True)
-        try:
-            write(tmp)
-            meta = {**meta, "base_model": self.engine.base_model, "created": time.time()}
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            if folder.exists():
-                shutil.rmtree(folder)
-            tmp.rename(folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     # ------------------------------------------------------------------ plumbing
 
@@ -481,20 +440,12 @@ def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
     return tokens
 
 
-def _sample_spec(p: types.SamplingParams, engine: Engine) -> SampleSpec:
-    stops: list[int] = []
-    raw = p.stop
-    if isinstance(raw, str):
-        raw = [raw]
-    for item in raw or []:
-        if isinstance(item, int):
-            stops.append(item)
-        else:
-            raise ApiError(400, "retrain serve takes stop sequences as token ids "
-                           f"(SamplingParams.stop=[id, ...]), not strings like {item!r}")
-    if p.max_tokens is None or p.max_tokens < 1:
+def _sampling_params(p: types.SamplingParams) -> SamplingParams:
+    raw = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
+    stop_tokens = tuple(s for s in raw if isinstance(s, int))
+    stop_strings = tuple(s for s in raw if isinstance(s, str) and s)
+    if p.max_tokens is None:
         raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
-    if p.temperature < 0:
-        raise ApiError(400, "SamplingParams.temperature must be >= 0 (0 = greedy)")
-    return SampleSpec(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                      top_k=p.top_k, seed=p.seed, stop_tokens=tuple(stops))
+    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                          top_k=p.top_k, seed=p.seed, stop_tokens=stop_tokens,
+                          stop_strings=stop_strings)

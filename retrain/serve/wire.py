@@ -1,4 +1,4 @@
-"""Tinker wire formats <-> engine datatypes: protobuf for forward_backward and samples.
+"""Tinker wire formats <-> the backend datatypes: protobuf for forward_backward and samples.
 
 Uses the message classes of the pinned SDK (`tinker.proto.tinker_public_pb2`), so the
 server speaks exactly the schema the client was built with.
@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from retrain.serve.engine import LOSS_INPUTS, EngineError, FwdBwdResult, SampleResult, TrainDatum
+from retrain.backends.base import Datum, LossOutput
+from retrain.serve.engine import LOSS_INPUTS, EngineError, SampleResult
 
+READ_INPUTS = ("target_tokens", "logprobs", "advantages", "weights")  # what a Datum holds
 _DTYPES = {
     pb.DTYPE_FLOAT32: np.float32,
     pb.DTYPE_INT64: np.int64,
@@ -30,7 +32,7 @@ class FwdBwdCall:
     loss_fn: str
     config: dict[str, float]
     forward_only: bool
-    data: list[TrainDatum]
+    data: list[Datum]
 
 
 def decode_forward_backward(body: bytes) -> FwdBwdCall:
@@ -52,22 +54,38 @@ def decode_forward_backward(body: bytes) -> FwdBwdCall:
                       bool(msg.forward_only), data)
 
 
-def _decode_datum(d: pb.Datum, index: int, loss_fn: str, forward_only: bool) -> TrainDatum:
+def _decode_datum(d: pb.Datum, index: int, loss_fn: str, forward_only: bool) -> Datum:
     tokens: list[int] = []
     for chunk in d.model_input:
         if chunk.WhichOneof("chunk") != "encoded_text":
             raise EngineError(f"datum {index}: only text chunks are supported by retrain serve")
-        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+        raw = chunk.encoded_text.tokens
+        if len(raw) % 4:
+            raise EngineError(f"datum {index}: encoded_text tokens are {len(raw)} bytes, not "
+                              "a whole number of int32 values")
+        tokens.extend(np.frombuffer(raw, dtype=np.int32).tolist())
     inputs = {name: _decode_tensor(t, f"datum {index}: {name}") for name, t in
               d.loss_fn_inputs.items()}
     needed = LOSS_INPUTS[loss_fn] if not forward_only else ("target_tokens",)
     for name in needed:
         if name not in inputs:
             raise EngineError(f"datum {index}: loss_fn {loss_fn!r} needs loss_fn_inputs[{name!r}]")
-        if len(inputs[name]) != len(tokens):
+    for name in READ_INPUTS:
+        if name in inputs and len(inputs[name]) != len(tokens):
             raise EngineError(f"datum {index}: {name} has {len(inputs[name])} entries for "
                               f"{len(tokens)} input tokens; they must align")
-    return TrainDatum(tokens, inputs)
+    return _datum(tokens, inputs)
+
+
+def _datum(tokens: list[int], inputs: dict[str, np.ndarray]) -> Datum:
+    """The client's loss inputs as a Datum: inputs a loss does not read are zeros."""
+    def floats(name: str) -> list[float]:
+        return inputs[name].astype(float).tolist() if name in inputs else [0.0] * len(tokens)
+
+    targets = inputs["target_tokens"].astype(int).tolist()  # every loss needs them
+    weights = inputs["weights"].astype(float).tolist() if "weights" in inputs else None
+    return Datum(input_tokens=tokens, target_tokens=targets, logprobs=floats("logprobs"),
+                 advantages=floats("advantages"), mask=[1.0] * len(tokens), weights=weights)
 
 
 def _decode_tensor(t: pb.Tensor, where: str) -> np.ndarray:
@@ -77,11 +95,19 @@ def _decode_tensor(t: pb.Tensor, where: str) -> np.ndarray:
         raise EngineError(f"{where}: unsupported dtype {t.dtype}")
     if len(t.shape) > 1:
         raise EngineError(f"{where}: only 1-D loss inputs are supported, got shape {list(t.shape)}")
-    return np.frombuffer(t.dense, dtype=_DTYPES[t.dtype]).copy()
+    dtype = np.dtype(_DTYPES[t.dtype])
+    if len(t.dense) % dtype.itemsize:
+        raise EngineError(f"{where}: {len(t.dense)} bytes are not a whole number of "
+                          f"{dtype.name} values")
+    values = np.frombuffer(t.dense, dtype=dtype).copy()
+    if len(t.shape) == 1 and t.shape[0] != len(values):
+        raise EngineError(f"{where}: shape {list(t.shape)} but {len(values)} values")
+    return values
 
 
-def encode_forward_backward(result: FwdBwdResult) -> bytes:
-    """ForwardBackwardOutput: one ArrayRecord with each datum's target `logprobs`."""
+def encode_forward_backward(result: LossOutput) -> bytes:
+    """ForwardBackwardOutput: one ArrayRecord with each datum's target `logprobs`; the
+    loss (a sum, Tinker's semantics) as the metric "loss:sum"."""
     arrays = [np.asarray(a, dtype=np.float32).reshape(-1) for a in result.logprobs]
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([a.nbytes for a in arrays])
@@ -92,7 +118,7 @@ def encode_forward_backward(result: FwdBwdResult) -> bytes:
     field.dtype = pb.DTYPE_FLOAT32
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     out.loss_fn_outputs.append(record)
-    for key, value in result.metrics.items():
+    for key, value in {"loss:sum": result.loss, **result.metrics}.items():
         out.metrics[key] = float(value)
     return out.SerializeToString()
 
@@ -102,7 +128,8 @@ def encode_sample(result: SampleResult) -> bytes:
     out = pb.SampleResponse()
     for seq in result.sequences:
         out.sequences.append(pb.SampledSequence(
-            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            stop_reason=pb.STOP_REASON_STOP if seq.finish_reason == "stop"
+            else pb.STOP_REASON_LENGTH,
             tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
         ))
