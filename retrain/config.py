@@ -134,6 +134,9 @@ class TrainingConfig:
                           lo=0, hi=MAX_STEPS)
     eval_every: int = opt(0, "greedy eval on the held-out split every N steps (0 = start and end)",
                           lo=0, hi=MAX_STEPS)
+    max_steps_off_policy: int = opt(
+        0, "tinker: 1 = sample the next step while this one trains (samples one update old); "
+        "0 = on-policy", lo=0, hi=1)
 
 
 @dataclass
@@ -585,6 +588,10 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
                                   f"{t.batch_size * t.group_size:_} completions per step, more "
                                   f"than {MAX_COMPLETIONS:_}; lower batch_size or group_size"))
+    if t.max_steps_off_policy and cfg.backend.backend != "tinker":
+        issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
+                                  "the local backend samples and trains on the same device, one "
+                                  "at a time, so overlap only makes samples stale; set it to 0"))
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "

@@ -46,6 +46,7 @@ from retrain.backends.base import (
 from retrain.config import Config, run_config
 from retrain.errors import UserError
 from retrain.eval import evaluate
+from retrain.offpolicy import Overlap
 from retrain.progress import Progress
 from retrain.scorer import build_scorer
 from retrain.slots import slots_from_env
@@ -152,6 +153,7 @@ class Trainer:
         self.reward_errors_shown = 0
         self._prompts: dict[int, list[int]] = {}
         self._eval_prompts: list[list[int]] | None = None
+        self.overlap = Overlap(backend, run_dir, enabled=self.tc.max_steps_off_policy > 0)
 
     # ------------------------------------------------------------------ the run
 
@@ -219,6 +221,7 @@ class Trainer:
             self.tc.batch_size
         cap = saved.extra.get("oom_cap")
         self.oom_cap = cap if isinstance(cap, int) and 1 <= cap <= limit else None
+        self.overlap.restore(saved)  # the batch sampled ahead for the next step, if any
         note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
         if saved is not points[0]:
             note += f" (fell back from step {points[0].step}: its checkpoint did not load)"
@@ -261,9 +264,9 @@ class Trainer:
 
     def _step(self, step: int) -> dict:
         """One step, retried with half the prompts (whole groups) while it runs out of memory."""
-        start, waited = time.perf_counter(), self.slots.wait_s
+        start, waited = time.perf_counter(), self._api_wait_s()
         saved_cursor = self.cursor.state_dict()
-        batch_size, retries = self.batch_size, 0
+        batch_size, retries = self.overlap.planned_batch_size(step, self.batch_size), 0
         while True:
             attempt_start = time.perf_counter()
             try:
@@ -284,13 +287,14 @@ class Trainer:
                                   f"retrying with {retry}")
                 batch_size = retry
                 self.oom_cap = batch_size
+                self.overlap.discard()
                 self.cursor.load_state_dict(saved_cursor)
         end = time.perf_counter()
         step_time = end - start
         row = sampled.row
         row.update(step=step, step_time_s=step_time,
                    tokens_per_second=sampled.tokens / step_time if step_time > 0 else 0.0,
-                   process_max_rss_mb=_max_rss_mb(), api_wait_s=self.slots.wait_s - waited,
+                   process_max_rss_mb=_max_rss_mb(), api_wait_s=self._api_wait_s() - waited,
                    oom_retries=retries)
         # The controller measures the batch size that ran: failed attempts are not its time.
         decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start)
@@ -307,14 +311,19 @@ class Trainer:
     def _attempt(self, step: int, batch_size: int) -> _Sampled:
         tc = self.tc
         random.seed(derive_seed(tc.seed, step, "python"))  # for user reward code using random
-        index = self.cursor.take(batch_size)
-        problems = [self.splits.train[i] for i in index]
-        prompts = [self._prompt(i) for i in index]
         t0 = time.perf_counter()
-        params = SamplingParams(max_tokens=tc.max_tokens, temperature=tc.temperature,
-                                top_p=tc.top_p, seed=derive_seed(tc.seed, step, "sample"))
-        groups = self.backend.sample(prompts, tc.group_size, params)
+        ahead = self.overlap.take(step)  # sampled while the previous step trained
+        if ahead is None:
+            index = self.cursor.take(batch_size)
+            prompts = [self._prompt(i) for i in index]
+            groups = self.backend.sample(prompts, tc.group_size, self._sampling_params(step))
+        else:
+            index, groups = ahead.index, ahead.groups
+            prompts = [self._prompt(i) for i in index]
+            self.cursor.load_state_dict(ahead.cursor_after)
+        problems = [self.splits.train[i] for i in index]
         t1 = time.perf_counter()
+        self._sample_ahead(step + 1)  # overlap: runs while this step scores and trains
         decode = self.backend.tokenizer.decode
         texts = [decode(c.tokens, skip_special_tokens=True) for g in groups for c in g]
         scores = self.scorer.score(texts, [p for p in problems for _ in range(tc.group_size)])
@@ -341,6 +350,7 @@ class Trainer:
             "sample_time_s": t1 - t0, "reward_time_s": t2 - t1, "train_time_s": t3 - t2,
             "reward_uniform_group_rate": uniform_group_rate(rewards),
             "reward_failures": scores.failures, "trained_completions": len(datums),
+            "sample_staleness": ahead.staleness if ahead is not None else 0,
         }
         tokens = sum(len(prompts[g]) + len(c.tokens) for g, group in enumerate(groups)
                      for c in group)
@@ -357,8 +367,28 @@ class Trainer:
         adam = AdamParams(learning_rate=tc.lr, beta1=tc.beta1, beta2=tc.beta2, eps=tc.adam_eps,
                           weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm)
         opt = self.backend.optim_step(adam)
+        self.overlap.updated()
         return {"loss": out.loss, "grad_norm": opt.grad_norm,
                 "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs)}
+
+    def _sampling_params(self, step: int) -> SamplingParams:
+        tc = self.tc
+        return SamplingParams(max_tokens=tc.max_tokens, temperature=tc.temperature,
+                              top_p=tc.top_p, seed=derive_seed(tc.seed, step, "sample"))
+
+    def _sample_ahead(self, step: int) -> None:
+        """max_steps_off_policy = 1: start sampling `step`'s batch now, before this step's
+        update, so it runs while this step trains (see retrain/offpolicy.py)."""
+        if not self.overlap.enabled or step > self.tc.max_steps:
+            return
+        before = self.cursor.state_dict()
+        index = self.cursor.take(self.batch_size)
+        self.overlap.start(step, index, [self._prompt(i) for i in index], self.tc.group_size,
+                           self._sampling_params(step), before, self.cursor.state_dict())
+
+    def _api_wait_s(self) -> float:
+        """Time lost waiting for the API: for a campaign slot, or out a rate limit (429)."""
+        return self.slots.wait_s + getattr(self.backend, "rate_limit_wait_s", 0.0)
 
     def _prompt(self, index: int) -> list[int]:
         if index not in self._prompts:
@@ -393,6 +423,7 @@ class Trainer:
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.tc.seed}
         s.extra["oom_cap"] = self.oom_cap
+        self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         checkpoint.save_resume_point(self.run_dir, s)  # the checkpoint carries its resume point
         runlog.save_state(self.run_dir, s)
         checkpoint.prune(self.run_dir / runlog.CHECKPOINT_DIR, step, self.tc.save_every,

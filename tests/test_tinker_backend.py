@@ -328,3 +328,36 @@ def test_superseded_checkpoints_are_deleted_on_the_service(tmp_path, env, tiny_m
         run_dir = served.service.state_dir / "runs" / paths[0].split("/")[2] / "weights"
         assert sorted(p.name for p in run_dir.iterdir()) == \
             ["step-000003", "step-000006", "step-000007"]
+
+
+def test_rate_limited_client_queues_outside_its_slot(tmp_path, env, tiny_model):
+    """serve holds 1 training client (--max-sessions 1): a second backend gets 429, waits
+    with its slot given back (the only slot: the first backend keeps training meanwhile),
+    and gets its client once the first one finishes; nothing fails."""
+    slots = CountingSlots(1)
+    with Served(_engine(tiny_model), tmp_path, hold_s=2.0, max_sessions=1) as served:
+        a = _backend(served.url, slots=slots)
+        assert a.training.model_id
+        b = _backend(served.url, slots=slots)
+        got: dict = {}
+
+        def second():
+            try:
+                got["model_id"] = b.training.model_id
+            except BaseException as exc:  # reported below
+                got["error"] = exc
+
+        waiter = threading.Thread(target=second, daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while b.rate_limit_wait_s == 0 and time.monotonic() < deadline and waiter.is_alive():
+            time.sleep(0.1)
+        assert b.rate_limit_wait_s > 0, got  # the SDK gave up once; the backend queued it
+        _step(a, [1, 70, 71])                # one slot, yet `a` is not starved
+        assert waiter.is_alive() and not got  # b still queued, not failed
+        a.close()                             # frees the server's place
+        waiter.join(90)
+        assert "model_id" in got, got
+        _step(b, [1, 70, 71])
+        assert slots.peak <= 1
+        b.close()

@@ -2,8 +2,13 @@
 
 - Sampling goes through a sampling client that is refreshed (save_weights_for_sampler)
   after every optimizer step, so completions always come from the current weights.
+  `sample_async` submits a batch on the current sampler and returns at once (the trainer's
+  off-policy overlap samples the next step while this one trains).
 - `forward_backward` submits at once and returns a result that is fetched on first use;
-  `optim_step` queues the optimizer step right behind it and then waits for both.
+  `optim_step` queues the optimizer step right behind it and the sampler save right behind
+  the step, then waits for the step (the new sampler is read when next sampling).
+- A new training client refused with HTTP 429 (the service's session limit) is queued: the
+  slot is given back, the backend waits with backoff and jitter, and asks again.
 - Every API request holds one of the campaign's API slots while it is in flight (`with
   slots:` per request, never while waiting for another slot, so workers cannot deadlock).
 - Every wait has a deadline (`backend.request_timeout_s`); a terminal failure raises
@@ -17,9 +22,12 @@ import concurrent.futures
 import contextlib
 import importlib.metadata
 import logging
+import math
 import os
+import random
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +56,9 @@ log = logging.getLogger("retrain.tinker")
 TINKER_VERSION = "0.38.0"
 KEY_ENV = "TINKER_API_KEY"
 SAMPLE_THREADS = 32
+RATE_LIMIT_FIRST_S = 0.5   # backoff on HTTP 429: 0.5 s doubling to 15 s, times 0.5-1 jitter
+RATE_LIMIT_CAP_S = 15.0
+RATE_LIMIT_WARN_EVERY_S = 60.0
 
 
 def check_sdk() -> None:
@@ -97,6 +108,23 @@ class _PendingLoss(LossOutput):
     metrics = property(lambda self: self.get().metrics)          # type: ignore[assignment]
 
 
+class SampleJob:
+    """Sampling requests in flight; `result()` waits for all of them (prompt order kept)."""
+
+    def __init__(self, futures: list[concurrent.futures.Future]):
+        self._futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    def result(self) -> list[list[Completion]]:
+        return [f.result() for f in self._futures]
+
+    def cancel(self) -> None:
+        for f in self._futures:
+            f.cancel()
+
+
 class TinkerBackend:
     """Sampling and LoRA training on a Tinker service (hosted, or `retrain serve`)."""
 
@@ -122,16 +150,23 @@ class TinkerBackend:
         self._service = tinker.ServiceClient(base_url=self.base_url)
         self._training: Any = None
         self._sampler: Any = None
+        self._next_sampler: tuple[concurrent.futures.Future, threading.Event] | None = None
         self._tokenizer: Any = None
         self._pending: _PendingLoss | None = None
         self._broken: str | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(SAMPLE_THREADS,
                                                            thread_name_prefix="tinker-call")
+        # Sampling has its own threads, so a batch sampled during training (off-policy
+        # overlap) never delays the training requests queued behind it.
+        self._sample_pool = concurrent.futures.ThreadPoolExecutor(
+            SAMPLE_THREADS, thread_name_prefix="tinker-sample")
         self._keep_every = keep_every
         self._final_step = final_step
         self._saved: list[tuple[str, str]] = []  # (name, tinker path), oldest first
         self._deletions: list[concurrent.futures.Future] = []
         self._rest: Any = None
+        self.rate_limit_wait_s = 0.0  # time spent waiting out 429s (part of api_wait_s)
+        self._wait_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, cfg: Config, slots: ApiSlots | None = None) -> TinkerBackend:
@@ -160,11 +195,14 @@ class TinkerBackend:
             hint = f"{type(exc).__name__}: {exc}"
         return BackendError(self._secret.scrub(f"tinker {what} failed: {hint}"))
 
-    def _wait(self, what: str, future: Any, *, fatal_timeout: bool = True) -> Any:
+    def _wait(self, what: str, future: Any, *, fatal_timeout: bool = True,
+              queue_on_429: bool = False) -> Any:
         """The future's result within the deadline, or a BackendError (never a raw SDK error)."""
         try:
             return future.result(timeout=self.timeout_s)
         except BaseException as exc:
+            if queue_on_429 and _rate_limited(exc):
+                raise _RateLimited(str(exc)) from None
             if isinstance(exc, TimeoutError):
                 future.future().cancel()
                 if fatal_timeout:  # the training client is stuck behind this request
@@ -174,18 +212,36 @@ class TinkerBackend:
             raise self._fail(what, exc) from None
 
     def _call(self, what: str, submit: Callable[[], Any], *, fatal_timeout: bool = True,
-              submitted: threading.Event | None = None) -> Any:
-        """One API request: hold a slot, submit, wait for the result."""
-        self._check_usable()
-        with self.slots:
-            try:
-                future = submit()
-            except Exception as exc:
-                raise self._fail(what, exc) from None
-            finally:
-                if submitted is not None:
-                    submitted.set()
-            return self._wait(what, future, fatal_timeout=fatal_timeout)
+              submitted: threading.Event | None = None, queue_on_429: bool = False) -> Any:
+        """One API request: hold a slot, submit, wait for the result.
+
+        With `queue_on_429` (requests that open a new training client, safe to send again),
+        a rate-limit answer gives the slot back, waits out a backoff and tries again, for as
+        long as the service keeps answering 429: queued, not failed.
+        """
+        waiting = _RateLimitWait(what)
+        while True:
+            self._check_usable()
+            with self.slots:
+                try:
+                    future = submit()
+                except Exception as exc:
+                    if not (queue_on_429 and _rate_limited(exc)):
+                        raise self._fail(what, exc) from None
+                    future, reason = None, str(exc)
+                finally:
+                    if submitted is not None:
+                        submitted.set()
+                if future is not None:
+                    try:
+                        return self._wait(what, future, fatal_timeout=fatal_timeout,
+                                          queue_on_429=queue_on_429)
+                    except _RateLimited as exc:
+                        reason = str(exc)
+            # the slot is free again while we sleep: other workers' requests go meanwhile
+            slept = waiting.sleep(self._secret.scrub(reason))
+            with self._wait_lock:
+                self.rate_limit_wait_s += slept
 
     def _check_usable(self) -> None:
         if self._broken:
@@ -199,7 +255,8 @@ class TinkerBackend:
         if self._training is None:
             self._training = self._call("create_lora_training_client", lambda: (
                 self._service.create_lora_training_client(
-                    base_model=self.base_model, rank=self.lora_rank, seed=self.seed)))
+                    base_model=self.base_model, rank=self.lora_rank, seed=self.seed)),
+                queue_on_429=True)
         return self._training
 
     @property
@@ -215,8 +272,26 @@ class TinkerBackend:
 
     def _refresh_sampler(self) -> None:
         tc = self.training  # (created outside the slot: never hold one while taking another)
+        self._next_sampler = None
         self._sampler = self._call("save_weights_for_sampler",
                                    tc.save_weights_and_get_sampling_client)
+
+    def _queue_sampler_refresh(self, tc: Any) -> None:
+        """Save the sampler of the new weights right behind the optimizer step (the SDK keeps
+        the order); it is read only when the next sample needs it, so the save's round trips
+        overlap whatever the trainer does in between (checkpointing, scoring)."""
+        sent = threading.Event()
+        job = self._pool.submit(self._call, "save_weights_for_sampler",
+                                tc.save_weights_and_get_sampling_client, submitted=sent)
+        self._next_sampler = (job, sent)
+
+    def _current_sampler(self) -> Any:
+        if self._next_sampler is not None:
+            job, self._next_sampler = self._next_sampler[0], None
+            self._sampler = job.result()
+        if self._sampler is None:
+            self._refresh_sampler()
+        return self._sampler
 
     def _settle(self) -> None:
         """Finish a forward_backward that nobody has read yet (frees its slot)."""
@@ -230,8 +305,16 @@ class TinkerBackend:
                params: SamplingParams) -> list[list[Completion]]:
         """`n` completions per prompt from the current weights; one API request per prompt."""
         self._settle()
-        if self._sampler is None:
-            self._refresh_sampler()
+        return self.sample_async(prompts, n, params).result()
+
+    def sample_async(self, prompts: list[TokenIds], n: int,
+                     params: SamplingParams) -> SampleJob:
+        """Submit the requests now, on the sampler of the current weights, and return at once.
+
+        The sampler is captured here, so a weight update made while the job runs does not
+        change which weights these completions come from (the off-policy overlap's contract).
+        """
+        sampler = self._current_sampler()
         types = self._tinker.types
         stop = sorted(_stop_ids(self.tokenizer))
 
@@ -240,12 +323,11 @@ class TinkerBackend:
                 max_tokens=params.max_tokens, temperature=params.temperature,
                 top_p=params.top_p, stop=stop or None,
                 seed=None if params.seed is None else params.seed + i)
-            res = self._call("sample", lambda: self._sampler.sample(
+            res = self._call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
             return [_completion(s, set(stop)) for s in res.sequences]
 
-        futures = [self._pool.submit(one, i, p) for i, p in enumerate(prompts)]
-        return [f.result() for f in futures]
+        return SampleJob([self._sample_pool.submit(one, i, p) for i, p in enumerate(prompts)])
 
     def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput:
         """Submit at once; the numbers are fetched when first read (or by optim_step)."""
@@ -262,6 +344,8 @@ class TinkerBackend:
             raise BackendError(f"loss {loss.name!r} is not supported by the tinker backend")
         tc = self.training
         self._check_usable()
+        if self._next_sampler is not None:  # keep it ahead of this call in the SDK's order
+            self._next_sampler[1].wait()
         submitted = threading.Event()
 
         def run() -> Any:  # in a worker thread: take a slot, submit, wait
@@ -287,7 +371,8 @@ class TinkerBackend:
         return self._pending
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
-        """Queue the step right behind the pending forward_backward, wait, refresh the sampler."""
+        """Queue the step right behind the pending forward_backward and the sampler save right
+        behind the step; wait for the step (the sampler is read when next sampling)."""
         types = self._tinker.types
         params = types.AdamParams(learning_rate=adam.learning_rate, beta1=adam.beta1,
                                   beta2=adam.beta2, eps=adam.eps, weight_decay=adam.weight_decay,
@@ -299,7 +384,11 @@ class TinkerBackend:
             # keeps them in order), each in its own thread with its own slot, so no thread
             # ever holds a slot while waiting for another.
             pending.submitted.wait()
-        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params))
+        optim_sent = threading.Event()
+        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params),
+                                   submitted=optim_sent)
+        optim_sent.wait()
+        self._queue_sampler_refresh(tc)
         try:
             if pending is not None:
                 pending.get()
@@ -307,7 +396,6 @@ class TinkerBackend:
             concurrent.futures.wait([queued])
             raise
         result = queued.result()
-        self._refresh_sampler()
         metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
         return OptimOutput(grad_norm=_grad_norm(metrics), metrics=metrics)
 
@@ -352,7 +440,7 @@ class TinkerBackend:
         self._settle()
         self._training = self._call(
             "load_state", lambda: self._service.create_training_client_from_state_with_optimizer(
-                ref))
+                ref), queue_on_429=True)
         self._refresh_sampler()
 
     def close(self) -> None:
@@ -366,6 +454,44 @@ class TinkerBackend:
         except Exception:  # closing is best effort: the service times the session out
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._sample_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _RateLimited(Exception):
+    """The service answered 429 (too many sessions or requests): wait, then send again."""
+
+
+def _rate_limited(exc: BaseException) -> bool:
+    return getattr(exc, "status_code", None) == 429
+
+
+class _RateLimitWait:
+    """Exponential backoff with jitter for one request that keeps getting 429.
+
+    The jitter comes from the OS, not the seeded `random`, so campaign workers that share a
+    seed do not retry in lockstep. A warning goes out on the first 429 and once a minute.
+    """
+
+    def __init__(self, what: str):
+        self.what = what
+        self.attempts = 0
+        self.total_s = 0.0
+        self._warned_at = -math.inf
+        self._rng = random.SystemRandom()
+
+    def sleep(self, reason: str) -> float:
+        if self.total_s - self._warned_at >= RATE_LIMIT_WARN_EVERY_S:
+            self._warned_at = self.total_s
+            log.warning("tinker %s: rate-limited (HTTP 429), waiting and retrying "
+                        "(%.0f s so far): %s", self.what, self.total_s, reason)
+        delay = min(RATE_LIMIT_CAP_S, RATE_LIMIT_FIRST_S * 2 ** self.attempts)
+        delay *= self._rng.uniform(0.5, 1.0)
+        self.attempts += 1
+        start = time.monotonic()
+        time.sleep(delay)
+        slept = time.monotonic() - start
+        self.total_s += slept
+        return slept
 
 
 def advantage_scale(datums: list[Datum]) -> float:
