@@ -29,7 +29,7 @@ FAKE_WORKER = textwrap.dedent('''
     import json, os, signal, sys, time, tomllib
     from pathlib import Path
     from retrain import runlog
-    from retrain.campaign.semaphore import slots_from_env
+    from retrain.slots import slots_from_env
 
     cfg = tomllib.loads(Path(sys.argv[1]).read_text())
     opts = cfg["backend"]["options"]

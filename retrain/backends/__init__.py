@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from retrain.backends.base import ApiSlots, Backend, NoSlots
+from retrain.backends.base import Backend
+from retrain.slots import ApiSlots, NoSlots
 
 if TYPE_CHECKING:
     from retrain.config import Config

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from retrain.slots import ApiSlots, NoSlots  # noqa: F401  (re-exported for the backends)
-
 TokenIds = list[int]
 
 

@@ -36,18 +36,17 @@ import numpy as np
 
 from retrain.backends.base import (
     AdamParams,
-    ApiSlots,
     BackendError,
     Completion,
     Datum,
     LossConfig,
     LossOutput,
-    NoSlots,
     OptimOutput,
     SamplingParams,
     TokenIds,
 )
 from retrain.errors import UserError
+from retrain.slots import ApiSlots, NoSlots
 
 if TYPE_CHECKING:
     from retrain.config import Config
