@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from retrain.backpressure import (
     METRIC_KEYS,
     BackpressureController,
-    Decision,
     UslSums,
     roofline,
     sweep_sizes,
@@ -23,6 +22,8 @@ from retrain.backpressure import (
     usl_throughput,
 )
 from retrain.config import BackpressureConfig
+from retrain.goodput import goodput_batch
+from retrain.usl import UslFit
 
 G = 16
 TOKENS = 300  # tokens per sequence in the simulated steps
@@ -560,3 +561,55 @@ def test_numpy_scalars_are_numbers():
     ctl = BackpressureController(ON, G)
     d = ctl.observe(np.int64(1), np.int64(4800), np.float64(0.5))
     assert "rejected" not in d.reason and d.batch_size == 2
+
+
+# ---------------------------------------------------------------------------- goodput
+
+
+def run_with_noise_scale(config, noise_scale, steps=40):
+    ctl = BackpressureController(config, G, base_batch_size=8)
+    b, decisions = ctl.first_batch_size(8), []
+    for _ in range(steps):
+        d = step(ctl, b, noise_scale=noise_scale)
+        decisions.append(d)
+        b = d.batch_size
+    return decisions
+
+
+def test_the_throughput_objective_ignores_the_noise_scale():
+    plain = run_with_noise_scale(ON, None)
+    informed = run_with_noise_scale(ON, 0.5)
+    assert [(d.action, d.regime, d.batch_size) for d in plain] == \
+        [(d.action, d.regime, d.batch_size) for d in informed]
+    assert plain[-1].batch_size == 11 and plain[-1].goodput is None
+    last = informed[-1]
+    assert last.efficiency == pytest.approx((0.5 + 8) / (0.5 + 11))
+    assert last.goodput == pytest.approx(last.throughput * last.efficiency)
+    assert_clean(last)
+
+
+def test_the_goodput_objective_stops_where_bigger_batches_stop_helping():
+    goodput = replace(ON, objective="goodput")
+    clean = run_with_noise_scale(goodput, 0.5)[-1]       # small noise scale: small batches
+    assert clean.batch_size < 11 and "target bound: goodput" in clean.reason
+    fit = UslFit(clean.sigma, clean.kappa, clean.lam)
+    assert clean.batch_size == goodput_batch(fit, G, 1, 64, 0.5, 8)
+    noisy = run_with_noise_scale(goodput, 1e6)[-1]        # noisy gradients: speed decides
+    assert noisy.batch_size == 11 and "target bound: throughput" in noisy.reason
+    unknown = run_with_noise_scale(goodput, None)[-1]
+    assert unknown.batch_size == 11 and "not measured yet" in unknown.reason
+
+
+def test_the_goodput_bound_throttles_a_batch_above_it():
+    goodput = replace(ON, objective="goodput")
+    ctl = BackpressureController(goodput, G, base_batch_size=8)
+    b = ctl.first_batch_size(8)
+    for _ in range(30):
+        b = step(ctl, b).batch_size                       # no noise scale yet: 11
+    assert b == 11
+    d = step(ctl, b, noise_scale=0.5)
+    assert d.action == "throttle" and d.batch_size < 11 and "goodput bound" in d.reason
+    state = json.loads(json.dumps(ctl.state_dict()))
+    again = BackpressureController(goodput, G, base_batch_size=8)
+    assert again.load_state_dict(state)
+    assert step(again, d.batch_size) == step(ctl, d.batch_size)   # the noise scale is saved
