@@ -246,6 +246,8 @@ def scenarios() -> list[Scenario]:
         Scenario("hw p* 111->221 5%", (0.02, 8e-5, 900.0), noise=0.05, after=a),
         Scenario("hw lam x0.6 5%", a, noise=0.05, after=(0.02, 2e-5, 540.0)),
         Scenario("hw p* 221->111 10%", a, noise=0.10, after=(0.02, 8e-5, 900.0)),
+        Scenario("hw sigma x4 5%", (0.05, 1e-4, 900.0), noise=0.05,
+                 after=(0.20, 1e-4, 900.0)),
         Scenario("OOM b>=8 (A, p*=221)", a, oom_at=8),
         Scenario("OOM b>=8 (A), 10%", a, noise=0.10, oom_at=8),
         Scenario("OOM b>=16 (B, p*=424)", b, oom_at=16),

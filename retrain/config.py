@@ -162,6 +162,12 @@ class BackpressureConfig:
     max_batch_size: int = opt(64, "ceiling for batch size recommendations", lo=1, hi=MAX_BATCH)
     peak_gflops: float = opt(0.0, "hardware peak GFLOP/s (enables roofline classification)", lo=0)
     peak_bw_gb_s: float = opt(0.0, "hardware peak memory bandwidth in GB/s", lo=0)
+    lr_scaling: str = opt("sqrt", "scale training.lr with batch_size / training.batch_size "
+                          "when the controller changes the batch (sqrt suits Adam)",
+                          choices=("none", "sqrt", "linear"))
+    objective: str = opt("throughput", "throughput = largest fast batch; goodput = also bounded "
+                         "by the statistical efficiency of larger batches (gradient noise scale)",
+                         choices=("throughput", "goodput"))
 
 
 @dataclass

@@ -3,12 +3,15 @@ how much work it is and how long it may take, and which settings look risky.
 
 The wall-time estimate uses the median `step_time_s` of the most recent earlier run under
 `log_dir` with the same capacity settings (model, backend, device, task, batch_size,
-group_size, max_tokens): a pilot. Without one the estimate is "unknown: run a pilot".
+group_size, max_tokens, and the same back-pressure setting: with it on, the same batch-size
+bounds and objective instead of batch_size, and only the steps after the pilot's warm-up at
+the batch size it settled on): a pilot. Without one the estimate is "unknown: run a pilot".
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -163,9 +166,28 @@ def _get(cfg: Config, dotted: str) -> Any:
 
 
 def signature(cfg: Config) -> tuple:
-    """The settings that decide how long a step takes; a pilot must share all of them."""
-    return (cfg.model.name, cfg.backend.backend, cfg.model.device, cfg.data.source,
-            cfg.training.batch_size, cfg.training.group_size, cfg.training.max_tokens)
+    """The settings that decide how long a step takes; a pilot must share all of them.
+
+    Back-pressure picks the batch size itself, so a run with it on is only compared with runs
+    that had it on with the same bounds (its training.batch_size is then not the step's)."""
+    base = (cfg.model.name, cfg.backend.backend, cfg.model.device, cfg.data.source,
+            cfg.training.group_size, cfg.training.max_tokens)
+    bp = cfg.backpressure
+    if bp.enabled:
+        return (*base, "backpressure", bp.min_batch_size, bp.max_batch_size, bp.objective)
+    return (*base, "fixed batch", cfg.training.batch_size)
+
+
+def pilot_step_times(rows: list[dict]) -> list[object]:
+    """The step times a pilot lends: every step of a fixed-batch run; for a back-pressure run,
+    the steps after its warm-up at the batch size it settled on (the last decision's)."""
+    if not any("bp_regime" in r for r in rows):
+        return [r.get("step_time_s") for r in rows]
+    settled = [r for r in rows if r.get("bp_regime") not in (None, "warmup")]
+    if not settled:
+        return []
+    last = settled[-1].get("batch_size")
+    return [r.get("step_time_s") for r in settled if r.get("batch_size") == last]
 
 
 def find_pilot(log_dir: Path, signatures: set[tuple]) -> Pilot | None:
@@ -180,7 +202,7 @@ def find_pilot(log_dir: Path, signatures: set[tuple]) -> Pilot | None:
         if metrics.is_file() and _run_signature(run) in signatures:
             candidates.append((metrics.stat().st_mtime, run))
     for _, run in sorted(candidates, reverse=True):
-        times = [r.get("step_time_s") for r in runlog.read_metrics(run / runlog.METRICS_FILE).rows]
+        times = pilot_step_times(runlog.read_metrics(run / runlog.METRICS_FILE).rows)
         median = capacity.median_step_time(times)
         if median is not None:
             n = sum(1 for t in times if isinstance(t, (int, float)))
@@ -301,8 +323,34 @@ def _file_warnings(cfg: Config, path: Path) -> list[str]:
     return out
 
 
+def bp_on_in_conditions(cfg: Config) -> bool:
+    """Back-pressure on (anywhere) in a campaign with several conditions or grid points."""
+    c = cfg.campaign
+    grid_points = math.prod(len(v) if isinstance(v, list) else 1 for v in c.grid.values())
+    if len(c.conditions) < 2 and not (c.grid and grid_points >= 2):
+        return False
+    values = [cfg.backpressure.enabled]
+    values += [cond.overrides.get("backpressure.enabled") for cond in c.conditions]
+    grid_values = c.grid.get("backpressure.enabled", [])
+    values += grid_values if isinstance(grid_values, list) else [grid_values]
+    return any(v is True for v in values)
+
+
+def _scheduling_without_runs(cfg: Config) -> list[str]:
+    """[campaign] parallel / max_workers / stagger_seconds set, but nothing to expand."""
+    defaults = config.CampaignConfig()
+    c = cfg.campaign
+    changed = [k for k in ("parallel", "max_workers", "stagger_seconds")
+               if getattr(c, k) != getattr(defaults, k)]
+    if not changed or cfg.is_campaign:
+        return []
+    keys = ", ".join(f"campaign.{k}" for k in changed)
+    return [f"{keys} set without campaign.seeds, conditions or grid: this is a single run and "
+            "they have no effect; add e.g. seeds = [1, 2, 3] to make it a campaign"]
+
+
 def _campaign_warnings(cfg: Config, runs: int, overrides: dict[str, Any]) -> list[str]:
-    out = []
+    out = _scheduling_without_runs(cfg)
     c = cfg.campaign
     if not cfg.is_campaign:
         return out
@@ -316,6 +364,10 @@ def _campaign_warnings(cfg: Config, runs: int, overrides: dict[str, Any]) -> lis
             out.append(f"conditions '{seen[key]}' and '{cond.name}' set the same overrides: "
                        "their runs differ only by name")
         seen.setdefault(key, cond.name)
+    if bp_on_in_conditions(cfg):
+        out.append("backpressure.enabled with several conditions: each run picks its own batch "
+                   "sizes, so the conditions differ by more than their overrides and stop being "
+                   "comparable; set backpressure.enabled = false or a fixed batch per condition")
     if c.parallel and c.max_workers > runs > 0:
         out.append(f"campaign.max_workers ({c.max_workers}) > runs ({runs}): only {runs} "
                    "workers will start")

@@ -38,6 +38,8 @@ class RunStatus:
     max_token_hit_rate: float | None = None
     bp_action: str | None = None
     bp_regime: str | None = None
+    bp_p_star: float | None = None       # the last USL fit's p* (None: no fit or unbounded)
+    bp_throughput: float | None = None   # the controller's smoothed tokens/s
     plot: str | None = None        # the run's back-pressure picture, once drawn
     bad_lines: int = 0
     updated_at: float | None = None
@@ -125,6 +127,10 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
     run.max_token_hit_rate = _last(rows, "max_token_hit_rate")
     run.bp_action = _last(rows, "bp_action", str)
     run.bp_regime = _last(rows, "bp_regime", str)
+    last_bp = next((r for r in reversed(rows) if isinstance(r.get("bp_regime"), str)), None)
+    if last_bp is not None:  # the latest decision's values (p* is null while unbounded)
+        run.bp_p_star = _float(last_bp.get("bp_p_star"))
+        run.bp_throughput = _float(last_bp.get("bp_throughput"))
     if (folder / runlog.PLOT_FILE).is_file():
         run.plot = str(folder / runlog.PLOT_FILE)
     run.error = str(state.get("error") or "")[:500]
@@ -431,6 +437,10 @@ RUN_HEADERS = ["run", "state", "step", "reward", "step time", "tok/s", "max-tok 
 
 def _run_cells(r: RunStatus) -> list[str]:
     bp = "/".join(x for x in (r.bp_action, r.bp_regime) if x) or "-"
+    if r.bp_p_star is not None:
+        bp += f" p*={render.fmt_num(r.bp_p_star)}"
+    if r.bp_throughput is not None:
+        bp += f" {render.fmt_num(r.bp_throughput)} tok/s"
     return [r.name, r.state, f"{r.step}/{r.max_steps if r.max_steps else '?'}",
             render.fmt_num(r.mean_reward), render.fmt_seconds(r.median_step_time_s),
             render.fmt_num(r.tokens_per_second), render.fmt_num(r.max_token_hit_rate),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import random
 import resource
@@ -46,10 +47,12 @@ from retrain.backends.base import (
 from retrain.config import Config, run_config
 from retrain.errors import UserError
 from retrain.eval import evaluate
+from retrain.gradnoise import GradStats, NoiseScale
 from retrain.offpolicy import Overlap
 from retrain.progress import Progress
 from retrain.scorer import build_scorer
 from retrain.slots import slots_from_env
+from retrain.stepcost import step_cost
 from retrain.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.trackers import Trackers
 
@@ -126,6 +129,9 @@ class _Sampled:
     row: dict
     tokens: int
     errors: list[str] = field(default_factory=list)
+    flops: float | None = None           # estimates for the roofline (retrain.stepcost)
+    bytes_moved: float | None = None
+    noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
 
 
 class Trainer:
@@ -144,7 +150,10 @@ class Trainer:
         self.slots = slots
         self.config_path = config_path
         self.cursor = DataCursor(len(splits.train), self.tc.seed, cfg.data.shuffle)
-        self.controller = BackpressureController(cfg.backpressure, self.tc.group_size)
+        self.controller = BackpressureController(cfg.backpressure, self.tc.group_size,
+                                                 base_batch_size=self.tc.batch_size)
+        self.noise = NoiseScale()
+        self._train_metrics: dict = {}
         self.progress = Progress(cfg.logging.run_name)
         self.stop = _StopRequest()
         self.state = runlog.RunState()
@@ -205,6 +214,7 @@ class Trainer:
                 self.backend.load_state(saved.checkpoint)
                 self.cursor.load_state_dict(saved.data_cursor)
                 self.controller.load_state_dict(saved.controller)
+                self.noise.load_state_dict(saved.extra.get("grad_noise"))
                 break
             except (BackendError, ValueError, TypeError, KeyError, AttributeError) as exc:
                 failures.append(f"{saved.checkpoint!r} ({type(exc).__name__}: {exc})"[:300])
@@ -297,7 +307,9 @@ class Trainer:
                    process_max_rss_mb=_max_rss_mb(), api_wait_s=self._api_wait_s() - waited,
                    oom_retries=retries)
         # The controller measures the batch size that ran: failed attempts are not its time.
-        decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start)
+        decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start,
+                                           flops=sampled.flops, bytes_moved=sampled.bytes_moved,
+                                           noise_scale=sampled.noise_scale)
         self.batch_size = max(1, decision.batch_size)
         if decision.action != "hold" or "rejected" in decision.reason:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
@@ -334,7 +346,7 @@ class Trainer:
         datums = [make_datum(prompts[g], c, a)
                   for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
                   for c, a in zip(group, adv, strict=True) if a != 0.0]
-        train = self._train(datums)
+        train = self._train(datums, batch_size)
         t3 = time.perf_counter()
         completions = [c for g in groups for c in g]
         n = len(completions)
@@ -346,7 +358,7 @@ class Trainer:
             "correct_rate": sum(scores.correct) / n,
             "max_token_hit_rate": sum(c.finish_reason == "length" for c in completions) / n,
             "mean_completion_tokens": sum(len(c.tokens) for c in completions) / n,
-            **train, "lr": tc.lr,
+            **train, "lr": self._lr(batch_size),
             "sample_time_s": t1 - t0, "reward_time_s": t2 - t1, "train_time_s": t3 - t2,
             "reward_uniform_group_rate": uniform_group_rate(rewards),
             "reward_failures": scores.failures, "trained_completions": len(datums),
@@ -354,22 +366,55 @@ class Trainer:
         }
         tokens = sum(len(prompts[g]) + len(c.tokens) for g, group in enumerate(groups)
                      for c in group)
-        return _Sampled(row=row, tokens=tokens, errors=getattr(scores, "errors", []))
+        sampled = _Sampled(row=row, tokens=tokens, errors=getattr(scores, "errors", []))
+        self._add_estimates(sampled, prompts, groups, batch_size)
+        return sampled
 
-    def _train(self, datums: list[Datum]) -> dict:
+    def _lr(self, batch_size: int) -> float:
+        """training.lr, scaled for a batch the controller chose ([backpressure] lr_scaling)."""
+        bp = self.cfg.backpressure
+        if not bp.enabled or bp.lr_scaling == "none":
+            return self.tc.lr
+        ratio = batch_size / self.tc.batch_size
+        return self.tc.lr * (math.sqrt(ratio) if bp.lr_scaling == "sqrt" else ratio)
+
+    def _add_estimates(self, sampled: _Sampled, prompts: list[list[int]], groups: list,
+                       batch_size: int) -> None:
+        """FLOPs and bytes for the roofline; the noise scale in prompts for goodput."""
+        metrics = self._train_metrics
+        cost = getattr(self.backend, "cost_model", None)
+        if cost is not None:
+            est = step_cost(cost, [len(p) for p in prompts],
+                            [[len(c.tokens) for c in g] for g in groups],
+                            int(metrics.get("tokens", 0)),
+                            int(metrics.get("grad_micro_batches", 1)))
+            sampled.flops, sampled.bytes_moved = est.flops, est.bytes_moved
+        scale, stats = sampled.row.get("grad_noise_scale"), GradStats.from_metrics(metrics)
+        if scale is not None and stats is not None:
+            sampled.noise_scale = scale / (stats.big_tokens / batch_size)
+
+    def _train(self, datums: list[Datum], batch_size: int) -> dict:
         """forward_backward + optim_step; groups without signal were left out of `datums`."""
+        self._train_metrics = {}
         if not datums:  # every group uniform: nothing to learn from this step
-            return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None}
+            return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None,
+                    "grad_noise_scale": None, "grad_coherence": None}
         tc, alg = self.tc, self.cfg.algorithm
         loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
                           temperature=tc.temperature)
         out = self.backend.forward_backward(datums, loss)
-        adam = AdamParams(learning_rate=tc.lr, beta1=tc.beta1, beta2=tc.beta2, eps=tc.adam_eps,
-                          weight_decay=tc.weight_decay, grad_clip_norm=tc.grad_clip_norm)
+        self._train_metrics = out.metrics
+        # Measured on the local backend with two or more micro-batches, else None (docs).
+        stats = GradStats.from_metrics(out.metrics)
+        adam = AdamParams(learning_rate=self._lr(batch_size), beta1=tc.beta1, beta2=tc.beta2,
+                          eps=tc.adam_eps, weight_decay=tc.weight_decay,
+                          grad_clip_norm=tc.grad_clip_norm)
         opt = self.backend.optim_step(adam)
         self.overlap.updated()
         return {"loss": out.loss, "grad_norm": opt.grad_norm,
-                "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs)}
+                "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs),
+                "grad_noise_scale": self.noise.update(stats),
+                "grad_coherence": stats.coherence if stats else None}
 
     def _sampling_params(self, step: int) -> SamplingParams:
         tc = self.tc
@@ -423,6 +468,7 @@ class Trainer:
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.tc.seed}
         s.extra["oom_cap"] = self.oom_cap
+        s.extra["grad_noise"] = self.noise.state_dict()
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         checkpoint.save_resume_point(self.run_dir, s)  # the checkpoint carries its resume point
         runlog.save_state(self.run_dir, s)

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from retrain.backends.base import (
 from retrain.backends.local_sampling import sample_batch, token_logprobs
 from retrain.cpu import auto_threads, cpu_has_native_bf16
 from retrain.errors import UserError
+from retrain.stepcost import ModelCost
 
 if TYPE_CHECKING:
     from retrain.config import Config
@@ -146,6 +148,20 @@ class LocalModel:
         loaded.summary = (f"{name_or_path} on {dev.type}, {str(torch_dtype).removeprefix('torch.')}"
                           f" ({dtype_note}), {torch.get_num_threads()} torch threads")
         return loaded
+
+    def cost_model(self) -> ModelCost:
+        """Parameter count, weight bytes and KV-cache bytes per token (for the roofline)."""
+        params = list(self.net.parameters())
+        cfg = self.base.config
+        layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+        heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", 0) or heads)
+        head_dim = int(getattr(cfg, "head_dim", 0) or
+                       (getattr(cfg, "hidden_size", 0) // heads if heads else 0))
+        element = params[0].element_size() if params else 4
+        return ModelCost(parameters=sum(p.numel() for p in params),
+                         weight_bytes=sum(p.numel() * p.element_size() for p in params),
+                         kv_bytes_per_token=2 * layers * kv_heads * head_dim * element)
 
     @property
     def net(self) -> Any:
@@ -268,6 +284,7 @@ class LocalBackend:
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=1e-4)
         self.generator = torch.Generator(model.device).manual_seed(seed)
         self._snapshots = 0
+        self._cost: ModelCost | None = None
 
     @classmethod
     def from_config(cls, cfg: Config, config_dir: Path | None = None) -> LocalBackend:
@@ -293,6 +310,13 @@ class LocalBackend:
     def summary(self) -> str:
         """Model, device, dtype and threads, as the run log shows them."""
         return self.model.summary
+
+    @property
+    def cost_model(self) -> ModelCost:
+        """What the trainer's FLOPs and bytes estimates need (retrain.stepcost)."""
+        if self._cost is None:
+            self._cost = self.model.cost_model()
+        return self._cost
 
     # ------------------------------------------------------------------ sampling
 
@@ -372,6 +396,8 @@ class LocalBackend:
         if total_tokens == 0:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
         loss_sum, clipped = 0.0, 0.0
+        grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens)
+        diagnostics_s = 0.0
         with _seeded_dropout(self.generator, self.model.device):
             for unit in self._plan(datums, size):
                 batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device)
@@ -380,6 +406,9 @@ class LocalBackend:
                                                     loss)
                 chunk_loss = per_tok.sum() / total_tokens
                 chunk_loss.backward()
+                t0 = time.perf_counter()
+                grads.after_micro_batch(int(batch.targets.numel()))
+                diagnostics_s += time.perf_counter() - t0
                 loss_sum += float(chunk_loss.detach())
                 if loss.name == "ppo":
                     ratio = torch.exp(lp.detach() - batch.old_logprobs)
@@ -388,7 +417,8 @@ class LocalBackend:
                 for (i, pos), value in zip(batch.where, lp.detach().cpu().tolist(),
                                            strict=True):
                     out_lp[i][pos] = value
-        metrics = {"tokens": float(total_tokens)}
+        metrics = {"tokens": float(total_tokens), **grads.metrics(),
+                   "grad_diagnostics_s": diagnostics_s}
         if loss.name == "ppo":
             metrics["clip_fraction"] = clipped / total_tokens
         return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)

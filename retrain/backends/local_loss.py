@@ -142,3 +142,45 @@ def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device) -> 
                   old_logprobs=torch.tensor(old, dtype=torch.float32, device=device),
                   advantages=torch.tensor(adv, dtype=torch.float32, device=device),
                   where=where)
+
+
+class GradDiagnostics:
+    """Each micro-batch's own gradient on the adapter's parameters, for the gradient noise
+    scale and coherence (seed 003). A micro-batch adds `sum(loss) / total tokens` to the
+    accumulated gradient, so its own token-mean gradient is that increment x total / its tokens.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], total_tokens: int):
+        self.params, self.total_tokens = params, total_tokens
+        self.start = self.previous = self._accumulated()
+        self.sq_norms: list[float] = []
+        self.tokens: list[int] = []
+        self.cosines: list[float] = []
+        self.last: torch.Tensor | None = None
+
+    def _accumulated(self) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                          .detach().reshape(-1).float() for p in self.params])
+
+    def after_micro_batch(self, tokens: int) -> None:
+        now = self._accumulated()
+        g = (now - self.previous) * (self.total_tokens / tokens)
+        self.previous = now
+        self.sq_norms.append(float(g.dot(g)))
+        self.tokens.append(tokens)
+        if self.last is not None:
+            self.cosines.append(float(torch.nn.functional.cosine_similarity(g, self.last, dim=0)))
+        self.last = g
+
+    def metrics(self) -> dict[str, float]:
+        """Raw measurements for retrain.gradnoise.GradStats (only the count with one batch)."""
+        k = len(self.tokens)
+        if k < 2:
+            return {"grad_micro_batches": float(k)}
+        whole = self.previous - self.start
+        return {"grad_micro_batches": float(k),
+                "grad_small_sq_norm": sum(self.sq_norms) / k,
+                "grad_small_tokens": k / sum(1.0 / t for t in self.tokens),
+                "grad_big_sq_norm": float(whole.dot(whole)),
+                "grad_big_tokens": float(sum(self.tokens)),
+                "grad_coherence": sum(self.cosines) / len(self.cosines)}

@@ -1,0 +1,159 @@
+"""The Universal Scalability Law: X(p) = λp / (1 + σ(p−1) + κp(p−1)), and its fit to steps.
+
+Pure: no torch, no numpy, no I/O. p is concurrency (sequences in flight), X tokens/s.
+`p / X = a + b p + c p²` is a quadratic, so (σ, κ, λ) come from weighted least squares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+WINDOW = 100               # observations the fit sees (the oldest leaves when a new one arrives)
+LAMBDA_MAX = 1e15          # a fit claiming more tokens/s at p = 1 than this is rejected
+
+
+def usl_throughput(p: float, sigma: float, kappa: float, lam: float) -> float:
+    """X(p) = λp / (1 + σ(p−1) + κp(p−1)); X(1) = λ."""
+    return lam * p / (1.0 + sigma * (p - 1.0) + kappa * p * (p - 1.0))
+
+
+def usl_p_star(sigma: float, kappa: float) -> float:
+    """Concurrency that maximizes X for p >= 1: sqrt((1−σ)/κ); inf when κ <= 0, 1 when σ >= 1."""
+    if sigma >= 1.0:
+        return 1.0
+    if kappa <= 0.0:
+        return math.inf
+    return max(1.0, math.sqrt((1.0 - sigma) / kappa))
+
+
+@dataclass(frozen=True)
+class UslFit:
+    """Fitted USL coefficients (σ >= 0, κ >= 0, λ > 0, all finite)."""
+
+    sigma: float
+    kappa: float
+    lam: float
+
+    @property
+    def p_star(self) -> float:
+        return usl_p_star(self.sigma, self.kappa)
+
+    def throughput(self, p: float) -> float:
+        return usl_throughput(p, self.sigma, self.kappa, self.lam)
+
+
+class UslSums:
+    """Weighted least squares of y = p/X = a + b p + c p² over a sliding window of points.
+
+    Step-time noise is multiplicative, so each point is weighted by 1/y² (it counts by its
+    relative error). For conditioning, p is mapped to q = (p − center) / scale, which puts the
+    batch-size range onto [−1, 1]. The sums are recomputed from the window at each fit: at most
+    WINDOW points, exactly rounded (math.fsum), so nothing drifts and a resumed run refits
+    from the same points to the same bits.
+    """
+
+    def __init__(self, window: int = WINDOW, center: float = 0.0, scale: float = 1.0):
+        self.window, self.center, self.scale = window, float(center), float(scale)
+        self.points: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    @property
+    def distinct(self) -> int:
+        return len({p for p, _ in self.points})
+
+    def add(self, p: int, y: float) -> None:
+        """Add one observation; the oldest leaves once the window is full."""
+        self.points.append((p, y))
+
+    def keep_newest(self, k: int) -> None:
+        """Forget all but the newest k observations (after the machine changed)."""
+        newest = list(self.points)[-k:] if k > 0 else []
+        self.points = deque(newest, maxlen=self.window)
+
+    def sums(self) -> tuple[list[float], list[float]]:
+        """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/y²."""
+        qs = [((p - self.center) / self.scale, y) for p, y in self.points]
+        w = [math.fsum(q**k / (y * y) for q, y in qs) for k in range(5)]
+        v = [math.fsum(q**k / y for q, y in qs) for k in range(3)]
+        return w, v
+
+    def fit(self) -> UslFit | str:
+        """Weighted least-squares USL fit with σ, κ >= 0, or the reason there is none."""
+        if self.distinct < 3:
+            return f"fewer than 3 distinct concurrencies in the window ({self.distinct})"
+        (s0, s1, s2, s3, s4), (t0, t1, t2) = self.sums()
+        abc = _solve3([[s0, s1, s2], [s1, s2, s3], [s2, s3, s4]], [t0, t1, t2])
+        if abc is None:
+            return "singular least-squares system"
+        fit = self._usl(*abc)
+        if fit is None:
+            return "fit gives λ <= 0 or a non-finite coefficient"
+        if fit.kappa < 0:                      # refit with κ = 0: y linear in q
+            fit = self._usl(*_solve2(s0, s1, s2, t0, t1), 0.0)
+        elif fit.sigma < 0:                    # refit with σ = 0: b + c = 0 in p, i.e.
+            r = (2 * self.center - 1) / self.scale   # y = α + γ (q² + r q)
+            alpha, gamma = _solve2(s0, s2 + r * s1, s4 + 2 * r * s3 + r * r * s2,
+                                   t0, t2 + r * t1)
+            fit = self._usl(alpha, gamma * r, gamma)
+            fit = UslFit(0.0, fit.kappa, fit.lam) if fit is not None else None
+        if fit is not None and (fit.sigma < 0 or fit.kappa < 0):
+            fit = self._usl(t0 / s0, 0.0, 0.0)  # σ = κ = 0: X = λp
+        return fit if fit is not None else "constrained fit gives λ <= 0"
+
+    def _usl(self, alpha: float, beta: float, gamma: float) -> UslFit | None:
+        """y = α + β q + γ q² (q = (p − center)/scale)  ->  λ = 1/y(1), σ = (b+c)λ, κ = cλ,
+        where b and c are the p and p² coefficients. None if that is not a valid USL."""
+        sc = self.scale
+        q1 = (1.0 - self.center) / sc
+        inv_lam = alpha + beta * q1 + gamma * q1 * q1
+        if not (math.isfinite(inv_lam) and inv_lam > 1.0 / LAMBDA_MAX):
+            return None
+        lam = 1.0 / inv_lam
+        b_plus_c = (beta + gamma * (1.0 - 2.0 * self.center) / sc) / sc
+        fit = UslFit(sigma=b_plus_c * lam, kappa=gamma / (sc * sc) * lam, lam=lam)
+        return fit if math.isfinite(fit.sigma) and math.isfinite(fit.kappa) else None
+
+    def state_dict(self) -> dict:
+        return {"center": self.center, "scale": self.scale,
+                "points": [[p, y] for p, y in self.points]}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Also reads states saved before the sums were recomputed (their extra keys: ignored)."""
+        center, scale = float(d["center"]), float(d["scale"])
+        if not scale > 0:
+            raise ValueError("malformed scale")
+        self.__init__(self.window, center, scale)
+        for p, y in d["points"][-self.window:]:
+            self.add(int(p), float(y))
+
+
+def _solve2(m00: float, m01: float, m11: float, r0: float, r1: float) -> tuple[float, float]:
+    """Solve the 2x2 normal equations [[m00, m01], [m01, m11]] x = r (nan if singular)."""
+    det = m00 * m11 - m01 * m01
+    if not (math.isfinite(det) and det > 0):
+        return math.nan, math.nan
+    return (m11 * r0 - m01 * r1) / det, (m00 * r1 - m01 * r0) / det
+
+
+def _solve3(m: list[list[float]], r: list[float]) -> list[float] | None:
+    """Solve a symmetric positive definite 3x3 system by Cramer's rule plus one step of
+    iterative refinement (Cramer alone loses digits on wide batch-size ranges)."""
+    (s0, s1, s2), (_, _, s3), (_, _, s4) = m
+    adj = [[s2 * s4 - s3 * s3, s2 * s3 - s1 * s4, s1 * s3 - s2 * s2],
+           [s2 * s3 - s1 * s4, s0 * s4 - s2 * s2, s1 * s2 - s0 * s3],
+           [s1 * s3 - s2 * s2, s1 * s2 - s0 * s3, s0 * s2 - s1 * s1]]
+    det = s0 * adj[0][0] + s1 * adj[0][1] + s2 * adj[0][2]
+    if not (math.isfinite(det) and det > 0):
+        return None
+
+    def solve(rhs: list[float]) -> list[float]:
+        return [sum(a * v for a, v in zip(row, rhs, strict=True)) / det for row in adj]
+
+    x = solve(r)
+    residual = [ri - sum(a * v for a, v in zip(row, x, strict=True)) for row, ri in zip(m, r,
+                                                                                        strict=True)]
+    return [xi + dx for xi, dx in zip(x, solve(residual), strict=True)]

@@ -1,0 +1,101 @@
+"""Back-pressure on real tiny runs: gradient diagnostics, learning-rate scaling, live roofline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+from retrain.config import load_config  # noqa: E402
+from retrain.trainer import run_single  # noqa: E402
+from tests.run_helpers import rows, state, write_config  # noqa: E402
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, tiny_model):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(path):
+    return run_single(load_config(path), path, new=False)
+
+
+def test_gradient_diagnostics_per_micro_batch_and_null_with_one(workdir):
+    several = write_config(workdir, "several", data={"eval_size": 0},
+                           training={"max_steps": 3, "micro_batch_size": 1})
+    one = write_config(workdir, "one", data={"eval_size": 0}, training={"max_steps": 2})
+    assert run(several) == 0 and run(one) == 0
+    for r in rows(workdir / "logs" / "several"):
+        if r["trained_completions"] >= 2:
+            assert -1.0 <= r["grad_coherence"] <= 1.0
+        assert r["grad_noise_scale"] is None or r["grad_noise_scale"] > 0
+    assert any(r["grad_coherence"] is not None for r in rows(workdir / "logs" / "several"))
+    for r in rows(workdir / "logs" / "one"):                   # a single micro-batch: null
+        assert r["grad_noise_scale"] is None and r["grad_coherence"] is None
+    assert "grad_noise" in state(workdir / "logs" / "several")["extra"]
+
+
+@pytest.mark.parametrize("scaling", ["none", "sqrt", "linear"])
+def test_the_applied_learning_rate_follows_the_batch(workdir, scaling):
+    bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "lr_scaling": scaling}
+    path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
+                        training={"max_steps": 4, "batch_size": 2, "lr": 1e-2})
+    assert run(path) == 0
+    got = rows(workdir / "logs" / "run")
+    assert len({r["batch_size"] for r in got}) > 1          # the warm-up sweep moved it
+    power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[scaling]
+    for r in got:
+        assert r["lr"] == pytest.approx(1e-2 * (r["batch_size"] / 2) ** power)
+
+
+def test_low_peaks_make_a_real_run_compute_bound(workdir):
+    """FLOPs and bytes estimates reach the controller: with a tiny peak FLOP/s and a huge
+    bandwidth the machine balance is far below any step's intensity."""
+    bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "peak_gflops": 0.001,
+          "peak_bw_gb_s": 1000.0}
+    path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
+                        training={"max_steps": 6})
+    assert run(path) == 0
+    got = rows(workdir / "logs" / "run")
+    fitted = [r for r in got if r["bp_regime"] != "warmup"]
+    assert fitted and all(r["bp_regime"] == "compute_bound" for r in fitted)
+
+
+def test_high_bandwidth_demand_makes_it_memory_bound(workdir):
+    bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "peak_gflops": 1e9,
+          "peak_bw_gb_s": 1e-3}
+    path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
+                        training={"max_steps": 6})
+    assert run(path) == 0
+    fitted = [r for r in rows(workdir / "logs" / "run") if r["bp_regime"] != "warmup"]
+    assert fitted and all(r["bp_regime"] == "memory_bound" for r in fitted)
+    assert all(math.isfinite(r["bp_throughput"]) for r in fitted)
+
+
+def test_micro_batch_gradients_are_recovered_from_the_accumulation():
+    """Each micro-batch's own token-mean gradient, as if it had been computed alone."""
+    import torch
+
+    from retrain.backends.local_loss import GradDiagnostics
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5))
+    xs = [torch.randn(3, 5), torch.randn(7, 5), torch.randn(2, 5)]
+    total = sum(len(x) for x in xs)
+    diag = GradDiagnostics([w], total)
+    alone = []
+    for x in xs:
+        (torch.tanh(x @ w).sum() / total).backward()
+        diag.after_micro_batch(len(x))
+        (g,) = torch.autograd.grad(torch.tanh(x @ w).mean(), [w])
+        alone.append(g)
+    m = diag.metrics()
+    assert m["grad_micro_batches"] == 3 and m["grad_big_tokens"] == total
+    assert m["grad_small_sq_norm"] == pytest.approx(sum(float(g @ g) for g in alone) / 3)
+    assert m["grad_big_sq_norm"] == pytest.approx(float(w.grad @ w.grad))
+    cos = torch.nn.functional.cosine_similarity
+    want = (float(cos(alone[0], alone[1], dim=0)) + float(cos(alone[1], alone[2], dim=0))) / 2
+    assert m["grad_coherence"] == pytest.approx(want)
