@@ -124,9 +124,9 @@ def status(
                                             min=0.1)] = 2.0,
 ) -> None:
     """What is running, what finished, what failed (runs and campaigns under LOGDIR)."""
-    from retrain import status as status_mod
+    from retrain import status_view
 
-    status_mod.show(logdir, as_json=json_, watch=watch, interval=interval)
+    status_view.show(logdir, as_json=json_, watch=watch, interval=interval)
 
 
 @app.command()

@@ -13,7 +13,7 @@ from io import StringIO
 
 import pytest
 
-from retrain import runlog, status
+from retrain import runlog, status, status_view
 from retrain.cli import run_app
 
 HOST = socket.gethostname()
@@ -124,7 +124,7 @@ def test_status_points_to_the_back_pressure_picture(logs, capsys):
     from rich.console import Console
 
     buf = StringIO()
-    Console(file=buf, width=400).print(status.rich_view(status.scan(logs)))
+    Console(file=buf, width=400).print(status_view.rich_view(status.scan(logs)))
     assert f"retrain plot {alive} (last drawn:" in buf.getvalue()
 
 
@@ -238,7 +238,7 @@ def test_campaign_slots_in_use(campaign, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "retrain.slots", sem)
     (c,) = status.scan(campaign).campaigns
     assert c.api_slots_in_use == 3 and seen == [campaign / "sweep" / "slots"]
-    assert "API slots 3/4 in use" in status.campaign_header(c)
+    assert "API slots 3/4 in use" in status_view.campaign_header(c)
 
 
 def test_dead_campaign_runner_is_stale_and_running_entry_without_folder(tmp_path):
@@ -263,7 +263,7 @@ def test_broken_manifest_is_tolerated(tmp_path, capsys):
 
 
 def test_rich_and_watch(campaign, monkeypatch, capsys):
-    monkeypatch.setattr(status.render, "stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(status_view.render, "stdout_is_terminal", lambda: True)
     monkeypatch.setenv("COLUMNS", "200")
     assert run_app(["status", str(campaign)]) == 0
     out = capsys.readouterr().out
@@ -271,13 +271,13 @@ def test_rich_and_watch(campaign, monkeypatch, capsys):
     from rich.console import Console
 
     buf = StringIO()
-    status.watch_status(campaign, interval=0.01, iterations=2,
-                        console=Console(file=buf, force_terminal=True, width=150))
+    status_view.watch_status(campaign, interval=0.01, iterations=2,
+                             console=Console(file=buf, force_terminal=True, width=150))
     assert "grpo_s2" in buf.getvalue()
 
 
 def test_watch_when_piped_prints_plain_reports(campaign, capsys):
-    status.watch_status(campaign, interval=0.01, iterations=1)
+    status_view.watch_status(campaign, interval=0.01, iterations=1)
     out = capsys.readouterr().out
     assert out.count("campaign 'sweep'") == 2 and "\x1b[" not in out
 
