@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrain import runlog, safejson
-from retrain.config import Config, ConfigError, dumps_config, loads_config, to_dict
+from retrain.config import Config, ConfigError, diff, dumps_config, loads_config, to_dict
 from retrain.errors import UserError
 
 # Keys that may differ between the first launch and a resume without changing the math.
@@ -170,29 +170,13 @@ def _check_same_config(run_dir: Path, cfg: Config) -> None:
         saved = loads_config(saved_path.read_text(encoding="utf-8"), str(saved_path))
     except (OSError, ConfigError):
         return  # nothing reliable to compare with; the checkpoint check still applies
-    changed = [k for k in _diff(to_dict(saved), to_dict(cfg))
+    changed = [(k, old, new) for k, (old, new) in diff(to_dict(saved), to_dict(cfg)).items()
                if not k.startswith(RESUMABLE_CHANGES) and not k.startswith("campaign.")]
     if changed:
-        old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
-        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:5])
+        shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed[:5])
         raise UserError(f"{run_dir} was started with a different config ({shown}); resuming "
                         "would mix two experiments. Restore those keys, pick another "
                         "logging.run_name, or start over with --new")
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and not prefix:
-            out.update(_flat(v, f"{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _diff(a: dict, b: dict) -> list[str]:
-    fa, fb = _flat(a), _flat(b)
-    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
 
 
 def ensure_writable(run_dir: Path) -> None:
@@ -214,9 +198,7 @@ def ensure_writable(run_dir: Path) -> None:
 def write_config(run_dir: Path, cfg: Config) -> None:
     """The resolved config, re-runnable as is (rewritten on every launch)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{runlog.CONFIG_FILE}.tmp"
-    tmp.write_text(dumps_config(cfg), encoding="utf-8")
-    tmp.replace(run_dir / runlog.CONFIG_FILE)
+    runlog.replace_atomically(run_dir / runlog.CONFIG_FILE, dumps_config(cfg).encode("utf-8"))
 
 
 def prune(folder: Path, current: int, save_every: int, max_steps: int) -> None:

@@ -434,6 +434,12 @@ def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def diff(before: dict, after: dict) -> dict[str, tuple[Any, Any]]:
+    """Key-by-key differences of two config tables: dotted key -> (before, after), sorted."""
+    a, b = flatten(before), flatten(after)
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
 def _dict_descends(dotted: str) -> bool:
     """Nested tables in overrides descend until they reach a schema key."""
     parts = dotted.split(".")

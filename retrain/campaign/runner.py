@@ -227,15 +227,13 @@ def _key_changes(plans: list[PlannedRun]) -> list[str]:
     diffs: dict[tuple[str, str, str], int] = {}
     for p in plans:
         try:
-            before = config_mod.flatten(toml_io.loads(p.config_path.read_text()))
+            before = toml_io.loads(p.config_path.read_text())
         except (OSError, ValueError):
             continue
-        after = config_mod.flatten(config_mod.to_dict(p.config))
-        for key in sorted(set(before) | set(after)):
-            if key == "logging.log_dir" or before.get(key) == after.get(key):
-                continue
-            change = (key, _show(before.get(key)), _show(after.get(key)))
-            diffs[change] = diffs.get(change, 0) + 1
+        for key, (old, new) in config_mod.diff(before, config_mod.to_dict(p.config)).items():
+            if key != "logging.log_dir":
+                change = (key, _show(old), _show(new))
+                diffs[change] = diffs.get(change, 0) + 1
     return [f"{k}: {a} -> {b} ({n} run{'s' if n > 1 else ''})"
             for (k, a, b), n in diffs.items()]
 
