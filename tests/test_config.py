@@ -446,3 +446,15 @@ def test_completions_per_step_are_bounded_across_keys():
     with pytest.raises(ConfigError, match="completions per step"):
         config.from_dict({"training": {"batch_size": 65536, "group_size": 64}})
     config.from_dict({"training": {"batch_size": 256, "group_size": 4096}})  # 1048576: fine
+
+
+def test_diff_names_each_changed_key_with_both_values():
+    before = {"training": {"lr": 1e-5, "seed": 1}, "backend": {"options": {"a": 1}}}
+    after = {"training": {"lr": 2e-5, "seed": 1}, "backend": {"options": {"a": 2}},
+             "model": {"name": "x"}}
+    assert config.diff(before, after) == {
+        "backend.options": ({"a": 1}, {"a": 2}),
+        "model.name": (None, "x"),
+        "training.lr": (1e-5, 2e-5),
+    }
+    assert config.diff(after, after) == {}
