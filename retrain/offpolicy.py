@@ -18,7 +18,6 @@ on the checkpoint's weights (deterministic, but not the uninterrupted run's batc
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -69,13 +68,7 @@ class Overlap:
               params: SamplingParams, cursor_before: dict, cursor_after: dict) -> None:
         """Submit `step`'s sampling now, on the weights as they are; returns at once."""
         self._batch = Batch(step, list(index), [], cursor_before, cursor_after, self.version)
-        submit = getattr(self.backend, "sample_async", None)
-        if submit is not None:
-            self._job = submit(prompts, n, params)
-        else:  # a backend without it samples in a thread (same weights: none change yet)
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefetch")
-            self._job = pool.submit(self.backend.sample, prompts, n, params)
-            pool.shutdown(wait=False)
+        self._job = self.backend.sample_async(prompts, n, params)
 
     def take(self, step: int) -> Batch | None:
         """`step`'s batch if it was sampled ahead (waits for it), else None."""

@@ -84,7 +84,8 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
     scorer = build_scorer(cfg.reward, config_dir)
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
-    backend = create_backend(cfg, slots, config_dir=config_dir)
+    backend = create_backend(cfg, slots, config_dir=config_dir,
+                             checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
     cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
     trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
     try:
@@ -170,7 +171,6 @@ class Trainer:
             fallbacks: list[runlog.RunState] | None = None) -> int:
         """Steps until max_steps, an interrupt or an error; returns the exit status.
         `fallbacks`: older resume points, tried when `resume`'s checkpoint does not load."""
-        self.backend.checkpoint_dir = self.run_dir / runlog.CHECKPOINT_DIR
         # Restore before writing anything: a resume that fails leaves the folder untouched.
         first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh()
         checkpoint.write_config(self.run_dir, self.cfg)
@@ -240,7 +240,7 @@ class Trainer:
 
     def _loop(self, first: int, trackers: Trackers) -> int:
         self.progress.say(f"run folder: {self.run_dir}")
-        if getattr(self.backend, "summary", ""):
+        if self.backend.summary:
             self.progress.say(f"model: {self.backend.summary}")
         initial = None
         if first == 1 and self.splits.eval:
@@ -382,7 +382,7 @@ class Trainer:
                        batch_size: int) -> None:
         """FLOPs and bytes for the roofline; the noise scale in prompts for goodput."""
         metrics = self._train_metrics
-        cost = getattr(self.backend, "cost_model", None)
+        cost = self.backend.cost_model
         if cost is not None:
             est = step_cost(cost, [len(p) for p in prompts],
                             [[len(c.tokens) for c in g] for g in groups],
@@ -433,7 +433,7 @@ class Trainer:
 
     def _api_wait_s(self) -> float:
         """Time lost waiting for the API: for a campaign slot, or out a rate limit (429)."""
-        return self.slots.wait_s + getattr(self.backend, "rate_limit_wait_s", 0.0)
+        return self.slots.wait_s + self.backend.rate_limit_wait_s
 
     def _prompt(self, index: int) -> list[int]:
         if index not in self._prompts:

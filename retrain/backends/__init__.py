@@ -13,16 +13,17 @@ if TYPE_CHECKING:
 
 
 def create_backend(cfg: Config, slots: ApiSlots | None = None,
-                   config_dir: Path | None = None) -> Backend:
+                   config_dir: Path | None = None, checkpoint_dir: Path | None = None) -> Backend:
     """Build the backend named by `[backend].backend`; heavy imports happen only here.
 
-    `config_dir` (the config file's folder) resolves a relative `model.name` path.
+    `config_dir` (the config file's folder) resolves a relative `model.name` path;
+    `checkpoint_dir` is where a local backend writes `save_state` folders.
     """
     slots = slots or NoSlots()
     if cfg.backend.backend == "local":
         from retrain.backends.local import LocalBackend
 
-        return LocalBackend.from_config(cfg, config_dir)
+        return LocalBackend.from_config(cfg, config_dir, checkpoint_dir)
     if cfg.backend.backend == "tinker":
         from retrain.backends.tinker import TinkerBackend
 

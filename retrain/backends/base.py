@@ -6,8 +6,11 @@ backends are interchangeable. Nothing here imports torch or an SDK.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from retrain.stepcost import ModelCost
 
 TokenIds = list[int]
 
@@ -121,16 +124,21 @@ class BackendOOMError(BackendError):
 
 @runtime_checkable
 class Backend(Protocol):
-    """The contract. `tokenizer` is a Hugging Face-style tokenizer for rendering prompts.
+    """The contract. A backend that writes checkpoints itself is given the run's checkpoints
+    folder when it is built (`backends.create_backend`); a remote one keeps them on its service."""
 
-    Before the first `save_state` the trainer sets the attribute `checkpoint_dir` (a Path: the
-    run's checkpoints folder) on the backend; a remote backend may ignore it.
-    """
-
-    tokenizer: Any
+    tokenizer: Any              # a Hugging Face-style tokenizer for rendering prompts
+    summary: str                # one line for the run log: which model runs where
+    rate_limit_wait_s: float    # seconds spent waiting out the service's rate limits (0 if none)
+    cost_model: ModelCost | None  # what FLOPs/bytes estimates need; None where unknown (remote)
 
     def sample(self, prompts: list[TokenIds], n: int,
                params: SamplingParams) -> list[list[Completion]]: ...
+
+    def sample_async(self, prompts: list[TokenIds], n: int,
+                     params: SamplingParams) -> Future[list[list[Completion]]]:
+        """`sample` started now, on the weights as they are now; the result comes later."""
+        ...
 
     def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput: ...
 

@@ -18,6 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -274,6 +275,8 @@ def _init_lora(params: dict[str, torch.nn.Parameter], seed: int) -> None:
 class LocalBackend:
     """One LoRA adapter of a LocalModel, with its AdamW optimizer and sampling RNG."""
 
+    rate_limit_wait_s = 0.0  # nothing to wait for in process
+
     def __init__(self, model: LocalModel, adapter: str, *, micro_batch_size: int = 0,
                  seed: int = 0, checkpoint_dir: str | Path | None = None):
         self.model = model
@@ -287,7 +290,8 @@ class LocalBackend:
         self._cost: ModelCost | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config, config_dir: Path | None = None) -> LocalBackend:
+    def from_config(cls, cfg: Config, config_dir: Path | None = None,
+                    checkpoint_dir: Path | None = None) -> LocalBackend:
         """A private LocalModel with one adapter, from `[model]` and `[training]`."""
         from retrain.models import resolve_model
 
@@ -300,7 +304,8 @@ class LocalBackend:
         _check_target_modules(model.base, m.lora_target_modules, m.name)
         return model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
                                  m.lora_target_modules, seed=cfg.training.seed,
-                                 micro_batch_size=cfg.training.micro_batch_size)
+                                 micro_batch_size=cfg.training.micro_batch_size,
+                                 checkpoint_dir=checkpoint_dir)
 
     @property
     def tokenizer(self) -> Any:
@@ -319,6 +324,16 @@ class LocalBackend:
         return self._cost
 
     # ------------------------------------------------------------------ sampling
+
+    def sample_async(self, prompts: list[TokenIds], n: int,
+                     params: SamplingParams) -> Future[list[list[Completion]]]:
+        """Sampling shares the device with training here, so it runs now, to the end."""
+        future: Future[list[list[Completion]]] = Future()
+        try:
+            future.set_result(self.sample(prompts, n, params))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                adapter: str | None = None,

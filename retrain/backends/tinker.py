@@ -165,6 +165,8 @@ class TinkerBackend:
         self._deletions: list[concurrent.futures.Future] = []
         self._rest: Any = None
         self.rate_limit_wait_s = 0.0  # time spent waiting out 429s (part of api_wait_s)
+        self.summary = f"{base_model} on Tinker ({self.base_url or 'the SDK default service'})"
+        self.cost_model = None  # the service's hardware and kernels are not ours to estimate
         self._wait_lock = threading.Lock()
 
     @classmethod
