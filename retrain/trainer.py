@@ -414,7 +414,8 @@ class Trainer:
         return {"loss": out.loss, "grad_norm": opt.grad_norm,
                 "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs),
                 "grad_noise_scale": self.noise.update(stats),
-                "grad_coherence": stats.coherence if stats else None}
+                "grad_coherence": stats.coherence if stats else None,
+                "grad_diagnostics_s": out.metrics.get("grad_diagnostics_s")}
 
     def _sampling_params(self, step: int) -> SamplingParams:
         tc = self.tc
