@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from retrain import config, explain, status
+from retrain import config, explain, status, status_view
 
 SINGLE = """
 [training]
@@ -102,10 +102,10 @@ def test_status_shows_p_star_and_throughput_of_back_pressure_runs(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = status.scan_run(run)
     assert got.bp_p_star == 221.4 and got.bp_throughput == 812.5
-    cells = " ".join(status._run_cells(got))
+    cells = " ".join(status_view._run_cells(got))
     assert "p*=221" in cells and "812" in cells and "tok/s" in cells
     plain = tmp_path / "logs" / "plain"
     plain.mkdir()
     (plain / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
     assert status.scan_run(plain).bp_p_star is None
-    assert "p*" not in " ".join(status._run_cells(status.scan_run(plain)))
+    assert "p*" not in " ".join(status_view._run_cells(status.scan_run(plain)))
