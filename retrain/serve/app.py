@@ -12,7 +12,9 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pydantic
 from starlette.applications import Starlette
@@ -70,9 +72,19 @@ async def _parse(request: Request, model: type[pydantic.BaseModel]):
         raise ApiError(400, f"bad {request.url.path} body: {where}: {first.get('msg')}") from None
 
 
+Handler = Callable[[Request], Awaitable[Any]]
+RouteSpec = tuple[str, str, Handler]  # (HTTP method, path under /api/v1/, handler)
+
+
 def build_routes(service: TinkerService) -> list[Route]:
     """The API routes, bound to one service."""
-    s = service
+    table = [*_session_routes(service), *_training_routes(service),
+             *_sampling_routes(service)]
+    return [Route(f"/api/v1/{path}", _wrap(fn), methods=[method]) for method, path, fn in table]
+
+
+def _session_routes(s: TinkerService) -> list[RouteSpec]:
+    """Client configuration, sessions, models, and the no-op housekeeping calls."""
 
     async def client_config(request: Request):
         return CLIENT_CONFIG
@@ -94,6 +106,33 @@ def build_routes(service: TinkerService) -> list[Route]:
 
     async def get_info(request: Request):
         return s.get_info((await _parse(request, types.GetInfoRequest)).model_id)
+
+    async def telemetry(request: Request):
+        return {"status": "accepted"}
+
+    async def healthz(request: Request):
+        return {"status": "ok"}
+
+    async def capabilities(request: Request):
+        return {"supported_models": [{"model_name": s.engine.base_model, "trainable": True,
+                                      "sampleable": True}]}
+
+    return [
+        ("POST", "client/config", client_config),
+        ("POST", "client/dynamic_config", dynamic_config),
+        ("POST", "create_session", create_session),
+        ("POST", "session_heartbeat", heartbeat),
+        ("POST", "sessions/{sid}/finish", finish),
+        ("POST", "create_model", create_model),
+        ("POST", "get_info", get_info),
+        ("POST", "telemetry", telemetry),
+        ("GET", "healthz", healthz),
+        ("GET", "get_server_capabilities", capabilities),
+    ]
+
+
+def _training_routes(s: TinkerService) -> list[RouteSpec]:
+    """Forward/backward, optimizer steps, weights and checkpoints of training runs."""
 
     async def forward_backward(request: Request):
         if PROTO not in request.headers.get("content-type", ""):
@@ -122,6 +161,26 @@ def build_routes(service: TinkerService) -> list[Route]:
     async def load_weights(request: Request):
         return s.load_weights(await _parse(request, types.LoadWeightsRequest))
 
+    async def training_run(request: Request):
+        return s.get_training_run(request.path_params["run"])
+
+    async def delete_checkpoint(request: Request):
+        return s.delete_checkpoint(request.path_params["run"], request.path_params["cid"])
+
+    return [
+        ("POST", "forward_backward", forward_backward),
+        ("POST", "optim_step", optim_step),
+        ("POST", "save_weights", save_weights),
+        ("POST", "save_weights_for_sampler", save_for_sampler),
+        ("POST", "load_weights", load_weights),
+        ("GET", "training_runs/{run}", training_run),
+        ("DELETE", "training_runs/{run}/checkpoints/{cid:path}", delete_checkpoint),
+    ]
+
+
+def _sampling_routes(s: TinkerService) -> list[RouteSpec]:
+    """Sampling sessions, sampling, and the futures every async call answers with."""
+
     async def create_sampling_session(request: Request):
         return await s.create_sampling_session(
             await _parse(request, types.CreateSamplingSessionRequest))
@@ -136,50 +195,16 @@ def build_routes(service: TinkerService) -> list[Route]:
         req = await _parse(request, types.FutureRetrieveRequest)
         return await _retrieve(s.futures, req.request_id, request)
 
-    async def training_run(request: Request):
-        return s.get_training_run(request.path_params["run"])
-
-    async def delete_checkpoint(request: Request):
-        return s.delete_checkpoint(request.path_params["run"], request.path_params["cid"])
-
-    async def ignore(request: Request):
+    async def cancel_future(request: Request):
         return {}
 
-    async def telemetry(request: Request):
-        return {"status": "accepted"}
-
-    async def healthz(request: Request):
-        return {"status": "ok"}
-
-    async def capabilities(request: Request):
-        return {"supported_models": [{"model_name": s.engine.base_model, "trainable": True,
-                                      "sampleable": True}]}
-
-    table = [
-        ("POST", "client/config", client_config),
-        ("POST", "client/dynamic_config", dynamic_config),
-        ("POST", "create_session", create_session),
-        ("POST", "session_heartbeat", heartbeat),
-        ("POST", "sessions/{sid}/finish", finish),
-        ("POST", "create_model", create_model),
-        ("POST", "get_info", get_info),
-        ("POST", "forward_backward", forward_backward),
-        ("POST", "optim_step", optim_step),
-        ("POST", "save_weights", save_weights),
-        ("POST", "save_weights_for_sampler", save_for_sampler),
-        ("POST", "load_weights", load_weights),
+    return [
         ("POST", "create_sampling_session", create_sampling_session),
         ("GET", "samplers/{sid}", get_sampler),
         ("POST", "asample", asample),
         ("POST", "retrieve_future", retrieve_future),
-        ("POST", "cancel_future", ignore),
-        ("GET", "training_runs/{run}", training_run),
-        ("DELETE", "training_runs/{run}/checkpoints/{cid:path}", delete_checkpoint),
-        ("POST", "telemetry", telemetry),
-        ("GET", "healthz", healthz),
-        ("GET", "get_server_capabilities", capabilities),
+        ("POST", "cancel_future", cancel_future),
     ]
-    return [Route(f"/api/v1/{path}", _wrap(fn), methods=[method]) for method, path, fn in table]
 
 
 def _wrap(handler):
