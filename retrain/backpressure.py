@@ -270,7 +270,7 @@ class BackpressureController:
     # ------------------------------------------------------------------ bounds
 
     @property
-    def cap(self) -> int:
+    def largest(self) -> int:
         """Largest batch size the controller may propose (bounds and out-of-memory ceiling)."""
         if self._ceiling is None:
             return self.hi
@@ -278,7 +278,7 @@ class BackpressureController:
 
     def _bound(self, b: int) -> int:
         """b within the bounds; untested sizes under an out-of-memory ceiling by bisection."""
-        b = min(max(b, self.lo), self.cap)
+        b = min(max(b, self.lo), self.largest)
         if self._ceiling is not None and b > (self._ok_max or 0):
             known = self._ok_max or self.lo - 1
             b = min(b, max(known + 1, (known + self._ceiling) // 2, self.lo))
@@ -289,7 +289,7 @@ class BackpressureController:
         n = self._explore_n - self._retries
         if self._probes:
             return self._bound(self._probes[min(n, len(self._probes) - 1)])
-        sizes = sweep_sizes(self.lo, self.cap)
+        sizes = sweep_sizes(self.lo, self.largest)
         return self._bound(sizes[n % len(sizes)])
 
     def _goal(self, fit: UslFit) -> tuple[int, float, str]:
@@ -299,9 +299,9 @@ class BackpressureController:
         Goodput: also no larger than the batch with the best throughput x efficiency."""
         tm, g = self.config.throttle_margin, self.group_size
         goal = tm * fit.p_star / g
-        target = self.cap if goal >= self.cap else max(self.lo, int(goal))
+        target = self.largest if goal >= self.largest else max(self.lo, int(goal))
         if self.objective == "goodput" and self._noise_scale is not None:
-            best = goodput_batch(fit, g, self.lo, self.cap, self._noise_scale,
+            best = goodput_batch(fit, g, self.lo, self.largest, self._noise_scale,
                                  self.base_batch_size)
             if best < target:
                 return best, float(best * g), "goodput"
@@ -324,7 +324,7 @@ class BackpressureController:
             return Decision(action, regime, b_next, p, throughput=ema, reason=reason,
                             goodput=goodput, efficiency=efficiency)
         g = self.group_size
-        peak_p = min(max(fit.p_star, self.lo * g), self.cap * g)
+        peak_p = min(max(fit.p_star, self.lo * g), self.largest * g)
         util = None if ema is None else _ratio(ema, fit.throughput(peak_p))
         return Decision(action, regime, b_next, p, fit.p_star, fit.sigma, fit.kappa, fit.lam,
                         util, ema, reason, goodput, efficiency)
@@ -355,7 +355,7 @@ class BackpressureController:
                                   f"exploring ({self._explore_n}/{self._explore_len - 1})")
         fit = self._sums.fit()
         if isinstance(fit, str):
-            if self.cap - self.lo < 2:
+            if self.largest - self.lo < 2:
                 return self._decision("hold", "warmup", self._bound(b), p,
                                       f"batch size range allows fewer than 3 sizes: {fit}")
             self._probes = []        # keep sweeping until the data support a fit

@@ -143,27 +143,27 @@ class Trainer:
         from retrain.backpressure import BackpressureController
 
         self.cfg = cfg
-        self.tc = cfg.training
+        self.training = cfg.training
         self.run_dir = run_dir
         self.splits = splits
         self.scorer = scorer
         self.backend = backend
         self.slots = slots
         self.config_path = config_path
-        self.cursor = DataCursor(len(splits.train), self.tc.seed, cfg.data.shuffle)
-        self.controller = BackpressureController(cfg.backpressure, self.tc.group_size,
-                                                 base_batch_size=self.tc.batch_size)
+        self.cursor = DataCursor(len(splits.train), self.training.seed, cfg.data.shuffle)
+        self.controller = BackpressureController(cfg.backpressure, self.training.group_size,
+                                                 base_batch_size=self.training.batch_size)
         self.noise = NoiseScale()
         self._train_metrics: dict = {}
         self.progress = Progress(cfg.logging.run_name)
         self.stop = _StopRequest()
         self.state = runlog.RunState()
-        self.batch_size = self.tc.batch_size
+        self.batch_size = self.training.batch_size
         self.oom_cap: int | None = None
         self.reward_errors_shown = 0
         self._prompts: dict[int, list[int]] = {}
         self._eval_prompts: list[list[int]] | None = None
-        self.overlap = Overlap(backend, run_dir, enabled=self.tc.max_steps_off_policy > 0)
+        self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
 
     # ------------------------------------------------------------------ the run
 
@@ -178,7 +178,7 @@ class Trainer:
         self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
             socket.gethostname()
         self.state.started_at = self.state.started_at or time.time()
-        self.state.max_steps, self.state.error = self.tc.max_steps, ""
+        self.state.max_steps, self.state.error = self.training.max_steps, ""
         runlog.save_state(self.run_dir, self.state)
         self.stop.install()
         try:
@@ -203,7 +203,7 @@ class Trainer:
     def _fresh(self) -> int:
         runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
         self.state = runlog.RunState()
-        self.batch_size = self.controller.first_batch_size(self.tc.batch_size)
+        self.batch_size = self.controller.first_batch_size(self.training.batch_size)
         return 1
 
     def _restore(self, points: list[runlog.RunState]) -> int:
@@ -226,9 +226,9 @@ class Trainer:
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
         self.state = saved
         # Hand-edited sizes must not make a step take 10**12 prompts: keep the configured range.
-        limit = max(self.tc.batch_size, self.cfg.backpressure.max_batch_size)
+        limit = max(self.training.batch_size, self.cfg.backpressure.max_batch_size)
         self.batch_size = saved.batch_size if 1 <= saved.batch_size <= limit else \
-            self.tc.batch_size
+            self.training.batch_size
         cap = saved.extra.get("oom_cap")
         self.oom_cap = cap if isinstance(cap, int) and 1 <= cap <= limit else None
         self.overlap.restore(saved)  # the batch sampled ahead for the next step, if any
@@ -247,9 +247,9 @@ class Trainer:
             initial = self._evaluate()
             self.progress.say(f"eval accuracy before training: {initial.accuracy:.3f} "
                               f"({initial.n} held-out problems, {initial.seconds:.1f}s)")
-        self.progress.start(self.tc.max_steps, first - 1)
+        self.progress.start(self.training.max_steps, first - 1)
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
-            for step in range(first, self.tc.max_steps + 1):
+            for step in range(first, self.training.max_steps + 1):
                 row = self._step(step)
                 if initial is not None:
                     row["initial_eval_accuracy"] = initial.accuracy
@@ -261,12 +261,12 @@ class Trainer:
                 self._commit(step)
                 if self.progress.output_closed and self.stop.signum is None:
                     self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
-                if self.stop.signum is not None and step < self.tc.max_steps:
+                if self.stop.signum is not None and step < self.training.max_steps:
                     return self._interrupted()
         self.state.status = "completed"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
-        self.progress.say(f"finished {self.tc.max_steps} steps; adapter: "
+        self.progress.say(f"finished {self.training.max_steps} steps; adapter: "
                           f"{self.state.checkpoint}")
         return 0
 
@@ -321,14 +321,14 @@ class Trainer:
         return _ordered(row, decision.metrics())
 
     def _attempt(self, step: int, batch_size: int) -> _Sampled:
-        tc = self.tc
-        random.seed(derive_seed(tc.seed, step, "python"))  # for user reward code using random
+        training = self.training
+        random.seed(derive_seed(training.seed, step, "python"))  # for user reward code using random
         t0 = time.perf_counter()
         ahead = self.overlap.take(step)  # sampled while the previous step trained
         if ahead is None:
             index = self.cursor.take(batch_size)
             prompts = [self._prompt(i) for i in index]
-            groups = self.backend.sample(prompts, tc.group_size, self._sampling_params(step))
+            groups = self.backend.sample(prompts, training.group_size, self._sampling_params(step))
         else:
             index, groups = ahead.index, ahead.groups
             prompts = [self._prompt(i) for i in index]
@@ -338,8 +338,8 @@ class Trainer:
         self._sample_ahead(step + 1)  # overlap: runs while this step scores and trains
         decode = self.backend.tokenizer.decode
         texts = [decode(c.tokens, skip_special_tokens=True) for g in groups for c in g]
-        scores = self.scorer.score(texts, [p for p in problems for _ in range(tc.group_size)])
-        rewards = _chunk(scores.rewards, tc.group_size)
+        scores = self.scorer.score(texts, [p for p in problems for _ in range(training.group_size)])
+        rewards = _chunk(scores.rewards, training.group_size)
         advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
                                         self.cfg.algorithm.std_scale)
         t2 = time.perf_counter()
@@ -352,7 +352,7 @@ class Trainer:
         n = len(completions)
         mean_reward, reward_std = mean_and_std(scores.rewards)  # overflow-safe (1e200 rewards)
         row = {
-            "batch_size": batch_size, "group_size": tc.group_size, "num_completions": n,
+            "batch_size": batch_size, "group_size": training.group_size, "num_completions": n,
             "mean_reward": mean_reward,
             "reward_std": reward_std,
             "correct_rate": sum(scores.correct) / n,
@@ -374,9 +374,9 @@ class Trainer:
         """training.lr, scaled for a batch the controller chose ([backpressure] lr_scaling)."""
         bp = self.cfg.backpressure
         if not bp.enabled or bp.lr_scaling == "none":
-            return self.tc.lr
-        ratio = batch_size / self.tc.batch_size
-        return self.tc.lr * (math.sqrt(ratio) if bp.lr_scaling == "sqrt" else ratio)
+            return self.training.lr
+        ratio = batch_size / self.training.batch_size
+        return self.training.lr * (math.sqrt(ratio) if bp.lr_scaling == "sqrt" else ratio)
 
     def _add_estimates(self, sampled: _Sampled, prompts: list[list[int]], groups: list,
                        batch_size: int) -> None:
@@ -399,16 +399,17 @@ class Trainer:
         if not datums:  # every group uniform: nothing to learn from this step
             return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None,
                     "grad_noise_scale": None, "grad_coherence": None}
-        tc, alg = self.tc, self.cfg.algorithm
+        training, alg = self.training, self.cfg.algorithm
         loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
-                          temperature=tc.temperature)
+                          temperature=training.temperature)
         out = self.backend.forward_backward(datums, loss)
         self._train_metrics = out.metrics
         # Measured on the local backend with two or more micro-batches, else None (docs).
         stats = GradStats.from_metrics(out.metrics)
-        adam = AdamParams(learning_rate=self._lr(batch_size), beta1=tc.beta1, beta2=tc.beta2,
-                          eps=tc.adam_eps, weight_decay=tc.weight_decay,
-                          grad_clip_norm=tc.grad_clip_norm)
+        adam = AdamParams(learning_rate=self._lr(batch_size), beta1=training.beta1,
+                          beta2=training.beta2, eps=training.adam_eps,
+                          weight_decay=training.weight_decay,
+                          grad_clip_norm=training.grad_clip_norm)
         opt = self.backend.optim_step(adam)
         self.overlap.updated()
         return {"loss": out.loss, "grad_norm": opt.grad_norm,
@@ -418,18 +419,18 @@ class Trainer:
                 "grad_diagnostics_s": out.metrics.get("grad_diagnostics_s")}
 
     def _sampling_params(self, step: int) -> SamplingParams:
-        tc = self.tc
-        return SamplingParams(max_tokens=tc.max_tokens, temperature=tc.temperature,
-                              top_p=tc.top_p, seed=derive_seed(tc.seed, step, "sample"))
+        training = self.training
+        return SamplingParams(max_tokens=training.max_tokens, temperature=training.temperature,
+                              top_p=training.top_p, seed=derive_seed(training.seed, step, "sample"))
 
     def _sample_ahead(self, step: int) -> None:
         """max_steps_off_policy = 1: start sampling `step`'s batch now, before this step's
         update, so it runs while this step trains (see retrain/offpolicy.py)."""
-        if not self.overlap.enabled or step > self.tc.max_steps:
+        if not self.overlap.enabled or step > self.training.max_steps:
             return
         before = self.cursor.state_dict()
         index = self.cursor.take(self.batch_size)
-        self.overlap.start(step, index, [self._prompt(i) for i in index], self.tc.group_size,
+        self.overlap.start(step, index, [self._prompt(i) for i in index], self.training.group_size,
                            self._sampling_params(step), before, self.cursor.state_dict())
 
     def _api_wait_s(self) -> float:
@@ -448,13 +449,13 @@ class Trainer:
         if self._eval_prompts is None:
             self._eval_prompts = [render_prompt(self.backend.tokenizer, p, self.cfg.data)
                                   for p in self.splits.eval]
-        chunk = max(16, self.tc.batch_size * self.tc.group_size)
+        chunk = max(16, self.training.batch_size * self.training.group_size)
         return evaluate(self.backend, self._eval_prompts, self.splits.eval, self.scorer,
-                        self.tc.max_tokens, chunk=chunk)
+                        self.training.max_tokens, chunk=chunk)
 
     def _maybe_evaluate(self, step: int, row: dict) -> None:
-        every = self.tc.eval_every
-        if not self.splits.eval or not (step == self.tc.max_steps or (every and step % every == 0)):
+        every, last = self.training.eval_every, self.training.max_steps
+        if not self.splits.eval or not (step == last or (every and step % every == 0)):
             return
         result = self._evaluate()
         row["eval_accuracy"] = result.accuracy
@@ -467,14 +468,14 @@ class Trainer:
         s = self.state
         s.step, s.checkpoint, s.batch_size = step, ref, self.batch_size
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
-        s.rng = {"scheme": "derived from training.seed and the step", "seed": self.tc.seed}
+        s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra["oom_cap"] = self.oom_cap
         s.extra["grad_noise"] = self.noise.state_dict()
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         checkpoint.save_resume_point(self.run_dir, s)  # the checkpoint carries its resume point
         runlog.save_state(self.run_dir, s)
-        checkpoint.prune(self.run_dir / runlog.CHECKPOINT_DIR, step, self.tc.save_every,
-                         self.tc.max_steps)
+        checkpoint.prune(self.run_dir / runlog.CHECKPOINT_DIR, step, self.training.save_every,
+                         self.training.max_steps)
 
     # ------------------------------------------------------------------ endings
 
@@ -484,8 +485,8 @@ class Trainer:
         self.state.status = "interrupted"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
-        print(f"interrupted after step {self.state.step}/{self.tc.max_steps}; checkpoint saved."
-              f" Resume with the same command (e.g. `retrain {self.config_path}`).",
+        print(f"interrupted after step {self.state.step}/{self.training.max_steps}; checkpoint "
+              f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
               file=sys.stderr, flush=True)
         return self.stop.exit_code
 

@@ -339,10 +339,10 @@ class Runner:
         self.executor = executor
         self.max_retries = c.max_retries
         n = len(plans)
-        self.cap = (c.max_workers or n) if c.parallel else 1
+        self.max_workers = (c.max_workers or n) if c.parallel else 1
         self.stagger = c.stagger_seconds if c.parallel else 0.0
         self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent),
-                    **thread_share_env(cfg, min(self.cap, n))}
+                    **thread_share_env(cfg, min(self.max_workers, n))}
         if hasattr(executor, "worker_env"):  # Ray: the slot actor instead of a local folder
             self.env = executor.worker_env(cfg.backend.max_concurrent)
         self.alive: dict[str, ex.Worker] = {}
@@ -381,7 +381,7 @@ class Runner:
             if self._reap():
                 tick = TICK_S
             now = time.monotonic()
-            if todo and len(self.alive) < self.cap and now >= next_launch:
+            if todo and len(self.alive) < self.max_workers and now >= next_launch:
                 self._launch(todo.pop(0))
                 # Counted from after the spawn, so recorded start times are >= stagger apart
                 # however long writing the run's config and log header took.
@@ -392,7 +392,7 @@ class Runner:
                 next_progress = now + PROGRESS_EVERY_S
                 self._progress()
             wait = tick
-            if todo and len(self.alive) < self.cap:
+            if todo and len(self.alive) < self.max_workers:
                 wait = min(wait, max(0.0, next_launch - now))
             time.sleep(wait)
             tick = min(tick * 1.5, MAX_TICK_S)
