@@ -21,8 +21,10 @@ demo: setup
 	$(RETRAIN) init --template quickstart --force quickstart.toml
 	$(RETRAIN) quickstart.toml
 
-test: setup
-	$(PY) -m pytest
+# The suite includes tests/test_cookbook_compat.py: tinker-cookbook, a real Tinker client, against
+# `retrain serve`; it needs its own venv (make cookbook) and is skipped with the reason without one.
+test: setup cookbook
+	RETRAIN_COOKBOOK_PYTHON=$(abspath $(COOKBOOK_VENV))/bin/python $(PY) -m pytest
 
 # Side-by-side step time vs TRL (bench/step_time.py); TRL is a benchmark-only extra.
 BENCH_ARGS ?= --rounds 2
