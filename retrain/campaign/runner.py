@@ -182,22 +182,23 @@ def _merge(old: Manifest, plans: list[PlannedRun], new_hash: str) -> Manifest:
     return old
 
 
-def _describe_campaign(m: Manifest, cfg: Config, config_path: Path,
+def _describe_campaign(manifest: Manifest, cfg: Config, config_path: Path,
                        campaign_dir: Path | None = None) -> None:
     c = cfg.campaign
-    m.config_file = str(config_path)
-    m.runner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
-    m.status = "running"
-    m.parallel, m.max_workers, m.stagger_seconds = c.parallel, c.max_workers, c.stagger_seconds
-    m.max_concurrent, m.slots_dir = cfg.backend.max_concurrent, SLOTS_DIR
-    m.executor, m.ray_address = c.executor, c.ray_address
+    manifest.config_file = str(config_path)
+    manifest.runner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+    manifest.status = "running"
+    manifest.parallel, manifest.max_workers = c.parallel, c.max_workers
+    manifest.stagger_seconds = c.stagger_seconds
+    manifest.max_concurrent, manifest.slots_dir = cfg.backend.max_concurrent, SLOTS_DIR
+    manifest.executor, manifest.ray_address = c.executor, c.ray_address
     if c.executor == "ray":
         from retrain.campaign.ray_executor import campaign_key
         from retrain.slots_ray import broker_name
 
-        m.slots_dir, m.slots_actor = "", broker_name(campaign_key(campaign_dir))
-    m.conditions = list(dict.fromkeys(r.condition for r in m.runs))
-    m.seeds = list(dict.fromkeys(r.seed for r in m.runs))
+        manifest.slots_dir, manifest.slots_actor = "", broker_name(campaign_key(campaign_dir))
+    manifest.conditions = list(dict.fromkeys(r.condition for r in manifest.runs))
+    manifest.seeds = list(dict.fromkeys(r.seed for r in manifest.runs))
 
 
 def describe_changes(old: Manifest, plans: list[PlannedRun], new_hash: str) -> list[str]:
@@ -247,13 +248,13 @@ def _some(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def _reconcile(m: Manifest, plans: list[PlannedRun],
+def _reconcile(manifest: Manifest, plans: list[PlannedRun],
                executor: object = None) -> dict[str, ex.Worker]:
     """Runs a dead runner left 'running': adopt the live workers, mark the rest interrupted.
     Runs whose state.json says completed are completed (their runner died before noting it)."""
     adopted: dict[str, ex.Worker] = {}
     for plan in plans:
-        entry = m.entry(plan.spec.name)
+        entry = manifest.entry(plan.spec.name)
         if entry is None:
             continue
         if entry.status == "running":
@@ -335,7 +336,7 @@ class Runner:
         c = cfg.campaign
         self.dir = campaign_dir
         self.plans = {p.spec.name: p for p in plans}
-        self.m = manifest
+        self.manifest = manifest
         self.executor = executor
         self.max_retries = c.max_retries
         n = len(plans)
@@ -355,10 +356,11 @@ class Runner:
         for name in adopted:
             self.say(f"{name}: still running from a previous runner (pid {adopted[name].pid}); "
                      "watching it")
-        todo = self.todo = [e for e in self.m.runs if self._wants_run(e)]
-        gave_up = [e for e in self.m.runs if e.status == "failed" and not self._wants_run(e)]
-        done = sum(e.status == "completed" for e in self.m.runs)
-        self.say(f"campaign {self.m.campaign}: {len(self.m.runs)} runs, {done} completed, "
+        todo = self.todo = [e for e in self.manifest.runs if self._wants_run(e)]
+        gave_up = [e for e in self.manifest.runs if e.status == "failed" and not self._wants_run(e)]
+        done = sum(e.status == "completed" for e in self.manifest.runs)
+        self.say(f"campaign {self.manifest.campaign}: {len(self.manifest.runs)} runs, "
+                 f"{done} completed, "
                  f"{len(todo)} to run" + (f", {len(gave_up)} failed too often (max_retries = "
                                           f"{self.max_retries})" if gave_up else "")
                  + f"; manifest {self.dir / runlog.MANIFEST_FILE}")
@@ -423,7 +425,7 @@ class Runner:
                 continue
             del self.alive[name]
             reaped = True
-            entry = self.m.entry(name)
+            entry = self.manifest.entry(name)
             assert entry is not None
             plan = self.plans[name]
             state = runlog.load_state(plan.run_dir)
@@ -459,8 +461,9 @@ class Runner:
             self.todo.append(entry)
 
     def _progress(self) -> None:
-        changed = [_record_progress(self.m.entry(n), self.plans[n].run_dir) for n in self.alive]
-        changed += [_record_placement(self.m.entry(n), w) for n, w in self.alive.items()]
+        changed = [_record_progress(self.manifest.entry(n), self.plans[n].run_dir)
+                   for n in self.alive]
+        changed += [_record_placement(self.manifest.entry(n), w) for n, w in self.alive.items()]
         if any(changed):
             self._save()
 
@@ -480,27 +483,27 @@ class Runner:
             worker.kill()
         self._reap(stopping=True)
         for name in list(self.alive):  # killed but not yet reaped (adopted pids)
-            entry = self.m.entry(name)
+            entry = self.manifest.entry(name)
             entry.status, entry.ended_at = "interrupted", time.time()
         self.alive.clear()
 
     def _finish(self) -> int:
-        counts = self.m.counts()
+        counts = self.manifest.counts()
         if self.stop.signum is not None:
-            self.m.status = "interrupted"
+            self.manifest.status = "interrupted"
         elif counts["failed"]:
-            self.m.status = "failed"
-        elif counts["completed"] == len(self.m.runs):
-            self.m.status = "completed"
+            self.manifest.status = "failed"
+        elif counts["completed"] == len(self.manifest.runs):
+            self.manifest.status = "completed"
         else:
-            self.m.status = "interrupted"
+            self.manifest.status = "interrupted"
         self._save()
         if hasattr(self.executor, "close"):
             self.executor.close(finished=not self.alive)
-        print(summary(self.m, self.dir), flush=True)
+        print(summary(self.manifest, self.dir), flush=True)
         if self.stop.signum is not None:
             return 128 + self.stop.signum
-        return 0 if self.m.status == "completed" else 1
+        return 0 if self.manifest.status == "completed" else 1
 
     @contextmanager
     def _signals(self) -> Iterator[None]:
@@ -516,7 +519,7 @@ class Runner:
                 signal.signal(s, handler)
 
     def _save(self) -> None:
-        save_manifest(self.dir, self.m)
+        save_manifest(self.dir, self.manifest)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
@@ -582,14 +585,15 @@ def log_tail(path: Path, lines: int = TAIL_LINES, max_chars: int = 4000) -> str:
 # ---------------------------------------------------------------------------- summary
 
 
-def summary(m: Manifest, campaign_dir: Path) -> str:
+def summary(manifest: Manifest, campaign_dir: Path) -> str:
     """The final table: one line per run, then the tail of each failed run's log."""
-    counts = m.counts()
+    counts = manifest.counts()
     parts = [f"{n} {s}" for s, n in counts.items() if n]
-    lines = [f"\ncampaign {m.campaign} ({campaign_dir}): {len(m.runs)} runs: " + ", ".join(parts)]
+    lines = [f"\ncampaign {manifest.campaign} ({campaign_dir}): {len(manifest.runs)} runs: "
+             + ", ".join(parts)]
     header = ("run", "status", "tries", "steps", "mean_reward", "correct_rate", "time")
     rows = [header]
-    for r in m.runs:
+    for r in manifest.runs:
         took = (r.ended_at - r.started_at) if r.started_at and r.ended_at else None
         rows.append((r.name, r.status, str(r.attempts), f"{r.last_step}/{r.max_steps}",
                      _num(r.final_metrics.get("mean_reward")),
@@ -598,7 +602,7 @@ def summary(m: Manifest, campaign_dir: Path) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
               for row in rows]
-    for r in m.runs:
+    for r in manifest.runs:
         if r.status == "failed":
             lines.append(f"\n{r.name} failed ({describe_exit(r.exit_code)}, attempt "
                          f"{r.attempts}); last lines of {campaign_dir / r.log_dir / WORKER_LOG}:")
