@@ -57,22 +57,28 @@ def test_low_peaks_make_a_real_run_compute_bound(workdir):
     bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "peak_gflops": 0.001,
           "peak_bw_gb_s": 1000.0}
     path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
-                        training={"max_steps": 6})
+                        training={"max_steps": 8})
     assert run(path) == 0
-    got = rows(workdir / "logs" / "run")
-    fitted = [r for r in got if r["bp_regime"] != "warmup"]
-    assert fitted and all(r["bp_regime"] == "compute_bound" for r in fitted)
+    _assert_roofline_regime(rows(workdir / "logs" / "run"), "compute_bound")
+
+
+def _assert_roofline_regime(got: list[dict], expected: str) -> None:
+    """After warm-up every step is classified by the roofline, except where the seed's table
+    puts retrograde first (p above throttle_margin * p*: timing noise on a tiny run can fit a
+    small p*), and at least one step is."""
+    fitted = [r["bp_regime"] for r in got if r["bp_regime"] != "warmup"]
+    assert expected in fitted and set(fitted) <= {expected, "retrograde"}, fitted
 
 
 def test_high_bandwidth_demand_makes_it_memory_bound(workdir):
     bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "peak_gflops": 1e9,
           "peak_bw_gb_s": 1e-3}
     path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
-                        training={"max_steps": 6})
+                        training={"max_steps": 8})
     assert run(path) == 0
-    fitted = [r for r in rows(workdir / "logs" / "run") if r["bp_regime"] != "warmup"]
-    assert fitted and all(r["bp_regime"] == "memory_bound" for r in fitted)
-    assert all(math.isfinite(r["bp_throughput"]) for r in fitted)
+    got = rows(workdir / "logs" / "run")
+    _assert_roofline_regime(got, "memory_bound")
+    assert all(math.isfinite(r["bp_throughput"]) for r in got if r["bp_regime"] != "warmup")
 
 
 def test_micro_batch_gradients_are_recovered_from_the_accumulation():
