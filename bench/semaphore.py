@@ -146,16 +146,7 @@ def replay(lines: list[str], args: argparse.Namespace) -> dict:
 
 def uncontended(n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        sem = CountingSemaphore(tmp, 4)
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            with sem:
-                pass
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        return {"n": n, "mean_us": 1e6 * statistics.fmean(times),
-                "p50_us": 1e6 * times[n // 2], "p99_us": 1e6 * times[int(0.99 * (n - 1))]}
+        return _acquire_release_times(CountingSemaphore(tmp, 4), n)
 
 
 def ray_uncontended(n: int) -> dict:
@@ -166,6 +157,11 @@ def ray_uncontended(n: int) -> dict:
     sem = RaySlots(name, 4)
     with sem:
         pass  # connect outside the timing
+    return _acquire_release_times(sem, n)
+
+
+def _acquire_release_times(sem, n: int) -> dict:
+    """n uncontended acquire + release pairs: mean, median and p99 in microseconds."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
