@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 DIGITS_REWARD = '''
@@ -70,3 +71,12 @@ def rows(run_dir: Path) -> list[dict]:
 
 def state(run_dir: Path) -> dict:
     return json.loads((run_dir / "state.json").read_text())
+
+
+def read_serve_url(proc, timeout_s: float) -> str:
+    """The URL a `retrain serve --port 0` process prints on stderr once it listens."""
+    line, deadline = "", time.monotonic() + timeout_s
+    while "retrain serve: http://" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "retrain serve exited"
+    return line.split("retrain serve: ")[1].split()[0]

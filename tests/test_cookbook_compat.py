@@ -18,10 +18,11 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.run_helpers import read_serve_url
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "tml-cookbook-compat"
@@ -68,11 +69,7 @@ def served(tiny_model, tmp_path_factory, model_cache):
                              "--port", "0", "--dtype", "float32"], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
-        line, deadline = "", time.time() + 90
-        while "retrain serve: http://" not in line and time.time() < deadline:
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "retrain serve exited"
-        yield line.split("retrain serve: ")[1].split()[0]
+        yield read_serve_url(proc, 90)
     finally:
         proc.terminate()
         proc.communicate(timeout=30)

@@ -29,6 +29,7 @@ from retrain.serve.app import build_app  # noqa: E402
 from retrain.serve.engine import EngineError, SampleResult  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
 from retrain.serve.server import ServerThread  # noqa: E402
+from tests.run_helpers import read_serve_url  # noqa: E402
 
 KEY = "tml-test-not-a-real-key-0123456789"
 
@@ -565,12 +566,7 @@ def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
                              "--port", "0", "--dtype", "float32"], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
-        line = ""
-        deadline = time.time() + 60
-        while "retrain serve: http://" not in line and time.time() < deadline:
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "retrain serve exited"
-        url = line.split("retrain serve: ")[1].split()[0]
+        url = read_serve_url(proc, 60)
         service = tinker.ServiceClient(base_url=url)
         tc = service.create_lora_training_client(base_model="tiny-random", rank=2).result()
         sc = tc.save_weights_and_get_sampling_client().result()

@@ -16,6 +16,8 @@ httpx = pytest.importorskip("httpx")
 from test_serve import KEY, BigramEngine, Served  # noqa: E402
 from tinker import types  # noqa: E402
 
+from tests.run_helpers import read_serve_url  # noqa: E402
+
 H = {"X-API-Key": KEY}
 
 
@@ -103,12 +105,7 @@ def test_retrain_serve_options(cli_env, python, tiny_model, tmp_path, sdk_env):
                              "--port", "0", "--dtype", "float32", "--delay-ms", "200",
                              "--max-sessions", "1"], env=env, stderr=subprocess.PIPE, text=True)
     try:
-        line = ""
-        deadline = time.time() + 60
-        while "retrain serve: http://" not in line and time.time() < deadline:
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "retrain serve exited"
-        url = line.split("retrain serve: ")[1].split()[0]
+        url = read_serve_url(proc, 60)
         assert _timed_get(url) >= 0.2
         service = tinker.ServiceClient(base_url=url)
         service.create_lora_training_client(base_model="tiny-random", rank=2).result()

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.campaign.runner")
 
-from tests.run_helpers import rows, write_config  # noqa: E402
+from tests.run_helpers import read_serve_url, rows, write_config  # noqa: E402
 
 KEY = "tml-rate-limit-test"
 
@@ -26,11 +25,7 @@ def serve_url(cli_env, python, tiny_model, tmp_path):
                              "--port", "0", "--dtype", "float32", "--max-sessions", "2"],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
-        line, deadline = "", time.monotonic() + 120
-        while "retrain serve: http://" not in line and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "retrain serve exited"
-        yield line.split("retrain serve: ")[1].split()[0]
+        yield read_serve_url(proc, 120)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -48,7 +43,11 @@ def test_six_run_campaign_above_the_session_limit_completes(serve_url, tmp_path,
                  "request_timeout_s": 120.0},
         campaign={"seeds": [1, 2, 3, 4, 5, 6], "parallel": True, "max_workers": 6,
                   "stagger_seconds": 0.0, "max_retries": 0})
-    env = {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"}
+    # Each run holds its training client for >= 16 s (16 completions, scored in 1 s each):
+    # longer than the SDK's own 429 retries, so the runs beyond the limit must queue in the
+    # backend, however unevenly a loaded machine starts the six workers.
+    env = {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0",
+           "RETRAIN_TEST_REWARD_DELAY": "1.0"}
     proc = subprocess.run([python, "-m", "retrain", "run", str(path)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
