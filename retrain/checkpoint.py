@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,22 @@ def save_resume_point(run_dir: Path, state: runlog.RunState) -> None:
     """Write the resume point of checkpoint `state.step` (before state.json points at it)."""
     path = run_dir / runlog.CHECKPOINT_DIR / f"{checkpoint_name(state.step)}{POINT_SUFFIX}"
     runlog.write_json_atomic(path, state.to_dict())
+
+
+@dataclass
+class PendingCommit:
+    """A step's checkpoint whose save may still be in flight (a remote save overlapping the
+    next step): state.json moves to it only once the save has landed."""
+
+    state: runlog.RunState   # the run after the step; `checkpoint` is filled in on landing
+    saved: Future[str]       # the backend's save_state_async
+
+    def land(self, run_dir: Path, save_every: int, max_steps: int) -> runlog.RunState:
+        self.state.checkpoint = self.saved.result()
+        save_resume_point(run_dir, self.state)  # the checkpoint carries its resume point
+        runlog.save_state(run_dir, self.state)
+        prune(run_dir / runlog.CHECKPOINT_DIR, self.state.step, save_every, max_steps)
+        return self.state
 
 
 def _read_point(path: Path) -> runlog.RunState | None:

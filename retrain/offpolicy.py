@@ -14,6 +14,7 @@ state.json; a resumed run trains exactly that batch at step k+1, so it repeats w
 uninterrupted run does. `state.json`'s data cursor keeps its on-policy meaning (prompts of
 committed steps only): if the batch file is lost, the resumed run samples step k+1 afresh
 on the checkpoint's weights (deterministic, but not the uninterrupted run's batch).
+The trainer also lets step k's checkpoint land during step k+1 (docs/training.md).
 """
 
 from __future__ import annotations

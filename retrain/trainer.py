@@ -17,6 +17,7 @@ and of the last step (logged as `eval_accuracy` on that step's row).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import math
 import os
@@ -164,6 +165,7 @@ class Trainer:
         self._prompts: dict[int, list[int]] = {}
         self._eval_prompts: list[list[int]] | None = None
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
+        self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
 
     # ------------------------------------------------------------------ the run
 
@@ -258,7 +260,8 @@ class Trainer:
                 writer.write(row)
                 trackers.log(row)
                 self.progress.step(row)
-                self._commit(step)
+                self._commit(step, wait=step == self.training.max_steps
+                             or self.stop.signum is not None)
                 if self.progress.output_closed and self.stop.signum is None:
                     self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
                 if self.stop.signum is not None and step < self.training.max_steps:
@@ -397,12 +400,14 @@ class Trainer:
         """forward_backward + optim_step; groups without signal were left out of `datums`."""
         self._train_metrics = {}
         if not datums:  # every group uniform: nothing to learn from this step
+            self._land_commit()
             return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None,
                     "grad_noise_scale": None, "grad_coherence": None}
         training, alg = self.training, self.cfg.algorithm
         loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
                           temperature=training.temperature)
         out = self.backend.forward_backward(datums, loss)
+        self._land_commit()  # the last step's save, landing while this step's update runs
         self._train_metrics = out.metrics
         # Measured on the local backend with two or more micro-batches, else None (docs).
         stats = GradStats.from_metrics(out.metrics)
@@ -462,26 +467,36 @@ class Trainer:
         row["eval_time_s"] = result.seconds
         self.state.extra["eval_accuracy"] = result.accuracy
 
-    def _commit(self, step: int) -> None:
-        """Checkpoint the step, then point state.json at it (the resume point moves last)."""
-        ref = self.backend.save_state(checkpoint.checkpoint_name(step))
-        s = self.state
-        s.step, s.checkpoint, s.batch_size = step, ref, self.batch_size
+    def _commit(self, step: int, *, wait: bool) -> None:
+        """Checkpoint the step. state.json moves to it once the save has landed: at once, or,
+        with max_steps_off_policy >= 1, while the next step runs (its round trips overlap)."""
+        self._land_commit()
+        saved = self.backend.save_state_async(checkpoint.checkpoint_name(step))
+        s = copy.deepcopy(self.state)
+        s.step, s.batch_size = step, self.batch_size
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra["oom_cap"] = self.oom_cap
         s.extra["grad_noise"] = self.noise.state_dict()
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
-        checkpoint.save_resume_point(self.run_dir, s)  # the checkpoint carries its resume point
-        runlog.save_state(self.run_dir, s)
-        checkpoint.prune(self.run_dir / runlog.CHECKPOINT_DIR, step, self.training.save_every,
-                         self.training.max_steps)
+        self._in_flight = checkpoint.PendingCommit(s, saved)
+        if wait or not self.overlap.enabled:
+            self._land_commit()
+
+    def _land_commit(self) -> None:
+        """Wait for the checkpoint in flight, if any, and point state.json at it."""
+        if self._in_flight is not None:
+            pending, self._in_flight = self._in_flight, None
+            self.state = pending.land(self.run_dir, self.training.save_every,
+                                      self.training.max_steps)
 
     # ------------------------------------------------------------------ endings
 
     def _interrupted(self) -> int:
         if self.stop.signum == signal.SIGPIPE:
             print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
+        with contextlib.suppress(BackendError):  # a save that failed leaves the step before
+            self._land_commit()
         self.state.status = "interrupted"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
@@ -491,6 +506,8 @@ class Trainer:
         return self.stop.exit_code
 
     def _fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(BackendError):
+            self._land_commit()
         self.state.status = "failed"
         self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
         with contextlib.suppress(OSError):  # the original error matters more

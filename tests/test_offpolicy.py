@@ -114,8 +114,10 @@ def _wait_for(predicate, proc, timeout=120.0):
 
 
 def test_overlapped_run_logs_staleness_and_resumes_exactly(server, tmp_path, env, python):
-    """6 steps straight == 3 steps, SIGKILL in step 4, resume: the batch sampled ahead for
-    step 4 is saved with checkpoint 3 and trained after the resume."""
+    """6 steps straight == SIGKILL in step 5, resume. With overlap, step 4's checkpoint lands
+    during step 5's update, so the kill (while step 5 scores) finds state.json at step 3 and
+    step 4's row written: the resume drops that row and trains step 4 again on the batch
+    saved with checkpoint 3, exactly as the straight run did."""
     path = _tinker_config(tmp_path, server.url)
     base = [python, "-m", "retrain", "run", str(path)]
     done = subprocess.run([*base, "--log-dir", "straight"], env=env, capture_output=True,
@@ -134,15 +136,16 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(server, tmp_path, env
 
     counter = tmp_path / "calls"
     killed_env = dict(env, RETRAIN_TEST_COUNTER=str(counter),
-                      RETRAIN_TEST_BLOCK_AFTER=str(3 * 2 * 4))  # blocks scoring step 4
+                      RETRAIN_TEST_BLOCK_AFTER=str(4 * 2 * 4))  # blocks scoring step 5
     cmd = [*base, "--log-dir", "killed"]
     proc = subprocess.Popen(cmd, env=killed_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     run_dir = tmp_path / "killed" / "run"
     try:
-        _wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 24, proc)
+        _wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 32, proc)
         s = state(run_dir)
-        assert s["step"] == 3 and s["status"] == "running"
+        assert s["step"] == 3 and s["status"] == "running"  # checkpoint 4 not landed yet
+        assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -155,7 +158,7 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(server, tmp_path, env
     resumed_proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
                                   cwd=tmp_path)
     assert resumed_proc.returncode == 0, resumed_proc.stderr[-3000:]
-    assert "after step 3" in resumed_proc.stdout
+    assert "after step 3 (dropped 1 metrics rows written after it)" in resumed_proc.stdout
     resumed = rows(run_dir)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     lengths = [len(c["tokens"]) for g in saved["groups"] for c in g]

@@ -6,11 +6,14 @@ backends are interchangeable. Nothing here imports torch or an SDK.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from retrain.stepcost import ModelCost
+
+T = TypeVar("T")
 
 TokenIds = list[int]
 
@@ -114,6 +117,16 @@ class OptimOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def finished(call: Callable[..., T], *args: Any) -> Future[T]:
+    """`call(*args)` run now, as a completed Future (for backends with nothing to overlap)."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(call(*args))
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
+
+
 class BackendError(RuntimeError):
     """A backend failure the trainer reports and stops on (after checkpointing)."""
 
@@ -145,6 +158,12 @@ class Backend(Protocol):
     def optim_step(self, adam: AdamParams) -> OptimOutput: ...
 
     def save_state(self, name: str) -> str: ...
+
+    def save_state_async(self, name: str) -> Future[str]:
+        """`save_state` started now, behind every update already made; the reference (what
+        `load_state` takes) comes later. The trainer uses it to overlap the checkpoint's round
+        trips with the next step (training.max_steps_off_policy >= 1)."""
+        ...
 
     def load_state(self, ref: str) -> None: ...
 

@@ -37,6 +37,7 @@ from retrain.backends.base import (
     OptimOutput,
     SamplingParams,
     TokenIds,
+    finished,
 )
 from retrain.backends.local_sampling import sample_batch, token_logprobs
 from retrain.cpu import auto_threads, cpu_has_native_bf16
@@ -328,12 +329,7 @@ class LocalBackend:
     def sample_async(self, prompts: list[TokenIds], n: int,
                      params: SamplingParams) -> Future[list[list[Completion]]]:
         """Sampling shares the device with training here, so it runs now, to the end."""
-        future: Future[list[list[Completion]]] = Future()
-        try:
-            future.set_result(self.sample(prompts, n, params))
-        except Exception as exc:
-            future.set_exception(exc)
-        return future
+        return finished(self.sample, prompts, n, params)
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                adapter: str | None = None,
@@ -530,6 +526,10 @@ class LocalBackend:
             shutil.rmtree(final)
         os.replace(tmp, final)
         return str(final)
+
+    def save_state_async(self, name: str) -> Future[str]:
+        """`save_state`, done now: a local save has no round trip to hide."""
+        return finished(self.save_state, name)
 
     def load_state(self, ref: str) -> None:
         """Restore adapter weights, optimizer and RNG from a `save_state` folder; a missing or

@@ -162,6 +162,7 @@ class TinkerBackend:
         self._keep_every = keep_every
         self._final_step = final_step
         self._saved: list[tuple[str, str]] = []  # (name, tinker path), oldest first
+        self._saved_lock = threading.Lock()      # appended to by the thread of each save
         self._deletions: list[concurrent.futures.Future] = []
         self._rest: Any = None
         self.rate_limit_wait_s = 0.0  # time spent waiting out 429s (part of api_wait_s)
@@ -243,6 +244,21 @@ class TinkerBackend:
             slept = waiting.sleep(self._secret.scrub(reason))
             with self._wait_lock:
                 self.rate_limit_wait_s += slept
+
+    def _submit_in_order(self, what: str, submit: Callable[[], Any]) -> concurrent.futures.Future:
+        """`_call` in a worker thread; returns once the request is sent (or has failed), so the
+        training client's next request is numbered after it."""
+        sent = threading.Event()
+
+        def run() -> Any:
+            try:
+                return self._call(what, submit, submitted=sent)
+            finally:
+                sent.set()  # also when the call failed before sending anything
+
+        job = self._pool.submit(run)
+        sent.wait()
+        return job
 
     def _check_usable(self) -> None:
         if self._broken:
@@ -385,10 +401,7 @@ class TinkerBackend:
             # keeps them in order), each in its own thread with its own slot, so no thread
             # ever holds a slot while waiting for another.
             pending.submitted.wait()
-        optim_sent = threading.Event()
-        queued = self._pool.submit(self._call, "optim_step", lambda: tc.optim_step(params),
-                                   submitted=optim_sent)
-        optim_sent.wait()
+        queued = self._submit_in_order("optim_step", lambda: tc.optim_step(params))
         self._queue_sampler_refresh(tc)
         try:
             if pending is not None:
@@ -402,11 +415,23 @@ class TinkerBackend:
 
     def save_state(self, name: str) -> str:
         """Weights + optimizer on the service; returns the tinker:// path to resume from."""
+        return self.save_state_async(name).result()
+
+    def save_state_async(self, name: str) -> concurrent.futures.Future[str]:
+        """Submit the save now, behind the optimizer step and the sampler save (the SDK keeps
+        the order), and return at once; the path arrives while the trainer goes on."""
         self._settle()
         tc = self.training
-        path = self._call("save_state", lambda: tc.save_state(name, overwrite=True)).path
-        self._saved.append((name, path))
-        self._prune()
+        if self._next_sampler is not None:
+            self._next_sampler[1].wait()
+        job = self._submit_in_order("save_state", lambda: tc.save_state(name, overwrite=True))
+        return self._pool.submit(self._record_save, name, job)
+
+    def _record_save(self, name: str, job: concurrent.futures.Future) -> str:
+        path = job.result().path
+        with self._saved_lock:
+            self._saved.append((name, path))
+            self._prune()
         return path
 
     def _prune(self) -> None:
