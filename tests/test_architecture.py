@@ -14,6 +14,7 @@ FLOORS = {
     1: ["config", "config_paths", "toml_io", "errors", "answers", "advantages", "backpressure",
         "usl", "roofline", "goodput", "gradnoise", "stepcost", "capacity", "campaign.matrix"],
     2: ["backends", "backends.base", "backends.local", "backends.local_sampling",
+        "backends.local_checkpoint", "backends.local_device", "backends.local_lora",
         "backends.local_loss", "backends.tinker", "slots", "slots_ray", "tasks", "rewards",
         "scorer", "models", "cpu", "runlog", "safejson"],
     3: ["trainer", "offpolicy", "checkpoint", "eval", "trackers", "progress"],
