@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from retrain import drift
 from retrain.goodput import goodput_batch, statistical_efficiency
 from retrain.oom_ceiling import OomCeiling
-from retrain.roofline import Roofline, is_positive, roofline
+from retrain.roofline import Roofline, is_positive, regime_from_fit, roofline
 from retrain.usl import (
     WINDOW,
     UslFit,
@@ -31,9 +31,6 @@ from retrain.usl import (
 __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roofline",
            "sweep_sizes", "usl_p_star", "usl_throughput"]
 
-MEMORY_BOUND_RATIO = 1.10  # smoothed throughput above the fit's prediction by > 10%
-OPTIMAL_FLOOR = 0.80       # ... below 80% of it: the fit no longer describes the machine
-PROBES = 4                 # batch sizes probed after a drift (plus the current one)
 P_MAX = 10**7              # largest concurrency accepted as an observation
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
@@ -125,11 +122,7 @@ class BackpressureController:
         self._refit_left = 0               # refits left before the fit is frozen
         self._land = False                 # at the last refit, go to its target (after a drift)
         self._approaching = False          # the last increase was cut short by the bisection
-        self._ema_p = 0                    # the p the EMA below is about
-        self._ema = (0.0, 0.0)             # (weighted sum, weight): debiased EMA
-        self._n_at_p = 0
-        self._cusum = drift.NO_DRIFT
-        self._noise2: float | None = None  # squared relative noise of the throughput
+        self._watch = drift.DriftWatch()   # smoothed throughput at this p, drift check
         self._noise_scale: float | None = None  # gradient noise scale, in prompts
         self._regime = "warmup"
         self._next: int | None = None      # the last proposed batch size
@@ -169,7 +162,7 @@ class BackpressureController:
         self._steps += 1
         self.oom_ceiling.ran(b)
         predicted = self._fit.throughput(p) if self._fit and not self._exploring else None
-        self._smooth(p, x)
+        self._watch.add(p, x, self.config.ema_decay)
         self._sums.add(p, p / x)
         if self._exploring:
             return self._explore(b, p, roof)
@@ -189,8 +182,7 @@ class BackpressureController:
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
                 "probes": list(self._probes), "refit_left": self._refit_left, "land": self._land,
-                "approaching": self._approaching, "ema_p": self._ema_p, "ema": list(self._ema),
-                "n_at_p": self._n_at_p, "cusum": list(self._cusum), "noise2": self._noise2,
+                "approaching": self._approaching, **self._watch.state_dict(),
                 "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next}
 
     def load_state_dict(self, d: dict) -> bool:
@@ -229,11 +221,7 @@ class BackpressureController:
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
-        self._ema_p, self._ema = int(d["ema_p"]), tuple(map(float, d["ema"]))
-        self._n_at_p, self._cusum = int(d["n_at_p"]), tuple(map(float, d["cusum"]))
-        if len(self._cusum) != 4 or len(self._ema) != 2:
-            raise ValueError("cusum or ema of the wrong length")
-        self._noise2 = None if d["noise2"] is None else float(d["noise2"])
+        self._watch = drift.DriftWatch.from_state(d)
         scale = d.get("noise_scale")
         self._noise_scale = float(scale) if is_positive(scale) else None
         self._regime = str(d["regime"])
@@ -284,7 +272,7 @@ class BackpressureController:
         self._regime, self._next = regime, b_next
         if self._note:
             reason, self._note = f"{self._note}; {reason}", ""
-        ema = self._ema_value() if self._ema_p else None
+        ema = self._watch.value() if self._watch.ema_p else None
         efficiency = goodput = None
         if self._noise_scale is not None and p:
             efficiency = statistical_efficiency(self._noise_scale, p / self.group_size,
@@ -343,9 +331,9 @@ class BackpressureController:
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
         self._fit, self._exploring, self._probes = fit, False, []
         self._refit_left = self._sums.window - len(self._sums)
-        self._cusum = drift.NO_DRIFT
-        if self._noise2 is None:
-            self._noise2 = drift.initial_noise2(fit, self._sums.points)
+        self._watch.cusum = drift.NO_DRIFT
+        if self._watch.noise2 is None:
+            self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
         return self._decide(b, p, roof, "first fit after exploring", rule="first")
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
@@ -363,7 +351,7 @@ class BackpressureController:
             if self._refit_left == 0 and self._land:
                 rule, self._land = "landing", False   # the re-exploration's last refit
         if predicted:
-            direction, since = self._drift(math.log(throughput_ratio(x, predicted)))
+            direction, since = self._watch.check(math.log(throughput_ratio(x, predicted)))
             if direction:
                 return self._start_probe(b, p, direction, since)
         return self._decide(b, p, roof, note, rule)
@@ -378,12 +366,12 @@ class BackpressureController:
         fit = self._fit
         assert fit is not None
         target, goal_p, bound = self._goal(fit)
-        ratio = throughput_ratio(self._ema_value(), fit.throughput(p))
+        ratio = throughput_ratio(self._watch.value(), fit.throughput(p))
         tm, im = self.config.throttle_margin, self.config.increase_margin
         if fit.kappa > 0 and p > tm * fit.p_star:
             regime, nxt, rule = "retrograde", target, "retrograde"
         else:
-            regime = roof.regime if roof is not None else _classify(ratio)
+            regime = roof.regime if roof is not None else regime_from_fit(ratio)
             if rule:
                 nxt = target
             elif regime == "warmup":
@@ -432,53 +420,16 @@ class BackpressureController:
                     f"{roof.memory_fraction:.0%} of peak bandwidth")
         return why
 
-    # ------------------------------------------------------------------ smoothing and drift
-
-    def _smooth(self, p: int, x: float) -> None:
-        """Debiased EMA of throughput at the current p (restarts when p changes)."""
-        if p != self._ema_p:
-            self._ema_p, self._ema, self._n_at_p = p, (0.0, 0.0), 0
-            self._cusum = drift.NO_DRIFT
-        d = self.config.ema_decay
-        s, w = self._ema
-        self._ema = (d * s + x, d * w + 1.0)
-        self._n_at_p += 1
-
-    def _ema_value(self) -> float:
-        s, w = self._ema
-        return s / w
-
-    def _drift(self, r: float) -> tuple[int, int]:
-        """CUSUM on r = log(observed / predicted): (+1 faster | −1 slower | 0, steps since)."""
-        self._cusum, self._noise2, direction, since = drift.cusum_step(
-            self._cusum, self._noise2, r, self._n_at_p)
-        return direction, since
+    # ------------------------------------------------------------------ drift
 
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
-        """The machine changed: forget old data, probe 4 sizes spanning 16x, starting on the side
-        the throughput moved to (faster: larger sizes first)."""
-        up, down = (2.0, 4.0, 8.0), (0.5, 0.25, 0.125)
-        near, far = (up, down) if direction > 0 else (down, up)
-        probes: list[int] = []
-        for f in near[:2] + far[:2] + near[2:] + far[2:]:
-            c = self._bound(max(1, round(b * f)))
-            if c != b and c not in probes:
-                probes.append(c)
-        self._probes = probes[:PROBES]
-        self._sums.keep_newest(min(since, self._n_at_p))   # only data from the new machine
+        """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
+        self._probes = drift.probe_sizes(b, direction, self._bound)
+        self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
         self._explore_n, self._explore_len, self._retries = 0, len(self._probes), 0
-        self._cusum = drift.NO_DRIFT
+        self._watch.cusum = drift.NO_DRIFT
         word = "faster" if direction > 0 else "slower"
         nxt = self._plan() if self._probes else b
         return self._decision("hold", "warmup", nxt, p,
                               f"throughput drifted {word} than the fit at p={p}: re-exploring")
-
-
-def _classify(ratio: float) -> str:
-    """Regime from smoothed throughput / the fit's prediction at the current p."""
-    if ratio > MEMORY_BOUND_RATIO:
-        return "memory_bound"
-    if ratio >= OPTIMAL_FLOOR:
-        return "optimal"
-    return "warmup"            # far below the fit: it may be stale; hold
