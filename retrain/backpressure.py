@@ -27,7 +27,7 @@ from retrain.usl import (
     usl_throughput,
 )
 
-# The names tests, `plot` and the bench import from here (the fit's live in `usl`).
+# Re-exported for the tests, `plot` and the bench; the fit itself lives in `usl`.
 __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roofline",
            "sweep_sizes", "usl_p_star", "usl_throughput"]
 
