@@ -12,29 +12,27 @@ import math
 import operator
 from dataclasses import dataclass
 
+from retrain import drift
 from retrain.goodput import goodput_batch, statistical_efficiency
-from retrain.roofline import Roofline, is_positive, roofline
-from retrain.usl import WINDOW, UslFit, UslSums, usl_p_star, usl_throughput
+from retrain.oom_ceiling import OomCeiling
+from retrain.roofline import Roofline, is_positive, regime_from_fit, roofline
+from retrain.usl import (
+    WINDOW,
+    UslFit,
+    UslSums,
+    observed_throughput,
+    sweep_sizes,
+    throughput_ratio,
+    usl_p_star,
+    usl_throughput,
+)
 
-__all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "Roofline", "UslFit", "UslSums",
-           "roofline", "sweep_sizes", "usl_p_star", "usl_throughput"]
+# Re-exported for the tests, `plot` and the bench; the fit itself lives in `usl`.
+__all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roofline",
+           "sweep_sizes", "usl_p_star", "usl_throughput"]
 
-MEMORY_BOUND_RATIO = 1.10  # smoothed throughput above the fit's prediction by > 10%
-OPTIMAL_FLOOR = 0.80       # ... below 80% of it: the fit no longer describes the machine
-CUSUM_SLACK = 1.0          # drift check: two one-sided CUSUMs on standardized log residuals
-CUSUM_LIMIT = 4.0          # alarm threshold (false-alarm rate: bench/RESULTS.md)
-CUSUM_Z_MAX = 4.0          # one step adds at most CUSUM_Z_MAX - CUSUM_SLACK (< the limit)
-CUSUM_AFTER = 3            # residuals start counting after this many steps at one p
-NOISE_FLOOR = 0.02         # smallest relative noise assumed (a perfect simulator has none)
-NOISE_PRIOR = 0.05         # relative noise assumed before there are residuals to measure it
-NOISE_DECAY = 0.95         # EMA decay of the squared residuals (the noise estimate)
-PROBES = 4                 # batch sizes probed after a drift (plus the current one)
-X_RANGE = (1e-6, 1e12)     # plausible tokens/s; anything outside is rejected as a bad timing
 P_MAX = 10**7              # largest concurrency accepted as an observation
 
-ACTIONS = ("hold", "throttle", "increase")
-REGIMES = ("warmup", "retrograde", "memory_bound", "compute_bound", "optimal")
-OBJECTIVES = ("throughput", "goodput")
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
                "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency")
 
@@ -76,24 +74,8 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _ratio(a: float, b: float) -> float:
-    """a / b for a >= 0, with b <= 0 (an underflowed prediction) read as infinitely small."""
-    return a / b if b > 0 else math.inf
-
-
 def _action(b: int, nxt: int) -> str:
     return "throttle" if nxt < b else "increase" if nxt > b else "hold"
-
-
-def sweep_sizes(lo: int, hi: int) -> list[int]:
-    """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
-    first, b = [], lo
-    while b < hi:
-        first.append(b)
-        b *= 2
-    first.append(hi)
-    mids = {round(math.sqrt(x * y)) for x, y in zip(first, first[1:], strict=False)}
-    return first + sorted(mids - set(first))
 
 
 def _as_batch(v: object) -> int | None:
@@ -104,23 +86,8 @@ def _as_batch(v: object) -> int | None:
     return b if b >= 1 and not isinstance(v, bool) else None
 
 
-def _throughput(tokens: object, step_time_s: object) -> float | str:
-    """tokens / step_time_s, or why the pair is unusable."""
-    if not is_positive(tokens):
-        return f"tokens={tokens!r} is not a positive finite number"
-    if not is_positive(step_time_s):
-        return f"step_time_s={step_time_s!r} is not a positive finite number"
-    x = float(tokens) / float(step_time_s)
-    if not (X_RANGE[0] <= x <= X_RANGE[1]):
-        return f"throughput {x:.3g} tokens/s is outside the plausible {X_RANGE}"
-    return x
-
-
 
 # ---------------------------------------------------------------------------- the controller
-
-_NO_DRIFT = (0.0, 0.0, 0.0, 0.0)   # CUSUM (upward, downward, their run lengths)
-
 
 class BackpressureController:
     """Observes each step's throughput and proposes the next batch size (whole prompts).
@@ -146,8 +113,7 @@ class BackpressureController:
         self._sums = UslSums(WINDOW, (lo_p + hi_p) / 2, max((hi_p - lo_p) / 2, 1.0))
         self._fit: UslFit | None = None
         self._steps = 0                    # valid observations so far
-        self._ceiling: int | None = None   # smallest batch size that ran out of memory
-        self._ok_max: int | None = None    # largest batch size that ran below the ceiling
+        self.oom_ceiling = OomCeiling()    # the run's one out-of-memory ceiling
         self._exploring = True
         self._explore_n = 0                # observations in the current exploration
         self._explore_len = self.config.warmup_steps + 1
@@ -156,11 +122,7 @@ class BackpressureController:
         self._refit_left = 0               # refits left before the fit is frozen
         self._land = False                 # at the last refit, go to its target (after a drift)
         self._approaching = False          # the last increase was cut short by the bisection
-        self._ema_p = 0                    # the p the EMA below is about
-        self._ema = (0.0, 0.0)             # (weighted sum, weight): debiased EMA
-        self._n_at_p = 0
-        self._cusum = _NO_DRIFT
-        self._noise2: float | None = None  # squared relative noise of the throughput
+        self._watch = drift.DriftWatch()   # smoothed throughput at this p, drift check
         self._noise_scale: float | None = None  # gradient noise scale, in prompts
         self._regime = "warmup"
         self._next: int | None = None      # the last proposed batch size
@@ -183,7 +145,7 @@ class BackpressureController:
 
         `noise_scale`: the gradient noise scale in prompts (goodput); None = not measured."""
         if not self.enabled:
-            return Decision("hold", "disabled", batch_size)
+            return self._disabled(batch_size, oom)
         if is_positive(noise_scale):
             self._noise_scale = float(noise_scale)
         b = _as_batch(batch_size)
@@ -191,36 +153,36 @@ class BackpressureController:
             return self._reject(self.lo, 0, f"batch_size={batch_size!r} is not usable")
         if oom:
             return self._out_of_memory(b)
-        x = _throughput(tokens, step_time_s)
+        x = observed_throughput(tokens, step_time_s)
         p = b * self.group_size
         if isinstance(x, str):
             return self._reject(b, p, x)
         roof = roofline(flops, bytes_moved, step_time_s, self.config.peak_gflops,
                         self.config.peak_bw_gb_s)
         self._steps += 1
-        if (self._ceiling is None or b < self._ceiling) and b > (self._ok_max or 0):
-            self._ok_max = b
+        self.oom_ceiling.ran(b)
         predicted = self._fit.throughput(p) if self._fit and not self._exploring else None
-        self._smooth(p, x)
+        self._watch.add(p, x, self.config.ema_decay)
         self._sums.add(p, p / x)
         if self._exploring:
             return self._explore(b, p, roof)
         return self._track(b, p, x, predicted, roof)
 
     def state_dict(self) -> dict:
-        """Everything needed to continue with the same fit and decisions (JSON-able)."""
+        """Everything needed to continue with the same fit and decisions (JSON-able); when
+        disabled, only the out-of-memory ceiling ({} without one)."""
+        ceiling = self.oom_ceiling
         if not self.enabled:
-            return {}
+            return {} if ceiling.failed is None else {"ceiling": ceiling.failed}
         fit = self._fit
         return {"version": 1, "group_size": self.group_size, "steps": self._steps,
                 "sums": self._sums.state_dict(),
                 "fit": [fit.sigma, fit.kappa, fit.lam] if fit else None,
-                "ceiling": self._ceiling, "ok_max": self._ok_max,
+                "ceiling": ceiling.failed, "ok_max": ceiling.ok_max,
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
                 "probes": list(self._probes), "refit_left": self._refit_left, "land": self._land,
-                "approaching": self._approaching, "ema_p": self._ema_p, "ema": list(self._ema),
-                "n_at_p": self._n_at_p, "cusum": list(self._cusum), "noise2": self._noise2,
+                "approaching": self._approaching, **self._watch.state_dict(),
                 "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next}
 
     def load_state_dict(self, d: dict) -> bool:
@@ -228,7 +190,8 @@ class BackpressureController:
 
         States saved by the previous version (running sums, a refit schedule) load too: the
         sums are recomputed from the saved points and the fit is refreshed at every step."""
-        if not self.enabled:
+        if not self.enabled:  # only the ceiling (a state saved with back-pressure has one too)
+            self.oom_ceiling = OomCeiling(_as_batch(d.get("ceiling")) if d else None)
             return False
         self._reset()
         if not d or d.get("version") != 1 or d.get("group_size") != self.group_size:
@@ -249,7 +212,7 @@ class BackpressureController:
         self._sums.load_state_dict(d["sums"])
         self._fit = UslFit(*map(float, d["fit"])) if d["fit"] else None
         self._steps = int(d["steps"])
-        self._ceiling, self._ok_max = optional_int(d["ceiling"]), optional_int(d["ok_max"])
+        self.oom_ceiling = OomCeiling(optional_int(d["ceiling"]), optional_int(d["ok_max"]))
         self._next = optional_int(d["next"])
         self._exploring = bool(d["exploring"])
         self._explore_n, self._explore_len = int(d["explore_n"]), int(d["explore_len"])
@@ -258,31 +221,27 @@ class BackpressureController:
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
-        self._ema_p, self._ema = int(d["ema_p"]), tuple(map(float, d["ema"]))
-        self._n_at_p, self._cusum = int(d["n_at_p"]), tuple(map(float, d["cusum"]))
-        if len(self._cusum) != 4 or len(self._ema) != 2:
-            raise ValueError("cusum or ema of the wrong length")
-        self._noise2 = None if d["noise2"] is None else float(d["noise2"])
+        self._watch = drift.DriftWatch.from_state(d)
         scale = d.get("noise_scale")
         self._noise_scale = float(scale) if is_positive(scale) else None
         self._regime = str(d["regime"])
+
+    def adopt_oom_cap(self, cap: object, limit: int) -> None:
+        """A resume point from before the controller owned the ceiling has the trainer's
+        `oom_cap` (the largest batch size to use, applied only without back-pressure)."""
+        if not self.enabled and isinstance(cap, int) and 1 <= cap <= limit:
+            self.oom_ceiling.out_of_memory(cap + 1)
 
     # ------------------------------------------------------------------ bounds
 
     @property
     def largest(self) -> int:
         """Largest batch size the controller may propose (bounds and out-of-memory ceiling)."""
-        if self._ceiling is None:
-            return self.hi
-        return max(self.lo, min(self.hi, self._ceiling - 1))
+        return self.oom_ceiling.largest(self.lo, self.hi)
 
     def _bound(self, b: int) -> int:
         """b within the bounds; untested sizes under an out-of-memory ceiling by bisection."""
-        b = min(max(b, self.lo), self.largest)
-        if self._ceiling is not None and b > (self._ok_max or 0):
-            known = self._ok_max or self.lo - 1
-            b = min(b, max(known + 1, (known + self._ceiling) // 2, self.lo))
-        return b
+        return self.oom_ceiling.bound(b, self.lo, self.hi)
 
     def _plan(self) -> int:
         """The next exploration size (an out-of-memory retry does not use up a planned size)."""
@@ -313,7 +272,7 @@ class BackpressureController:
         self._regime, self._next = regime, b_next
         if self._note:
             reason, self._note = f"{self._note}; {reason}", ""
-        ema = self._ema_value() if self._ema_p else None
+        ema = self._watch.value() if self._watch.ema_p else None
         efficiency = goodput = None
         if self._noise_scale is not None and p:
             efficiency = statistical_efficiency(self._noise_scale, p / self.group_size,
@@ -325,9 +284,19 @@ class BackpressureController:
                             goodput=goodput, efficiency=efficiency)
         g = self.group_size
         peak_p = min(max(fit.p_star, self.lo * g), self.largest * g)
-        util = None if ema is None else _ratio(ema, fit.throughput(peak_p))
+        util = None if ema is None else throughput_ratio(ema, fit.throughput(peak_p))
         return Decision(action, regime, b_next, p, fit.p_star, fit.sigma, fit.kappa, fit.lam,
                         util, ema, reason, goodput, efficiency)
+
+    def _disabled(self, batch_size: int, oom: bool) -> Decision:
+        """No back-pressure: the batch size that ran, below the out-of-memory ceiling (the
+        trainer halves the batch after a failure)."""
+        b = _as_batch(batch_size)
+        if b is not None and oom:
+            self.oom_ceiling.out_of_memory(b)
+        elif b is not None:
+            batch_size = self.oom_ceiling.largest(1, b)
+        return Decision("hold", "disabled", batch_size)
 
     def _reject(self, b: int, p: int, why: str) -> Decision:
         nxt = self._bound(b)
@@ -335,15 +304,14 @@ class BackpressureController:
                               f"observation rejected: {why}; holding")
 
     def _out_of_memory(self, b: int) -> Decision:
-        self._ceiling = b if self._ceiling is None else min(self._ceiling, b)
+        ceiling = self.oom_ceiling
+        ceiling.out_of_memory(b)
         self._approaching = False
-        if self._ok_max is not None and self._ok_max >= self._ceiling:
-            self._ok_max = None          # a size that once fit no longer does
-        retry = self._bound(self._ok_max if self._ok_max else b // 2)
+        retry = self._bound(ceiling.ok_max if ceiling.ok_max else b // 2)
         if self._exploring:
             self._retries += 1
             self._explore_len += 1
-        why = f"out of memory at batch_size {b}: never proposing {self._ceiling} or more"
+        why = f"out of memory at batch_size {b}: never proposing {ceiling.failed} or more"
         if b <= self.lo:
             why = f"out of memory at min_batch_size ({self.lo}): cannot go lower"
         return self._decision(_action(b, retry), self._regime, retry, b * self.group_size, why)
@@ -363,9 +331,9 @@ class BackpressureController:
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
         self._fit, self._exploring, self._probes = fit, False, []
         self._refit_left = self._sums.window - len(self._sums)
-        self._cusum = _NO_DRIFT
-        if self._noise2 is None:
-            self._noise2 = self._initial_noise2(fit)
+        self._watch.cusum = drift.NO_DRIFT
+        if self._watch.noise2 is None:
+            self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
         return self._decide(b, p, roof, "first fit after exploring", rule="first")
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
@@ -383,7 +351,7 @@ class BackpressureController:
             if self._refit_left == 0 and self._land:
                 rule, self._land = "landing", False   # the re-exploration's last refit
         if predicted:
-            direction, since = self._drift(math.log(_ratio(x, predicted)))
+            direction, since = self._watch.check(math.log(throughput_ratio(x, predicted)))
             if direction:
                 return self._start_probe(b, p, direction, since)
         return self._decide(b, p, roof, note, rule)
@@ -398,12 +366,12 @@ class BackpressureController:
         fit = self._fit
         assert fit is not None
         target, goal_p, bound = self._goal(fit)
-        ratio = _ratio(self._ema_value(), fit.throughput(p))
+        ratio = throughput_ratio(self._watch.value(), fit.throughput(p))
         tm, im = self.config.throttle_margin, self.config.increase_margin
         if fit.kappa > 0 and p > tm * fit.p_star:
             regime, nxt, rule = "retrograde", target, "retrograde"
         else:
-            regime = roof.regime if roof is not None else _classify(ratio)
+            regime = roof.regime if roof is not None else regime_from_fit(ratio)
             if rule:
                 nxt = target
             elif regime == "warmup":
@@ -452,73 +420,16 @@ class BackpressureController:
                     f"{roof.memory_fraction:.0%} of peak bandwidth")
         return why
 
-    # ------------------------------------------------------------------ smoothing and drift
-
-    def _smooth(self, p: int, x: float) -> None:
-        """Debiased EMA of throughput at the current p (restarts when p changes)."""
-        if p != self._ema_p:
-            self._ema_p, self._ema, self._n_at_p = p, (0.0, 0.0), 0
-            self._cusum = _NO_DRIFT
-        d = self.config.ema_decay
-        s, w = self._ema
-        self._ema = (d * s + x, d * w + 1.0)
-        self._n_at_p += 1
-
-    def _ema_value(self) -> float:
-        s, w = self._ema
-        return s / w
-
-    def _initial_noise2(self, fit: UslFit) -> float:
-        points = self._sums.points
-        if len(points) <= 3:
-            return NOISE_PRIOR**2
-        r2 = [min(math.log(_ratio(p / y, fit.throughput(p))) ** 2, 1.0) for p, y in points]
-        return max(sum(r2) / (len(points) - 3), NOISE_FLOOR**2)
-
-    def _drift(self, r: float) -> tuple[int, int]:
-        """CUSUM on r = log(observed / predicted): (+1 faster | −1 slower | 0, and for how many
-        steps the alarming sum has been above zero: the estimated time since the change)."""
-        s = math.sqrt(max(self._noise2 or NOISE_PRIOR**2, NOISE_FLOOR**2))
-        clipped = min(max(r, -4 * s), 4 * s)
-        self._noise2 = NOISE_DECAY * (self._noise2 or s * s) + (1 - NOISE_DECAY) * clipped**2
-        if self._n_at_p <= CUSUM_AFTER:
-            return 0, 0
-        # Clipped: a single slow step (a checkpoint save, an API hiccup) never alarms alone.
-        z = min(max(r / s, -CUSUM_Z_MAX), CUSUM_Z_MAX)
-        up, down, up_run, down_run = self._cusum
-        up = max(0.0, up + z - CUSUM_SLACK)
-        down = max(0.0, down - z - CUSUM_SLACK)
-        up_run, down_run = (up_run + 1 if up else 0.0), (down_run + 1 if down else 0.0)
-        self._cusum = (up, down, up_run, down_run)
-        if up > CUSUM_LIMIT:
-            return 1, int(up_run)
-        return (-1, int(down_run)) if down > CUSUM_LIMIT else (0, 0)
+    # ------------------------------------------------------------------ drift
 
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
-        """The machine changed: forget old data, probe 4 sizes spanning 16x, starting on the side
-        the throughput moved to (faster: larger sizes first)."""
-        up, down = (2.0, 4.0, 8.0), (0.5, 0.25, 0.125)
-        near, far = (up, down) if direction > 0 else (down, up)
-        probes: list[int] = []
-        for f in near[:2] + far[:2] + near[2:] + far[2:]:
-            c = self._bound(max(1, round(b * f)))
-            if c != b and c not in probes:
-                probes.append(c)
-        self._probes = probes[:PROBES]
-        self._sums.keep_newest(min(since, self._n_at_p))   # only data from the new machine
+        """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
+        self._probes = drift.probe_sizes(b, direction, self._bound)
+        self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
         self._explore_n, self._explore_len, self._retries = 0, len(self._probes), 0
-        self._cusum = _NO_DRIFT
+        self._watch.cusum = drift.NO_DRIFT
         word = "faster" if direction > 0 else "slower"
         nxt = self._plan() if self._probes else b
         return self._decision("hold", "warmup", nxt, p,
                               f"throughput drifted {word} than the fit at p={p}: re-exploring")
-
-
-def _classify(ratio: float) -> str:
-    """Regime from smoothed throughput / the fit's prediction at the current p."""
-    if ratio > MEMORY_BOUND_RATIO:
-        return "memory_bound"
-    if ratio >= OPTIMAL_FLOOR:
-        return "optimal"
-    return "warmup"            # far below the fit: it may be stale; hold

@@ -9,6 +9,9 @@ import math
 import numbers
 from dataclasses import dataclass
 
+MEMORY_BOUND_RATIO = 1.10  # smoothed throughput above the fit's prediction by > 10%
+OPTIMAL_FLOOR = 0.80       # ... below 80% of it: the fit no longer describes the machine
+
 
 @dataclass(frozen=True)
 class Roofline:
@@ -51,3 +54,13 @@ def is_positive(v: object) -> bool:
     except (OverflowError, ValueError):
         return False
     return math.isfinite(f) and f > 0
+
+
+def regime_from_fit(ratio: float) -> str:
+    """Without FLOP and byte hints: the regime from smoothed throughput / the USL fit's
+    prediction at the current p."""
+    if ratio > MEMORY_BOUND_RATIO:
+        return "memory_bound"
+    if ratio >= OPTIMAL_FLOOR:
+        return "optimal"
+    return "warmup"            # far below the fit: it may be stale; hold

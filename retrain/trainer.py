@@ -160,7 +160,6 @@ class Trainer:
         self.stop = _StopRequest()
         self.state = runlog.RunState()
         self.batch_size = self.training.batch_size
-        self.oom_cap: int | None = None
         self.reward_errors_shown = 0
         self._prompts: dict[int, list[int]] = {}
         self._eval_prompts: list[list[int]] | None = None
@@ -231,8 +230,8 @@ class Trainer:
         limit = max(self.training.batch_size, self.cfg.backpressure.max_batch_size)
         self.batch_size = saved.batch_size if 1 <= saved.batch_size <= limit else \
             self.training.batch_size
-        cap = saved.extra.get("oom_cap")
-        self.oom_cap = cap if isinstance(cap, int) and 1 <= cap <= limit else None
+        # Resume points from before the controller owned the out-of-memory ceiling.
+        self.controller.adopt_oom_cap(saved.extra.pop("oom_cap", None), limit)
         self.overlap.restore(saved)  # the batch sampled ahead for the next step, if any
         note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
         if saved is not points[0]:
@@ -299,7 +298,6 @@ class Trainer:
                 self.progress.say(f"step {step}: out of memory at batch_size {batch_size}; "
                                   f"retrying with {retry}")
                 batch_size = retry
-                self.oom_cap = batch_size
                 self.overlap.discard()
                 self.cursor.load_state_dict(saved_cursor)
         end = time.perf_counter()
@@ -318,8 +316,6 @@ class Trainer:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
                               f"batch_size {batch_size} -> {decision.batch_size}: "
                               f"{decision.reason}")
-        if self.oom_cap and not self.cfg.backpressure.enabled:  # the controller knows its ceiling
-            self.batch_size = min(self.batch_size, self.oom_cap)
         self._report_reward_errors(step, sampled.errors)
         return _ordered(row, decision.metrics())
 
@@ -476,7 +472,6 @@ class Trainer:
         s.step, s.batch_size = step, self.batch_size
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
-        s.extra["oom_cap"] = self.oom_cap
         s.extra["grad_noise"] = self.noise.state_dict()
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         self._in_flight = checkpoint.PendingCommit(s, saved)

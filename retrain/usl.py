@@ -10,8 +10,11 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from retrain.roofline import is_positive
+
 WINDOW = 100               # observations the fit sees (the oldest leaves when a new one arrives)
 LAMBDA_MAX = 1e15          # a fit claiming more tokens/s at p = 1 than this is rejected
+X_RANGE = (1e-6, 1e12)     # plausible tokens/s; anything outside is rejected as a bad timing
 
 
 def usl_throughput(p: float, sigma: float, kappa: float, lam: float) -> float:
@@ -26,6 +29,34 @@ def usl_p_star(sigma: float, kappa: float) -> float:
     if kappa <= 0.0:
         return math.inf
     return max(1.0, math.sqrt((1.0 - sigma) / kappa))
+
+
+def throughput_ratio(observed: float, predicted: float) -> float:
+    """observed / predicted (observed >= 0); a predicted <= 0 (underflowed) counts as tiny."""
+    return observed / predicted if predicted > 0 else math.inf
+
+
+def observed_throughput(tokens: object, step_time_s: object) -> float | str:
+    """tokens / step_time_s, or why the pair is unusable."""
+    if not is_positive(tokens):
+        return f"tokens={tokens!r} is not a positive finite number"
+    if not is_positive(step_time_s):
+        return f"step_time_s={step_time_s!r} is not a positive finite number"
+    x = float(tokens) / float(step_time_s)
+    if not (X_RANGE[0] <= x <= X_RANGE[1]):
+        return f"throughput {x:.3g} tokens/s is outside the plausible {X_RANGE}"
+    return x
+
+
+def sweep_sizes(lo: int, hi: int) -> list[int]:
+    """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
+    first, b = [], lo
+    while b < hi:
+        first.append(b)
+        b *= 2
+    first.append(hi)
+    mids = {round(math.sqrt(x * y)) for x, y in zip(first, first[1:], strict=False)}
+    return first + sorted(mids - set(first))
 
 
 @dataclass(frozen=True)

@@ -332,7 +332,7 @@ def test_sampling_oom_is_typed(model, backend, monkeypatch):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(monkeypatch, native):
-    from retrain.backends import local
+    from retrain.backends import local_device as local
     from retrain.errors import UserError
 
     monkeypatch.setattr(local, "cpu_has_native_bf16", lambda: native)

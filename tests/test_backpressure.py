@@ -234,6 +234,34 @@ def test_disabled_is_a_no_op():
     assert ctl.state_dict() == {}
 
 
+def test_disabled_keeps_the_one_oom_ceiling_across_resume():
+    ctl = BackpressureController(BackpressureConfig(), G)
+    assert ctl.observe(8, 0, 1.0, oom=True).batch_size == 8   # the trainer halves it
+    assert ctl.observe(4, 1000, 1.0).batch_size == 4
+    assert ctl.observe(12, 1000, 1.0).batch_size == 7         # never back at 8 or above
+    assert ctl.state_dict() == {"ceiling": 8}
+    again = BackpressureController(BackpressureConfig(), G)
+    assert again.load_state_dict(ctl.state_dict()) is False  # no fit to continue, but ...
+    assert again.observe(12, 1000, 1.0).batch_size == 7       # ... the same ceiling
+    enabled_state = BackpressureController(ON, G)
+    step(enabled_state, 1)
+    again.load_state_dict(enabled_state.state_dict())          # no ceiling saved: none kept
+    assert again.observe(12, 1000, 1.0).batch_size == 12
+
+
+def test_an_old_resume_points_oom_cap_applies_only_without_back_pressure():
+    off = BackpressureController(BackpressureConfig(), G)
+    off.adopt_oom_cap(4, limit=64)      # the trainer's extra["oom_cap"]: the largest to use
+    assert off.observe(8, 1000, 1.0).batch_size == 4 and off.state_dict() == {"ceiling": 5}
+    for bad in (None, 0, 65, "4"):
+        fresh = BackpressureController(BackpressureConfig(), G)
+        fresh.adopt_oom_cap(bad, limit=64)
+        assert fresh.state_dict() == {}
+    on = BackpressureController(ON, G)
+    on.adopt_oom_cap(4, limit=64)
+    assert on.state_dict()["ceiling"] is None
+
+
 def test_warmup_sweeps_and_holds():
     ctl = BackpressureController(ON, G)
     b = ctl.first_batch_size(8)

@@ -146,6 +146,22 @@ def test_out_of_memory_halves_the_batch_and_keeps_groups_whole(workdir, monkeypa
     assert cursor["position"] == 6  # the failed attempt consumed no data
 
 
+def test_a_resume_point_with_the_old_oom_cap_keeps_its_ceiling(workdir):
+    path = write_config(workdir, training={"max_steps": 3, "batch_size": 4},
+                        data={"eval_size": 0})
+    assert run(path, **{"training.max_steps": 2}) == 0
+    run_dir = workdir / "logs" / "run"
+    st = runlog.load_state(run_dir)     # as written before the controller owned the ceiling
+    st.extra["oom_cap"], st.batch_size, st.controller = 2, 99, {}
+    st.status, st.pid = "running", _dead_pid()
+    runlog.save_state(run_dir, st)
+    assert run(path) == 0
+    assert rows(run_dir)[2]["batch_size"] == 4   # 99 is out of range: the configured size ...
+    after = state(run_dir)
+    assert after["batch_size"] == 2              # ... and then the old cap
+    assert after["controller"] == {"ceiling": 3} and "oom_cap" not in after["extra"]
+
+
 def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch):
     from retrain import backpressure
     from retrain.backends.local import LocalBackend

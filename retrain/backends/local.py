@@ -11,9 +11,6 @@ see `local_sampling` for top_p and `local_loss` for the token aggregation.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import threading
 import time
 import warnings
@@ -25,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from retrain.backends import local_loss
+from retrain.backends import local_checkpoint, local_lora, local_loss
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -39,75 +36,14 @@ from retrain.backends.base import (
     TokenIds,
     finished,
 )
+from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
 from retrain.backends.local_sampling import sample_batch, token_logprobs
-from retrain.cpu import auto_threads, cpu_has_native_bf16
+from retrain.cpu import auto_threads
 from retrain.errors import UserError
 from retrain.stepcost import ModelCost
 
 if TYPE_CHECKING:
     from retrain.config import Config
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-def pick_device(device: str) -> torch.device:
-    """`auto` = cuda, then mps, then cpu; an explicit device that is absent is an error."""
-    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BackendError("model.device = 'cuda' but torch sees no CUDA device")
-    if device == "mps" and not has_mps:
-        raise BackendError("model.device = 'mps' but MPS is not available")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The weights dtype for `model.dtype` on `device`, and why (for the run log).
-
-    `auto`: bfloat16 where the hardware computes it (CUDA with bf16, CPUs with AVX512-BF16, AMX
-    or Arm BF16), else float32: emulated bfloat16 is several times slower than float32."""
-    if dtype == "auto":
-        if device.type == "cuda":
-            fast = torch.cuda.is_bf16_supported()
-            why = "auto: this GPU " + ("supports" if fast else "lacks") + " bfloat16"
-        elif device.type == "cpu":
-            fast = cpu_has_native_bf16()
-            why = "auto: this CPU " + ("computes bfloat16 natively" if fast else
-                                       "has no native bfloat16 (AVX512-BF16/AMX/Arm BF16)")
-        else:
-            fast, why = False, f"auto: float32 on {device.type}"
-        return (torch.bfloat16 if fast else torch.float32), why
-    if dtype == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
-        return torch.bfloat16, ("as configured; this CPU has no native bfloat16, so it is "
-                                "emulated and several times slower than float32: "
-                                'model.dtype = "auto" picks float32 here')
-    if dtype not in DTYPES:
-        raise UserError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype], "as configured"
-
-
-def is_oom(exc: BaseException) -> bool:
-    """CUDA/MPS/CPU allocation failures, which torch reports as (subclasses of) RuntimeError."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text
-                                              or "can't allocate memory" in text)
-
-
-@contextmanager
-def oom_as_backend_error(what: str) -> Iterator[None]:
-    try:
-        yield
-    except BackendError:
-        raise
-    except (RuntimeError, MemoryError) as exc:
-        if isinstance(exc, MemoryError) or is_oom(exc):
-            raise BackendOOMError(f"out of memory during {what}: {exc}") from exc
-        raise
-
 
 class LocalModel:
     """A base causal LM + tokenizer loaded once; LoRA adapters are added to it by name."""
@@ -185,7 +121,7 @@ class LocalModel:
                     self.peft.add_adapter(name, lora_config)
             self.lora_configs[name] = lora_config
             self._active = None
-            _init_lora(self.adapter_params(name), seed)
+            local_lora.init_lora(self.adapter_params(name), seed)
 
     def delete_adapter(self, name: str) -> None:
         with self.lock:
@@ -201,7 +137,7 @@ class LocalModel:
 
     def adapter_params(self, name: str) -> dict[str, torch.nn.Parameter]:
         """The adapter's parameters by module name, in a stable order."""
-        out = {k: p for k, p in self.peft.named_parameters() if _adapter_of(k) == name}
+        out = {k: p for k, p in self.peft.named_parameters() if local_lora.adapter_of(k) == name}
         return dict(sorted(out.items()))
 
     def new_backend(self, adapter_name: str, lora_rank: int = 8, lora_alpha: float = 16.0,
@@ -210,11 +146,7 @@ class LocalModel:
                     checkpoint_dir: str | Path | None = None) -> LocalBackend:
         """A trainer for a fresh adapter on this model (empty targets = peft's per-architecture
         default, e.g. q_proj/v_proj for Llama-like models)."""
-        from peft import LoraConfig
-
-        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                            target_modules=list(target_modules) if target_modules else None,
-                            task_type="CAUSAL_LM")
+        config = local_lora.lora_config(lora_rank, lora_alpha, lora_dropout, target_modules)
         try:
             self.add_adapter(adapter_name, config, seed)
         except ValueError as exc:  # peft: no default targets for this architecture, bad names
@@ -237,15 +169,6 @@ def _seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterato
         yield
 
 
-def _adapter_of(param_name: str) -> str | None:
-    """'...q_proj.lora_A.<adapter>.weight' -> '<adapter>' (None for base parameters)."""
-    parts = param_name.split(".")
-    for i, part in enumerate(parts[:-1]):
-        if part.startswith("lora_"):
-            return parts[i + 1]
-    return None
-
-
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     ids: set[int] = set()
     for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
@@ -256,21 +179,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if not ids:
         raise BackendError("the tokenizer defines no EOS token; completions could never stop")
     return ids
-
-
-def _init_lora(params: dict[str, torch.nn.Parameter], seed: int) -> None:
-    """peft's init (A ~ kaiming-uniform, B = 0) drawn from a private CPU generator: the same
-    adapter for the same seed on any device, without touching the global RNG."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in params.items():
-            if ".lora_A." in name:
-                bound = 1.0 / (p.shape[1] ** 0.5)
-                values = torch.empty(p.shape, dtype=torch.float32).uniform_(-bound, bound,
-                                                                           generator=gen)
-                p.copy_(values.to(p.device, p.dtype))
-            elif ".lora_B." in name:
-                p.zero_()
 
 
 class LocalBackend:
@@ -302,7 +210,7 @@ class LocalBackend:
             model = LocalModel.load(path, m.dtype, m.device, m.threads)
         except BackendError as exc:  # a folder or id that is no model: the config's fault
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
-        _check_target_modules(model.base, m.lora_target_modules, m.name)
+        local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
         return model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
                                  m.lora_target_modules, seed=cfg.training.seed,
                                  micro_batch_size=cfg.training.micro_batch_size,
@@ -504,28 +412,10 @@ class LocalBackend:
 
     def save_state(self, name: str) -> str:
         """Write `<checkpoint_dir>/<name>/`: a peft adapter folder + optimizer + RNG state."""
-        from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
-
         if self.checkpoint_dir is None:
             raise BackendError("save_state needs checkpoint_dir (set by the trainer)")
-        final = self.checkpoint_dir / name
-        tmp = self.checkpoint_dir / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        with self.model.lock:
-            weights = get_peft_model_state_dict(self.model.peft, adapter_name=self.adapter)
-            weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-            save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-            self.model.lora_configs[self.adapter].save_pretrained(str(tmp))
-            _patch_base_path(tmp, self.model.name_or_path)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save({"generator": self.generator.get_state()}, tmp / "rng.pt")
-        _fsync_dir_files(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return str(final)
+        return local_checkpoint.save_state(self.checkpoint_dir / name, self.model, self.adapter,
+                                           self.optimizer, self.generator)
 
     def save_state_async(self, name: str) -> Future[str]:
         """`save_state`, done now: a local save has no round trip to hide."""
@@ -534,65 +424,9 @@ class LocalBackend:
     def load_state(self, ref: str) -> None:
         """Restore adapter weights, optimizer and RNG from a `save_state` folder; a missing or
         damaged one is a BackendError (the trainer then falls back to an older one)."""
-        path = Path(ref)
-        if not path.is_dir() and self.checkpoint_dir is not None:
-            path = self.checkpoint_dir / path.name  # the run folder was moved
-        if not (path / ADAPTER_WEIGHTS).exists():
-            raise BackendError(f"no checkpoint at {ref}")
-        try:
-            self._load_files(path)
-        except BackendError:
-            raise
-        except Exception as exc:  # a torn or corrupt file: safetensors, pickle, shapes
-            raise BackendError(f"checkpoint {path} is damaged: {type(exc).__name__}: "
-                               f"{str(exc)[:200]}") from exc
-
-    def _load_files(self, path: Path) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        with self.model.lock:
-            weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.model.device))
-            result = set_peft_model_state_dict(self.model.peft, weights, adapter_name=self.adapter)
-            missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-            if missing:
-                raise BackendError(f"checkpoint {path} does not match the adapter: {missing[:3]}")
-            state = torch.load(path / "optimizer.pt", map_location=self.model.device,
-                               weights_only=True)
-            self.optimizer.load_state_dict(state)
-            rng = torch.load(path / "rng.pt", weights_only=True)
-            self.generator.set_state(rng["generator"])
-            self._zero_grad()
+        local_checkpoint.load_state(ref, self.checkpoint_dir, self.model, self.adapter,
+                                    self.optimizer, self.generator)
 
     def close(self) -> None:
         """Drop the optimizer state; the model stays loaded for other adapters."""
         self.optimizer.state.clear()
-
-
-def _check_target_modules(base: torch.nn.Module, targets: list[str], model_name: str) -> None:
-    """model.lora_target_modules must name modules the model has (peft matches a name on
-    the last parts of a module path): a clear config error, not a traceback from peft."""
-    names = [n for n, _ in base.named_modules() if n]
-    missing = [t for t in targets
-               if not any(n == t or n.endswith(f".{t}") for n in names)]
-    if missing:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, mod in base.named_modules()
-                         if isinstance(mod, torch.nn.Linear)})
-        raise UserError(f"model.lora_target_modules: {', '.join(map(repr, missing))} "
-                        f"{'is' if len(missing) == 1 else 'are'} not a module of {model_name}; "
-                        f"its linear layers are {', '.join(linear)} (or leave the list "
-                        "empty for the architecture's default)")
-
-
-def _patch_base_path(folder: Path, base: str) -> None:
-    """Record the base model in adapter_config.json so peft can load the folder on its own."""
-    cfg_path = folder / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["base_model_name_or_path"] = base
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def _fsync_dir_files(folder: Path) -> None:
-    for f in folder.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())

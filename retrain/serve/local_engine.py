@@ -34,7 +34,8 @@ from retrain.backends.base import (
     LossOutput,
     SamplingParams,
 )
-from retrain.backends.local import ADAPTER_WEIGHTS, LocalBackend, LocalModel
+from retrain.backends.local import LocalBackend, LocalModel
+from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
 from retrain.config import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
 from retrain.serve.stops import cut_at_stop_strings

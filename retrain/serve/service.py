@@ -19,7 +19,7 @@ from typing import Any
 
 from tinker import types
 
-from retrain.backends.base import AdamParams, SamplingParams
+from retrain.backends.base import AdamParams
 from retrain.serve import validate, wire
 from retrain.serve.checkpoints import CheckpointStore, string_map
 from retrain.serve.engine import Engine, EngineError
@@ -368,8 +368,8 @@ class TinkerService:
         key = (sampler.sampler_id, req.seq_id)
         if sampler.sampler_id and req.seq_id is not None and key in self._samples:
             return self._samples[key]  # a retried submit
-        prompt = _prompt_tokens(req.prompt)
-        params = _sampling_params(req.sampling_params)
+        prompt = wire.prompt_tokens(req.prompt)
+        params = wire.sampling_params(req.sampling_params)
         validate.check_sample(prompt, req.num_samples, params, self.engine.vocab_size,
                               self.engine.max_context)
         validate.check_sample_extras(req.topk_prompt_logprobs, req.topk_sample_logprobs,
@@ -443,26 +443,3 @@ class TinkerService:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
-    tokens: list[int] = []
-    for chunk in prompt.chunks:
-        if not isinstance(chunk, types.EncodedTextChunk):
-            raise ApiError(400, "retrain serve samples from text prompts only "
-                           "(encoded_text chunks)")
-        tokens.extend(chunk.tokens)
-    if not tokens:
-        raise ApiError(400, "the prompt is empty")
-    return tokens
-
-
-def _sampling_params(p: types.SamplingParams) -> SamplingParams:
-    raw = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
-    stop_tokens = tuple(s for s in raw if isinstance(s, int))
-    stop_strings = tuple(s for s in raw if isinstance(s, str) and s)
-    if p.max_tokens is None:
-        raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
-    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                          top_k=p.top_k, seed=p.seed, stop_tokens=stop_tokens,
-                          stop_strings=stop_strings)

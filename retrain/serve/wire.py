@@ -1,4 +1,5 @@
-"""Tinker wire formats <-> the backend datatypes: protobuf for forward_backward and samples.
+"""Tinker wire formats <-> the backend datatypes: protobuf for forward_backward and samples,
+and the SDK's prompt and sampling parameters of a sample request.
 
 Uses the message classes of the pinned SDK (`tinker.proto.tinker_public_pb2`), so the
 server speaks exactly the schema the client was built with.
@@ -10,10 +11,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from retrain.backends.base import Datum, LossOutput
+from retrain.backends.base import Datum, LossOutput, SamplingParams
 from retrain.serve.engine import LOSS_INPUTS, EngineError, SampleResult
+from retrain.serve.errors import ApiError
 
 READ_INPUTS = ("target_tokens", "logprobs", "advantages", "weights")  # what a Datum holds
 _DTYPES = {
@@ -137,3 +140,28 @@ def encode_sample(result: SampleResult) -> bytes:
         values = [math.nan if v is None else v for v in result.prompt_logprobs]
         out.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
     return out.SerializeToString()
+
+
+def prompt_tokens(prompt: types.ModelInput) -> list[int]:
+    """The tokens of a sample request's prompt (text chunks only)."""
+    tokens: list[int] = []
+    for chunk in prompt.chunks:
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise ApiError(400, "retrain serve samples from text prompts only "
+                           "(encoded_text chunks)")
+        tokens.extend(chunk.tokens)
+    if not tokens:
+        raise ApiError(400, "the prompt is empty")
+    return tokens
+
+
+def sampling_params(p: types.SamplingParams) -> SamplingParams:
+    """The SDK's SamplingParams as the backend's (stop: token ids and strings, split)."""
+    raw = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
+    stop_tokens = tuple(s for s in raw if isinstance(s, int))
+    stop_strings = tuple(s for s in raw if isinstance(s, str) and s)
+    if p.max_tokens is None:
+        raise ApiError(400, "SamplingParams.max_tokens must be set (>= 1)")
+    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                          top_k=p.top_k, seed=p.seed, stop_tokens=stop_tokens,
+                          stop_strings=stop_strings)

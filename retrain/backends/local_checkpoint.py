@@ -1,0 +1,95 @@
+"""A local adapter's resume point on disk: a peft adapter folder plus optimizer and RNG state.
+
+`<checkpoint_dir>/<name>/` holds `adapter_model.safetensors` and `adapter_config.json` (loadable
+by peft on its own), `optimizer.pt` and `rng.pt`. It is written to a temporary folder, synced,
+then renamed into place, so a crash never leaves a half-written checkpoint under its name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from retrain.backends.base import BackendError
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def save_state(folder: Path, model: Any, adapter: str, optimizer: torch.optim.Optimizer,
+               generator: torch.Generator) -> str:
+    """Write adapter `adapter` of `model` (a LocalModel), `optimizer` and `generator` to
+    `folder`, replacing what was there; returns the folder as a string."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    tmp = folder.parent / f".{folder.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with model.lock:
+        weights = get_peft_model_state_dict(model.peft, adapter_name=adapter)
+        weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+        save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        model.lora_configs[adapter].save_pretrained(str(tmp))
+        _patch_base_path(tmp, model.name_or_path)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"generator": generator.get_state()}, tmp / "rng.pt")
+    _fsync_dir_files(tmp)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return str(folder)
+
+
+def load_state(ref: str, checkpoint_dir: Path | None, model: Any, adapter: str,
+               optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
+    """Restore what `save_state` wrote at `ref` (or under `checkpoint_dir` when the run folder
+    was moved); a missing or damaged one is a BackendError (the trainer then falls back)."""
+    path = Path(ref)
+    if not path.is_dir() and checkpoint_dir is not None:
+        path = checkpoint_dir / path.name  # the run folder was moved
+    if not (path / ADAPTER_WEIGHTS).exists():
+        raise BackendError(f"no checkpoint at {ref}")
+    try:
+        _load_files(path, model, adapter, optimizer, generator)
+    except BackendError:
+        raise
+    except Exception as exc:  # a torn or corrupt file: safetensors, pickle, shapes
+        raise BackendError(f"checkpoint {path} is damaged: {type(exc).__name__}: "
+                           f"{str(exc)[:200]}") from exc
+
+
+def _load_files(path: Path, model: Any, adapter: str, optimizer: torch.optim.Optimizer,
+                generator: torch.Generator) -> None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    with model.lock:
+        weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(model.device))
+        result = set_peft_model_state_dict(model.peft, weights, adapter_name=adapter)
+        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if missing:
+            raise BackendError(f"checkpoint {path} does not match the adapter: {missing[:3]}")
+        state = torch.load(path / "optimizer.pt", map_location=model.device, weights_only=True)
+        optimizer.load_state_dict(state)
+        rng = torch.load(path / "rng.pt", weights_only=True)
+        generator.set_state(rng["generator"])
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _patch_base_path(folder: Path, base: str) -> None:
+    """Record the base model in adapter_config.json so peft can load the folder on its own."""
+    cfg_path = folder / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _fsync_dir_files(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
