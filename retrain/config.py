@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain.schema import (  # noqa: F401  (re-exported: the config's errors and bounds)
+from retrain.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
     MAX_GROUP,
@@ -32,7 +32,6 @@ from retrain.schema import (  # noqa: F401  (re-exported: the config's errors an
     ConfigIssue,
     check_field,
     fields_of,
-    format_bound,
     hints_of,
     opt,
     section_problem,
