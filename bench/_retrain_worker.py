@@ -15,7 +15,8 @@ from pathlib import Path
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     from bench._common import REWARD_FUNCTION
-    from retrain.config import Config, dumps_config
+    from retrain.config import Config
+    from retrain.config_file import dumps_config
     from retrain.runlog import read_metrics
     from retrain.trainer import run_single
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from retrain.campaign.executor import LocalExecutor  # noqa: E402
 from retrain.campaign.runner import run_campaign  # noqa: E402
-from retrain.config import load_config  # noqa: E402
+from retrain.config_file import load  # noqa: E402
 
 WORKER = textwrap.dedent("""
     import json, os, sys, time, tomllib
@@ -60,10 +60,10 @@ def campaign_wall(tmp: Path, worker: Path, runs: int, parallel: bool, tag: str) 
     path = tmp / f"{tag}.toml"
     path.write_text(CAMPAIGN.format(log_dir=tmp / "logs", seeds=list(range(runs)),
                                     parallel=str(parallel).lower()))
-    cfg = load_config(path)
+    cfg, plan = load(path)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        code = run_campaign(cfg, path, executor=LocalExecutor([sys.executable, str(worker)]))
+        code = run_campaign(cfg, plan, path, executor=LocalExecutor([sys.executable, str(worker)]))
     wall = time.perf_counter() - t0
     assert code == 0, f"campaign failed with {code}"
     return wall

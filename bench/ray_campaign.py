@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from bench.campaign_overhead import CAMPAIGN, WORKER, baseline  # noqa: E402
 from retrain.campaign.executor import LocalExecutor  # noqa: E402
 from retrain.campaign.runner import locate_campaign, run_campaign  # noqa: E402
-from retrain.config import load_config  # noqa: E402
+from retrain.config_file import load  # noqa: E402
 
 TINY = """
 [model]
@@ -56,10 +56,10 @@ executor = "{executor}"
 
 
 def timed_campaign(path: Path, executor) -> float:
-    cfg = load_config(path)
+    cfg, plan = load(path)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        code = run_campaign(cfg, path, executor=executor)
+        code = run_campaign(cfg, plan, path, executor=executor)
     wall = time.perf_counter() - t0
     assert code == 0, f"{path} failed with {code}"
     return wall
@@ -74,10 +74,10 @@ def trivial(tmp: Path, worker: Path, runs: int, kind: str) -> float:
     command = [sys.executable, str(worker)]
     if kind == "local":
         return timed_campaign(path, LocalExecutor(command))
-    cfg = load_config(path)
+    cfg, plan = load(path)
     folder = locate_campaign(tmp / kind, path.stem, new=False)
     folder.mkdir(parents=True, exist_ok=True)
-    return timed_campaign(path, RayExecutor(folder, cfg, command))
+    return timed_campaign(path, RayExecutor(folder, cfg, plan, command))
 
 
 def tiny(tmp: Path, runs: int, kind: str) -> float:

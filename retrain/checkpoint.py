@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrain import runlog, safejson
-from retrain.config import Config, ConfigError, diff, dumps_config, loads_config, to_dict
+from retrain.config import Config, ConfigError, to_dict
+from retrain.config_file import diff, dumps_config, loads_config
 from retrain.errors import UserError
 
 # Keys that may differ between the first launch and a resume without changing the math.

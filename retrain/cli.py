@@ -48,7 +48,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def _overrides(sets: list[str] | None, seed: int | None = None, max_steps: int | None = None,
                log_dir: str | None = None, executor: str | None = None) -> dict:
-    from retrain.config import command_line_overrides
+    from retrain.overrides import command_line_overrides
 
     return command_line_overrides(sets or [], {"--seed": seed, "--max-steps": max_steps,
                                                "--log-dir": log_dir, "--executor": executor})

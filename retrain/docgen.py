@@ -1,4 +1,5 @@
-"""Generate docs/configuration.md from the schema (`config.describe_keys()` + field metadata).
+"""Generate docs/configuration.md from the schema (`config_file.describe_keys()` + field
+metadata: the run's sections in `config`, [campaign] in `campaign/plan`).
 
     python -m retrain.docgen            # rewrite docs/configuration.md
     python -m retrain.docgen --check    # exit 1 when the file is out of date
@@ -11,7 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from retrain import config, toml_io
+from retrain import config_file, toml_io
+from retrain.campaign.plan import FILE_SECTIONS
+from retrain.schema import fields_of, format_bound
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -66,15 +69,15 @@ to its own folder, so it can be re-run as is.
 
 
 def _range(section: str, key: str) -> str:
-    meta = config.section_fields(section)[key].metadata
+    meta = fields_of(FILE_SECTIONS[section])[key].metadata
     if meta.get("choices"):
         return " \\| ".join(f"`{c}`" for c in meta["choices"])
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is None and hi is None:
         return ""
     op = ">" if meta.get("lo_open") else ">="
-    low = f"{op} {config.format_bound(lo)}" if lo is not None else ""
-    high = f"<= {config.format_bound(hi)}" if hi is not None else ""
+    low = f"{op} {format_bound(lo)}" if lo is not None else ""
+    high = f"<= {format_bound(hi)}" if hi is not None else ""
     return ", ".join(x for x in (low, high) if x)
 
 
@@ -97,8 +100,8 @@ def _meaning(help_text: str) -> str:
 def configuration_markdown() -> str:
     """The whole reference page."""
     lines = [HEADER]
-    rows = config.describe_keys()
-    for section in config.SECTIONS:
+    rows = config_file.describe_keys()
+    for section in FILE_SECTIONS:
         lines += [f"## [{section}]", "", SECTION_INTROS[section], "",
                   "| key | default | allowed | meaning |", "|---|---|---|---|"]
         for sec, key, default, help_text in rows:

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import capacity, config, render, runlog, toml_io
+from retrain import capacity, config, config_file, render, runlog, toml_io
+from retrain.campaign.plan import CampaignPlan
 from retrain.config import Config
 
 UNKNOWN_TIME = "unknown: run a pilot"
@@ -73,48 +74,48 @@ class Report:
 def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> Report:
     """Load `path` (with command-line overrides) and plan it; raises ConfigError on bad input."""
     overrides = overrides or {}
-    cfg = config.load_config(path, overrides)
+    cfg, camp = config_file.read_file(path, overrides)  # camp: [campaign], even if idle
     path = Path(path)
     log_dir = Path(cfg.logging.log_dir)
-    if cfg.is_campaign:
-        folder = campaign_folder(cfg, path)
+    if camp.is_campaign:
+        folder = campaign_folder(camp, cfg, path)
         name = folder.name
-        plans, run_cfgs = _campaign_plans(cfg, folder)
+        plans, run_cfgs = _campaign_plans(cfg, camp, folder)
     else:
         name = cfg.logging.run_name or path.stem
         plans = [_plan(name, str(log_dir / name), cfg)]
         run_cfgs = [cfg]
     steps = capacity.total_steps(p.max_steps for p in plans)
-    par = capacity.effective_parallelism(cfg.campaign.parallel if cfg.is_campaign else False,
-                                         cfg.campaign.max_workers, len(plans))
+    par = capacity.effective_parallelism(camp.parallel if camp.is_campaign else False,
+                                         camp.max_workers, len(plans))
     pilot = find_pilot(log_dir, {signature(c) for c in run_cfgs})
     wall = capacity.wall_time_s(pilot.median_step_time_s, steps, par) if pilot else None
     cluster, fits = "", None
-    if cfg.is_campaign and cfg.campaign.executor == "ray":
+    if camp.is_campaign and camp.executor == "ray":
         from retrain.campaign.ray_executor import describe_cluster  # imports Ray only here
 
-        cluster, fits = describe_cluster(cfg)
+        cluster, fits = describe_cluster(cfg, camp)
         fits = min(fits, par) if fits is not None else None
     return Report(
-        config_file=str(path), kind="campaign" if cfg.is_campaign else "single run", name=name,
-        settings=key_settings(cfg),
+        config_file=str(path), kind="campaign" if camp.is_campaign else "single run", name=name,
+        settings=key_settings(cfg, camp),
         completions_per_step=capacity.completions_per_step(cfg.training.batch_size,
                                                            cfg.training.group_size),
         runs=plans, conditions=_unique(p.condition for p in plans if p.condition),
-        seeds=_unique(p.seed for p in plans) if cfg.is_campaign else [],
+        seeds=_unique(p.seed for p in plans) if camp.is_campaign else [],
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
-        warnings=warnings(cfg, path, len(plans), par, overrides),
-        executor=cfg.campaign.executor, cluster=cluster, runs_at_once=fits)
+        warnings=warnings(cfg, camp, path, len(plans), par, overrides),
+        executor=camp.executor, cluster=cluster, runs_at_once=fits)
 
 
-def campaign_folder(cfg: Config, path: Path) -> Path:
+def campaign_folder(camp: CampaignPlan, cfg: Config, path: Path) -> Path:
     """The folder the campaign runner really writes to: the cleaned name (`../../x` -> `x`),
     the newest `<name>-<k>` it would resume, under log_dir (shown as given, normalised)."""
     from retrain.campaign.matrix import safe_name
     from retrain.campaign.runner import locate_campaign
 
-    name = safe_name(cfg.campaign.name or path.stem, "campaign")
+    name = safe_name(camp.name or path.stem, "campaign")
     log_dir = Path(os.path.normpath(Path(cfg.logging.log_dir).expanduser()))
     return log_dir / locate_campaign(log_dir.resolve(), name, new=False).name
 
@@ -131,12 +132,13 @@ def _plan(name: str, folder: str, cfg: Config, condition: str = "",
                    completions_per_step=capacity.completions_per_step(t.batch_size, t.group_size))
 
 
-def _campaign_plans(cfg: Config, folder: Path) -> tuple[list[RunPlan], list[Config]]:
+def _campaign_plans(cfg: Config, camp: CampaignPlan, folder: Path
+                    ) -> tuple[list[RunPlan], list[Config]]:
     """Expand the matrix (retrain.campaign.matrix) into plans and per-run configs."""
     from retrain.campaign.matrix import expand, run_config_for
 
     plans, cfgs = [], []
-    for spec in expand(cfg):
+    for spec in expand(cfg, camp):
         run_cfg = run_config_for(cfg, spec, folder)  # exactly what the runner will write
         plans.append(_plan(spec.name, str(folder / spec.name), run_cfg, spec.condition,
                            spec.overrides))
@@ -144,7 +146,7 @@ def _campaign_plans(cfg: Config, folder: Path) -> tuple[list[RunPlan], list[Conf
     return plans, cfgs
 
 
-def key_settings(cfg: Config) -> dict[str, Any]:
+def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
     """The settings a reader checks first, as dotted keys."""
     keys = ["model.name", "model.device", "backend.backend", "data.source", "reward.type",
             "algorithm.advantage", "algorithm.loss", "training.batch_size",
@@ -152,9 +154,11 @@ def key_settings(cfg: Config) -> dict[str, Any]:
             "training.seed", "backpressure.enabled", "logging.log_dir"]
     if cfg.backend.backend == "tinker":
         keys.append("backend.max_concurrent")
-    if cfg.is_campaign:
-        keys += ["campaign.parallel", "campaign.max_workers", "campaign.stagger_seconds"]
-    return {k: _get(cfg, k) for k in keys}
+    settings = {k: _get(cfg, k) for k in keys}
+    if camp.is_campaign:
+        settings |= {f"campaign.{k}": getattr(camp, k)
+                     for k in ("parallel", "max_workers", "stagger_seconds")}
+    return settings
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -213,7 +217,7 @@ def find_pilot(log_dir: Path, signatures: set[tuple]) -> Pilot | None:
 def _run_signature(run: Path) -> tuple | None:
     try:
         raw = toml_io.loads((run / runlog.CONFIG_FILE).read_text(encoding="utf-8"))
-        return signature(config.from_dict(raw, str(run)))
+        return signature(config_file.parse(raw, str(run))[0])
     except (OSError, UnicodeDecodeError, toml_io.TOMLDecodeError, config.ConfigError):
         return None
 
@@ -221,7 +225,7 @@ def _run_signature(run: Path) -> tuple | None:
 # ---------------------------------------------------------------------------- warnings
 
 
-def warnings(cfg: Config, path: Path, runs: int, parallelism: int,
+def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism: int,
              overrides: dict[str, Any]) -> list[str]:
     """Settings that are legal but likely to hurt: each says what and what to do instead."""
     out: list[str] = []
@@ -252,7 +256,7 @@ def warnings(cfg: Config, path: Path, runs: int, parallelism: int,
                    "only the final checkpoint is saved")
     out += _backend_warnings(cfg)
     out += _file_warnings(cfg, path)
-    out += _campaign_warnings(cfg, runs, overrides)
+    out += _campaign_warnings(cfg, camp, runs, overrides)
     return out
 
 
@@ -323,9 +327,8 @@ def _file_warnings(cfg: Config, path: Path) -> list[str]:
     return out
 
 
-def bp_on_in_conditions(cfg: Config) -> bool:
+def bp_on_in_conditions(cfg: Config, c: CampaignPlan) -> bool:
     """Back-pressure on (anywhere) in a campaign with several conditions or grid points."""
-    c = cfg.campaign
     grid_points = math.prod(len(v) if isinstance(v, list) else 1 for v in c.grid.values())
     if len(c.conditions) < 2 and not (c.grid and grid_points >= 2):
         return False
@@ -336,23 +339,22 @@ def bp_on_in_conditions(cfg: Config) -> bool:
     return any(v is True for v in values)
 
 
-def _scheduling_without_runs(cfg: Config) -> list[str]:
+def _scheduling_without_runs(c: CampaignPlan) -> list[str]:
     """[campaign] parallel / max_workers / stagger_seconds set, but nothing to expand."""
-    defaults = config.CampaignConfig()
-    c = cfg.campaign
+    defaults = CampaignPlan()
     changed = [k for k in ("parallel", "max_workers", "stagger_seconds")
                if getattr(c, k) != getattr(defaults, k)]
-    if not changed or cfg.is_campaign:
+    if not changed or c.is_campaign:
         return []
     keys = ", ".join(f"campaign.{k}" for k in changed)
     return [f"{keys} set without campaign.seeds, conditions or grid: this is a single run and "
             "they have no effect; add e.g. seeds = [1, 2, 3] to make it a campaign"]
 
 
-def _campaign_warnings(cfg: Config, runs: int, overrides: dict[str, Any]) -> list[str]:
-    out = _scheduling_without_runs(cfg)
-    c = cfg.campaign
-    if not cfg.is_campaign:
+def _campaign_warnings(cfg: Config, c: CampaignPlan, runs: int,
+                       overrides: dict[str, Any]) -> list[str]:
+    out = _scheduling_without_runs(c)
+    if not c.is_campaign:
         return out
     if c.seeds and "training.seed" in overrides:
         out.append("--seed / training.seed has no effect here: campaign.seeds sets each run's "
@@ -364,7 +366,7 @@ def _campaign_warnings(cfg: Config, runs: int, overrides: dict[str, Any]) -> lis
             out.append(f"conditions '{seen[key]}' and '{cond.name}' set the same overrides: "
                        "their runs differ only by name")
         seen.setdefault(key, cond.name)
-    if bp_on_in_conditions(cfg):
+    if bp_on_in_conditions(cfg, c):
         out.append("backpressure.enabled with several conditions: each run picks its own batch "
                    "sizes, so the conditions differ by more than their overrides and stop being "
                    "comparable; set backpressure.enabled = false or a fixed batch per condition")

@@ -6,7 +6,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from retrain.config import Config, to_dict
+from retrain.config import Config
+from retrain.config_file import to_dict
 from retrain.errors import UserError
 
 

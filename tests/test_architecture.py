@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1] / "retrain"
 
 # The floors of docs/architecture.md; a module may import its own floor or a lower one.
 FLOORS = {
-    1: ["config", "config_paths", "toml_io", "errors", "answers", "advantages", "backpressure",
-        "usl", "drift", "oom_ceiling", "roofline", "goodput", "gradnoise", "stepcost",
-        "capacity", "campaign.matrix"],
+    1: ["config", "config_paths", "config_file", "schema", "overrides", "toml_io", "errors",
+        "answers", "advantages", "backpressure", "usl", "drift", "oom_ceiling", "roofline",
+        "goodput", "gradnoise", "stepcost", "capacity", "campaign.matrix", "campaign.plan"],
     2: ["backends", "backends.base", "backends.local", "backends.local_sampling",
         "backends.local_checkpoint", "backends.local_device", "backends.local_lora",
         "backends.local_loss", "backends.tinker", "slots", "slots_ray", "tasks", "rewards",

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from retrain.config import load_config  # noqa: E402
+from retrain.config_file import load_config  # noqa: E402
 from retrain.trainer import run_single  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from retrain import config, explain, status, status_view
+from retrain import config, config_file, explain, status, status_view
 
 SINGLE = """
 [training]
@@ -26,7 +26,7 @@ def write(tmp_path, text, name="plan.toml"):
 
 def make_run(folder, cfg, rows, mtime=None):
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(config.dumps_config(cfg))
+    (folder / "config.toml").write_text(config_file.dumps_config(cfg))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -37,28 +37,28 @@ def steps(times, **extra):
 def test_a_fixed_batch_plan_never_borrows_from_a_back_pressure_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, SINGLE)
-    on = config.load_config(write(tmp_path, BP, "bp.toml"))
+    on = config_file.load_config(write(tmp_path, BP, "bp.toml"))
     make_run(tmp_path / "logs" / "bp-run", on, steps([7.0, 7.0], bp_regime="optimal",
                                                      batch_size=2))
     assert explain.build_report(path).pilot is None
-    make_run(tmp_path / "logs" / "fixed", config.load_config(path), steps([3.0]))
+    make_run(tmp_path / "logs" / "fixed", config_file.load_config(path), steps([3.0]))
     assert explain.build_report(path).pilot.median_step_time_s == 3.0
 
 
 def test_a_back_pressure_plan_borrows_settled_steps_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, BP)
-    make_run(tmp_path / "logs" / "fixed", config.load_config(write(tmp_path, SINGLE, "f.toml")),
-             steps([3.0, 3.0]))
+    fixed = config_file.load_config(write(tmp_path, SINGLE, "f.toml"))
+    make_run(tmp_path / "logs" / "fixed", fixed, steps([3.0, 3.0]))
     assert explain.build_report(path).pilot is None          # another back-pressure setting
     rows = (steps([1.0, 2.0, 9.0], bp_regime="warmup", batch_size=4)
             + [{"step": 4, "step_time_s": 5.0, "bp_regime": "optimal", "batch_size": 11},
                {"step": 5, "step_time_s": 8.0, "bp_regime": "optimal", "batch_size": 6},
                {"step": 6, "step_time_s": 6.0, "bp_regime": "optimal", "batch_size": 6}])
-    make_run(tmp_path / "logs" / "bp-run", config.load_config(path), rows)
+    make_run(tmp_path / "logs" / "bp-run", config_file.load_config(path), rows)
     pilot = explain.build_report(path).pilot
     assert pilot.median_step_time_s == 7.0 and pilot.steps == 2   # batch 6, after the warm-up
-    other = config.run_config(config.load_config(path), **{"backpressure.max_batch_size": 8})
+    other = config.run_config(config_file.load_config(path), **{"backpressure.max_batch_size": 8})
     make_run(tmp_path / "logs" / "other-bounds", other, rows[-1:])
     assert explain.build_report(path).pilot.run.endswith("bp-run")
 

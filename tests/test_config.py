@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrain import config
+from retrain import config, config_file, overrides, toml_io
+from retrain.campaign.plan import FILE_SECTIONS, CampaignPlan, Condition
 from retrain.cli import run_app
-from retrain.config import Condition, Config, ConfigError
+from retrain.config import Config, ConfigError
+from retrain.schema import fields_of, hints_of
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -46,8 +48,8 @@ def test_seed_document_defaults():
     t = cfg.training
     assert (t.batch_size, t.group_size, t.max_tokens) == (8, 16, 10240)
     assert cfg.backend.max_concurrent == 4 and cfg.backend.backend == "local"
-    assert {"parallel", "max_workers", "stagger_seconds"} <= set(config.section_fields("campaign"))
-    assert not cfg.is_campaign
+    assert {"parallel", "max_workers", "stagger_seconds"} <= set(fields_of(CampaignPlan))
+    assert not CampaignPlan().is_campaign and not hasattr(cfg, "campaign")
 
 
 def test_seed_document_backpressure_block_parses():
@@ -71,15 +73,15 @@ max_workers = 12 # 12 subprocesses run in parallel
 backend = "tinker"
 max_concurrent = 4 # but only 4 hit the Tinker API at once
 """
-    cfg = config.loads_config(text)
-    assert cfg.backpressure.enabled and cfg.campaign.max_workers == 12
+    cfg, plan = config_file.parse(toml_io.loads(text))
+    assert cfg.backpressure.enabled and plan.max_workers == 12
     assert cfg.backend.backend == "tinker"
 
 
 def test_describe_keys_covers_every_field():
-    rows = config.describe_keys()
+    rows = config_file.describe_keys()
     names = {(s, k) for s, k, _, _ in rows}
-    for section, cls in config.SECTIONS.items():
+    for section, cls in FILE_SECTIONS.items():
         for f in dataclasses.fields(cls):
             assert (section, f.name) in names
     assert all(help_text for *_, help_text in rows)
@@ -200,7 +202,7 @@ def test_bad_config_real_subprocess(tmp_path, cli_env, content, fragment):
 
 
 def test_set_values_are_typed_by_the_schema():
-    got = config.parse_set_args([
+    got = overrides.parse_set_args([
         "training.lr=1e-4", "training.batch_size=4", "backpressure.enabled=true",
         "data.operations=['+', '-']", "model.name=my-model", 'logging.run_name="quoted"',
         "backend.options.region=eu", "backend.options.retries=3", "reward.params={k = 1}",
@@ -261,7 +263,7 @@ def test_bad_shortcut_names_the_flag(tmp_path, capsys):
 def test_override_cannot_hide_a_bad_section(tmp_path):
     path = write(tmp_path, "training = 5\n")
     with pytest.raises(ConfigError, match="must be a table"):
-        config.load_config(path, {"training.lr": 1e-4})
+        config_file.load_config(path, {"training.lr": 1e-4})
 
 
 def test_run_config_applies_dotted_changes():
@@ -272,7 +274,7 @@ def test_run_config_applies_dotted_changes():
 
 
 def test_condition_tables_accept_dotted_and_nested_forms():
-    cfg = config.loads_config("""
+    cfg, plan = config_file.loads("""
 [campaign]
 seeds = [1]
 [[campaign.conditions]]
@@ -284,7 +286,7 @@ name = "b"
 "training.lr" = 3e-5
 backend.options.x = 1
 """)
-    a, b = cfg.campaign.conditions
+    a, b = plan.conditions
     assert a.overrides == {"training.lr": 2e-5, "backend.options": {"region": "eu"}}
     assert b.overrides["training.lr"] == 3e-5
     run_b = config.run_config(cfg, **b.overrides)
@@ -292,7 +294,7 @@ backend.options.x = 1
 
 
 def test_table_overrides_merge_instead_of_dropping_keys():
-    cfg = config.loads_config('[backend]\noptions = { keep = 1, deep = { a = 1 } }\n')
+    cfg = config_file.loads_config('[backend]\noptions = { keep = 1, deep = { a = 1 } }\n')
     for change in ({"backend.options": {"deep": {"b": 2}}}, {"backend.options.deep.b": 2}):
         run = config.run_config(cfg, **change)
         assert run.backend.options == {"keep": 1, "deep": {"a": 1, "b": 2}}
@@ -315,7 +317,7 @@ _free_table = st.dictionaries(_key, _free, max_size=4)
 
 
 def _field_strategy(section: str, f: dataclasses.Field):
-    tp = config.field_type(section, f.name)
+    tp = hints_of(FILE_SECTIONS[section])[f.name]
     meta = f.metadata
     if meta.get("choices"):
         return st.sampled_from(meta["choices"])
@@ -351,16 +353,14 @@ _OVERRIDES = {
 
 
 @st.composite
-def configs(draw) -> Config:
+def configs(draw) -> tuple[Config, CampaignPlan]:
     cfg = Config()
     for section in config.SECTIONS:
-        if section == "campaign":
-            continue
         for name, f in config.section_fields(section).items():
             if draw(st.booleans()):
                 setattr(getattr(cfg, section), name, draw(_field_strategy(section, f)))
     _satisfy_cross_checks(cfg)
-    camp = cfg.campaign
+    camp = CampaignPlan()
     camp.seeds = draw(st.lists(st.integers(0, 2**31), unique=True, max_size=4))
     camp.parallel = draw(st.booleans())
     camp.max_workers = draw(st.integers(0, 64))
@@ -373,7 +373,7 @@ def configs(draw) -> Config:
     if draw(st.booleans()):
         camp.grid = {"training.lr": draw(st.lists(st.floats(1e-6, 1e-3), min_size=1,
                                                   max_size=3))}
-    return cfg
+    return cfg, camp
 
 
 def _satisfy_cross_checks(cfg: Config) -> None:
@@ -397,24 +397,25 @@ def _satisfy_cross_checks(cfg: Config) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
-def test_dump_load_round_trip(cfg):
+def test_dump_load_round_trip(pair):
+    cfg, plan = pair
     assert config.cross_checks(cfg) == []
-    text = config.dumps_config(cfg)
-    back = config.loads_config(text)
-    assert back == cfg
-    assert config.dumps_config(back) == text
+    text = config_file.dumps_config(cfg, plan)
+    back = config_file.parse(toml_io.loads(text))
+    assert back == pair
+    assert config_file.dumps_config(*back) == text
 
 
 @settings(max_examples=50, deadline=None)
 @given(configs())
-def test_round_trip_through_a_file(tmp_path_factory, cfg):
+def test_round_trip_through_a_file(tmp_path_factory, pair):
     path = tmp_path_factory.mktemp("rt") / "resolved.toml"
-    path.write_text(config.dumps_config(cfg), encoding="utf-8")
-    assert config.load_config(path) == cfg
+    path.write_text(config_file.dumps_config(*pair), encoding="utf-8")
+    assert config_file.read_file(path) == pair
 
 
 def test_round_trip_keeps_free_form_tables_in_conditions():
-    cfg = config.loads_config("""
+    pair = config_file.loads("""
 [backend]
 options = { nested = { deep = [1, 2.5, "x", { t = true }] } }
 [reward]
@@ -428,7 +429,7 @@ name = "a"
 [campaign.grid]
 "training.lr" = [1e-5, 2e-5]
 """)
-    assert config.loads_config(config.dumps_config(cfg)) == cfg
+    assert config_file.loads(config_file.dumps_config(*pair)) == pair
 
 
 @pytest.mark.parametrize("key, value", [
@@ -439,7 +440,7 @@ name = "a"
 def test_absurd_sizes_are_config_errors(key, value):
     section, name = key.split(".")
     with pytest.raises(ConfigError, match=f"{name}: must be <= "):
-        config.from_dict({section: {name: value}})
+        config_file.parse({section: {name: value}})
 
 
 def test_completions_per_step_are_bounded_across_keys():
@@ -452,9 +453,9 @@ def test_diff_names_each_changed_key_with_both_values():
     before = {"training": {"lr": 1e-5, "seed": 1}, "backend": {"options": {"a": 1}}}
     after = {"training": {"lr": 2e-5, "seed": 1}, "backend": {"options": {"a": 2}},
              "model": {"name": "x"}}
-    assert config.diff(before, after) == {
+    assert config_file.diff(before, after) == {
         "backend.options": ({"a": 1}, {"a": 2}),
         "model.name": (None, "x"),
         "training.lr": (1e-5, 2e-5),
     }
-    assert config.diff(after, after) == {}
+    assert config_file.diff(after, after) == {}

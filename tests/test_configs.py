@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain import config
+from retrain import config_file
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
 
@@ -17,8 +17,9 @@ def test_there_are_examples():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_example_loads_and_round_trips(path):
-    cfg = config.load_config(path)
-    assert config.loads_config(config.dumps_config(cfg)) == cfg
+    pair = config_file.load(path)
+    assert config_file.loads(config_file.dumps_config(*pair)) == pair
+    cfg = pair[0]
     if cfg.data.source == "jsonl":
         assert (path.parent / cfg.data.path).is_file()
 

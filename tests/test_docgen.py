@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrain import config, docgen
+from retrain import config_file, docgen
 
 
 def test_configuration_doc_is_up_to_date():
@@ -12,7 +12,7 @@ def test_configuration_doc_is_up_to_date():
 
 def test_every_key_is_documented_with_its_default():
     text = docgen.configuration_markdown()
-    for section, key, _default, _help in config.describe_keys():
+    for section, key, _default, _help in config_file.describe_keys():
         assert f"## [{section}]" in text
         assert f"| `{key}` |" in text
     assert "| `max_concurrent` | `4` | >= 1, <= 4096 |" in text

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from retrain import config, explain
+from retrain import config, config_file, explain
+from retrain.campaign.plan import CampaignPlan, Condition
 from retrain.cli import run_app
 from retrain.config import Config
 
@@ -23,9 +24,9 @@ class _Spec:
     overrides: dict = field(default_factory=dict)
 
 
-def _fake_expand(cfg: Config) -> list[_Spec]:
-    seeds = cfg.campaign.seeds or [cfg.training.seed]
-    conds = cfg.campaign.conditions or [config.Condition(name="base")]
+def _fake_expand(cfg: Config, camp: CampaignPlan) -> list[_Spec]:
+    seeds = camp.seeds or [cfg.training.seed]
+    conds = camp.conditions or [Condition(name="base")]
     return [_Spec(f"{c.name}_s{s}", c.name, s, dict(c.overrides)) for c in conds for s in seeds]
 
 
@@ -49,7 +50,7 @@ def write(tmp_path, text, name="plan.toml"):
 def make_run(folder, cfg: Config, step_times, mtime=None):
     """A finished run folder as the trainer leaves it: resolved config + metrics."""
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(config.dumps_config(cfg))
+    (folder / "config.toml").write_text(config_file.dumps_config(cfg))
     rows = [json.dumps({"step": i + 1, "step_time_s": t}) for i, t in enumerate(step_times)]
     (folder / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     if mtime is not None:
@@ -97,7 +98,7 @@ def test_single_run_plan_without_pilot(tmp_path, monkeypatch):
 def test_pilot_gives_the_wall_time_and_names_the_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, SINGLE)
-    cfg = config.load_config(path)
+    cfg = config_file.load_config(path)
     make_run(tmp_path / "logs" / "old-pilot", config.run_config(cfg, **{"training.max_steps": 3}),
              [10.0, 2.0, 4.0], mtime=1000)
     make_run(tmp_path / "logs" / "newer", cfg, [3.0, 5.0], mtime=2000)
@@ -114,7 +115,7 @@ def test_pilot_gives_the_wall_time_and_names_the_run(tmp_path, monkeypatch):
 def test_pilot_inside_a_campaign_folder_is_found(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, SINGLE)
-    make_run(tmp_path / "logs" / "camp" / "a_s1", config.load_config(path), [6.0])
+    make_run(tmp_path / "logs" / "camp" / "a_s1", config_file.load_config(path), [6.0])
     (tmp_path / "logs" / "camp" / "manifest.json").write_text("{}")
     assert explain.build_report(path).pilot.median_step_time_s == 6.0
 
@@ -122,7 +123,7 @@ def test_pilot_inside_a_campaign_folder_is_found(tmp_path, monkeypatch):
 def test_pilot_with_torn_metrics_and_broken_config_is_tolerated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, SINGLE)
-    make_run(tmp_path / "logs" / "torn", config.load_config(path), [2.0])
+    make_run(tmp_path / "logs" / "torn", config_file.load_config(path), [2.0])
     with open(tmp_path / "logs" / "torn" / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 2, "step_ti')
     (tmp_path / "logs" / "broken").mkdir()
@@ -151,8 +152,8 @@ def test_campaign_matrix_steps_and_parallelism(tmp_path, monkeypatch, matrix):
 def test_campaign_estimate_uses_parallelism(tmp_path, monkeypatch, matrix):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, CAMPAIGN, "camp.toml")
-    base = config.load_config(path)
-    make_run(tmp_path / "logs" / "pilot", config.run_config(base, **{"campaign.seeds": []}),
+    base = config_file.load_config(path)
+    make_run(tmp_path / "logs" / "pilot", config.run_config(base),  # the campaign's base run
              [3.0, 3.0, 3.0])
     r = explain.build_report(path)
     assert r.wall_time_s == 3.0 * 160 / 2

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from retrain import toml_io
 from retrain.campaign.matrix import (
     MAX_NAME,
     RunSpec,
@@ -16,7 +17,9 @@ from retrain.campaign.matrix import (
     run_config_for,
     safe_name,
 )
-from retrain.config import Condition, Config, ConfigError, dumps_config, loads_config
+from retrain.campaign.plan import CampaignPlan, Condition
+from retrain.config import Config, ConfigError
+from retrain.config_file import dumps_config, loads_config, parse, to_dict
 
 SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
@@ -44,12 +47,12 @@ backend.options.nested = { b = 3 }
 """
 
 
-def _cfg(text: str = CAMPAIGN) -> Config:
-    return loads_config(text)
+def _cfg(text: str = CAMPAIGN) -> tuple[Config, CampaignPlan]:
+    return parse(toml_io.loads(text))
 
 
 def test_count_is_conditions_times_seeds():
-    specs = expand(_cfg())
+    specs = expand(*_cfg())
     assert len(specs) == 6
     assert [s.name for s in specs] == ["grpo_s1", "grpo_s2", "grpo_s3",
                                        "rloo_s1", "rloo_s2", "rloo_s3"]
@@ -60,34 +63,34 @@ def test_count_is_conditions_times_seeds():
 def test_grid_is_a_cartesian_product_folded_into_names():
     cfg = _cfg(CAMPAIGN + '[campaign.grid]\n"training.temperature" = [0.7, 1.0]\n'
                '"training.group_size" = [4, 8]\n')
-    specs = expand(cfg)
+    specs = expand(*cfg)
     assert len(specs) == 2 * 4 * 3
     names = [s.name for s in specs]
     assert len(set(names)) == len(names)
     assert "grpo_temperature-0.7_group_size-4_s1" in names
     spec = next(s for s in specs if s.name == "rloo_temperature-1.0_group_size-8_s2")
     assert spec.condition == "rloo_temperature-1.0_group_size-8"
-    run = run_config_for(cfg, spec, "/c")
+    run = run_config_for(cfg[0], spec, "/c")
     assert (run.training.temperature, run.training.group_size, run.training.seed) == (1.0, 8, 2)
     assert run.training.lr == 2e-5
 
 
 def test_grid_without_conditions_and_seeds_default_to_training_seed():
     cfg = _cfg('[training]\nseed = 11\n[campaign.grid]\n"algorithm.advantage" = ["grpo", "rloo"]\n')
-    assert [s.name for s in expand(cfg)] == ["advantage-grpo_s11", "advantage-rloo_s11"]
+    assert [s.name for s in expand(*cfg)] == ["advantage-grpo_s11", "advantage-rloo_s11"]
     only_seeds = _cfg("[campaign]\nseeds = [4, 5]\n")
-    assert [s.name for s in expand(only_seeds)] == ["base_s4", "base_s5"]
+    assert [s.name for s in expand(*only_seeds)] == ["base_s4", "base_s5"]
 
 
 def test_unnamed_conditions_are_named_by_their_overrides():
     cfg = _cfg('[campaign]\nseeds = [1]\n[[campaign.conditions]]\n"training.lr" = 1e-4\n'
                '"algorithm.advantage" = "rloo"\n[[campaign.conditions]]\n')
-    assert [s.name for s in expand(cfg)] == ["lr-0.0001_advantage-rloo_s1", "base_s1"]
+    assert [s.name for s in expand(*cfg)] == ["lr-0.0001_advantage-rloo_s1", "base_s1"]
 
 
 def test_every_override_applied_and_free_form_tables_merge():
-    cfg = _cfg()
-    rloo = next(s for s in expand(cfg) if s.name == "rloo_s2")
+    cfg, plan = _cfg()
+    rloo = next(s for s in expand(cfg, plan) if s.name == "rloo_s2")
     run = run_config_for(cfg, rloo, "/abs/campaign")
     assert run.algorithm.advantage == "rloo"
     assert run.training.lr == 2e-5
@@ -98,12 +101,13 @@ def test_every_override_applied_and_free_form_tables_merge():
     assert run.reward.params == {"weight": 2.0}
     assert run.logging.log_dir == "/abs/campaign"
     assert run.logging.run_name == "rloo_s2"
-    assert run.campaign == Config().campaign and not run.is_campaign
+    assert not hasattr(run, "campaign")  # config.toml holds [campaign] at its defaults
+    assert to_dict(run)["campaign"] == to_dict(Config())["campaign"]
 
 
 def test_per_run_configs_round_trip_every_key():
-    cfg = _cfg(CAMPAIGN.replace("keep = \"me\"", 'keep = "me"\n"dotted.key" = "kept whole"'))
-    for spec in expand(cfg):
+    cfg, plan = _cfg(CAMPAIGN.replace("keep = \"me\"", 'keep = "me"\n"dotted.key" = "kept whole"'))
+    for spec in expand(cfg, plan):
         run = run_config_for(cfg, spec, "/abs/campaign")
         text = dumps_config(run)
         assert loads_config(text) == run
@@ -116,10 +120,8 @@ def test_per_run_configs_round_trip_every_key():
     ["/etc/passwd", "..\\..\\win", "~root", "-rf", "naïve/ü", "x" * 300, "x" * 301],
 ])
 def test_adversarial_condition_names_are_safe_and_unique(names):
-    cfg = Config()
-    cfg.campaign.seeds = [1, -2]
-    cfg.campaign.conditions = [Condition(name=n, overrides={}) for n in names]
-    specs = expand(cfg)
+    plan = CampaignPlan(seeds=[1, -2], conditions=[Condition(name=n) for n in names])
+    specs = expand(Config(), plan)
     run_names = [s.name for s in specs]
     assert len(specs) == 2 * len(names)
     assert len({n.lower() for n in run_names}) == len(run_names)
@@ -133,11 +135,9 @@ def test_adversarial_condition_names_are_safe_and_unique(names):
 @given(st.lists(st.text(max_size=40), min_size=1, max_size=8, unique=True),
        st.lists(st.integers(-10**6, 10**12), min_size=1, max_size=3, unique=True))
 def test_names_are_always_safe_unique_and_stable(names, seeds):
-    cfg = Config()
-    cfg.campaign.seeds = seeds
-    cfg.campaign.conditions = [Condition(name=n, overrides={}) for n in names]
-    specs = expand(cfg)
-    again = expand(cfg)
+    plan = CampaignPlan(seeds=seeds, conditions=[Condition(name=n) for n in names])
+    specs = expand(Config(), plan)
+    again = expand(Config(), plan)
     assert specs == again
     run_names = [s.name for s in specs]
     assert len({n.lower() for n in run_names}) == len(run_names) == len(names) * len(seeds)
@@ -157,20 +157,20 @@ def test_safe_name_keeps_readable_names():
 def test_reserved_keys_are_refused(key):
     value = {"training.seed": 3, "logging.log_dir": "x", "logging.run_name": "y",
              "backend.max_concurrent": 2}[key]
-    cfg = Config()
-    cfg.campaign.conditions = [Condition(name="c", overrides={key: value})]
+    plan = CampaignPlan(conditions=[Condition(name="c", overrides={key: value})])
     with pytest.raises(ConfigError, match=re.escape(key)):
-        expand(cfg)
+        expand(Config(), plan)
 
 
 def test_condition_and_grid_may_not_set_the_same_key():
     cfg = _cfg(CAMPAIGN + '[campaign.grid]\n"training.lr" = [1e-5]\n')
     with pytest.raises(ConfigError, match="training.lr.*one place"):
-        expand(cfg)
+        expand(*cfg)
 
 
-def _hash(cfg: Config, where: str = "/a") -> str:
-    return matrix_hash({s.name: run_config_for(cfg, s, where) for s in expand(cfg)})
+def _hash(pair: tuple[Config, CampaignPlan], where: str = "/a") -> str:
+    cfg, plan = pair
+    return matrix_hash({s.name: run_config_for(cfg, s, where) for s in expand(cfg, plan)})
 
 
 def test_matrix_hash_tracks_run_configs_not_scheduling_or_location():
@@ -186,6 +186,6 @@ def test_matrix_hash_tracks_run_configs_not_scheduling_or_location():
 
 def test_run_spec_overrides_are_copies():
     cfg = _cfg()
-    spec: RunSpec = expand(cfg)[3]
+    spec: RunSpec = expand(*cfg)[3]
     spec.overrides["training.lr"] = 1.0
-    assert expand(cfg)[3].overrides["training.lr"] == 2e-5
+    assert expand(*cfg)[3].overrides["training.lr"] == 2e-5

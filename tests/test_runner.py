@@ -19,7 +19,8 @@ from retrain import runlog
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import load_manifest
 from retrain.campaign.runner import locate_campaign, log_tail, run_campaign
-from retrain.config import ConfigError, load_config, loads_config
+from retrain.config import ConfigError
+from retrain.config_file import load, load_config, loads_config
 from retrain.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,10 +81,10 @@ DRIVER = textwrap.dedent('''
     import sys
     from retrain.campaign.executor import LocalExecutor
     from retrain.campaign.runner import run_campaign
-    from retrain.config import load_config
+    from retrain.config_file import load
     path, fake = sys.argv[1], sys.argv[2]
     new = "--new" in sys.argv
-    sys.exit(run_campaign(load_config(path), path, new=new,
+    sys.exit(run_campaign(*load(path), path, new=new,
                           executor=LocalExecutor([sys.executable, fake])))
 ''')
 
@@ -129,7 +130,7 @@ def _write(tmp: Path, extra: str = "", name: str = "exp", **kw) -> Path:
 
 def _run(tmp: Path, path: Path, **kw) -> int:
     executor = ex.LocalExecutor([sys.executable, str(tmp / "fake_worker.py")])
-    return run_campaign(load_config(path), path, executor=executor, **kw)
+    return run_campaign(*load(path), path, executor=executor, **kw)
 
 
 def _events(tmp: Path) -> list[dict]:
@@ -444,13 +445,13 @@ def test_executor_seam_takes_any_executor(env):
             return _InstantWorker(job, launched)
 
     path = _write(env, stagger=0.0)
-    assert run_campaign(load_config(path), path, executor=Fake()) == 0
+    assert run_campaign(*load(path), path, executor=Fake()) == 0
     assert [j.name for j in launched] == ["a_s1", "a_s2", "b_s1", "b_s2"]
     job = launched[0]
     assert job.config_path == env / "logs/exp/a_s1/config.toml"
     assert job.env["RETRAIN_API_SLOTS"].endswith("/logs/exp/slots:4")
-    run_cfg = load_config(job.config_path)
-    assert not run_cfg.is_campaign and run_cfg.logging.log_dir == str(env / "logs" / "exp")
+    run_cfg, run_plan = load(job.config_path)
+    assert run_plan is None and run_cfg.logging.log_dir == str(env / "logs" / "exp")
     assert load_manifest(env / "logs/exp").entry("b_s2").last_step == 3
 
 
@@ -465,7 +466,7 @@ def test_paths_a_condition_sets_are_anchored_to_the_campaign_toml(env):
         def launch(self, job: ex.Job) -> ex.Worker:
             return _InstantWorker(job, launched)
 
-    assert run_campaign(load_config(path), path, executor=Fake()) == 0
+    assert run_campaign(*load(path), path, executor=Fake()) == 0
     job = next(j for j in launched if j.name == "j_s1")
     assert load_config(job.config_path).data.path == str(env / "data" / "x.jsonl")
 

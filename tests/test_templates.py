@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain import config, templates
+from retrain import config_file, templates
 from retrain.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,13 +22,13 @@ def test_the_three_templates_exist():
 @pytest.mark.parametrize("name", NAMES)
 def test_every_template_loads(tmp_path, name):
     path = templates.write_template(name, tmp_path / f"{name}.toml")
-    cfg = config.load_config(path)
-    assert config.loads_config(config.dumps_config(cfg)) == cfg
+    pair = config_file.load(path)
+    assert config_file.loads(config_file.dumps_config(*pair)) == pair
 
 
 def test_quickstart_is_the_tuned_profile_on_built_ins(tmp_path):
-    cfg = config.load_config(templates.write_template("quickstart", tmp_path / "q.toml"))
-    assert not cfg.is_campaign
+    cfg, plan = config_file.load(templates.write_template("quickstart", tmp_path / "q.toml"))
+    assert plan is None
     assert cfg.model.name == "smollm2-135m-instruct"
     assert cfg.data.source == "arithmetic" and cfg.backend.backend == "local"
     t = cfg.training
@@ -38,23 +38,23 @@ def test_quickstart_is_the_tuned_profile_on_built_ins(tmp_path):
 
 
 def test_smoke_profile_example_keeps_the_documented_shape():
-    cfg = config.load_config(Path(__file__).parents[1] / "configs" / "arithmetic.toml")
+    cfg = config_file.load_config(Path(__file__).parents[1] / "configs" / "arithmetic.toml")
     t = cfg.training
     assert (t.batch_size, t.group_size, t.max_tokens) == (2, 8, 1024)
 
 
 def test_experiment_is_the_standard_profile(tmp_path):
-    cfg = config.load_config(templates.write_template("experiment", tmp_path / "e.toml"))
+    cfg, plan = config_file.load(templates.write_template("experiment", tmp_path / "e.toml"))
     t = cfg.training
-    assert not cfg.is_campaign
+    assert plan is None
     assert (t.batch_size, t.group_size, t.max_tokens) == (8, 16, 10240)
 
 
 def test_campaign_has_conditions_seeds_workers_and_backpressure(tmp_path):
     path = templates.write_template("campaign", tmp_path / "c.toml")
-    cfg = config.load_config(path)
-    assert cfg.is_campaign and cfg.campaign.parallel and cfg.campaign.max_workers >= 2
-    assert len(cfg.campaign.conditions) >= 2 and len(cfg.campaign.seeds) >= 2
+    _, plan = config_file.load(path)
+    assert plan is not None and plan.is_campaign and plan.parallel and plan.max_workers >= 2
+    assert len(plan.conditions) >= 2 and len(plan.seeds) >= 2
     raw = tomllib.loads(path.read_text())
     assert set(raw["backpressure"]) >= {"enabled", "warmup_steps", "min_batch_size",
                                         "max_batch_size"}

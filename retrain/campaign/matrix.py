@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from retrain import config as config_mod
-from retrain.config import CampaignConfig, Config, ConfigError, ConfigIssue
+from retrain import config_file
+from retrain.campaign.plan import CampaignPlan, Condition
+from retrain.config import Config, ConfigError, ConfigIssue
 
 MAX_NAME = 80          # folder-name budget for a run name, seed suffix included
 BASE_CONDITION = "base"
@@ -40,9 +42,9 @@ class RunSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def expand(cfg: Config) -> list[RunSpec]:
-    """Every run of the campaign, in matrix order (condition, then grid cell, then seed)."""
-    camp = cfg.campaign
+def expand(cfg: Config, camp: CampaignPlan) -> list[RunSpec]:
+    """Every run of the campaign `camp` over the base run `cfg`, in matrix order (condition,
+    then grid cell, then seed)."""
     _check_reserved(camp)
     seeds = list(camp.seeds) or [cfg.training.seed]
     cells = _cells(camp)
@@ -62,7 +64,6 @@ def run_config_for(cfg: Config, spec: RunSpec, campaign_dir: str | Path) -> Conf
     changes["logging.log_dir"] = str(campaign_dir)
     changes["logging.run_name"] = spec.name
     raw = merge_overrides(config_mod.to_dict(cfg), changes)
-    raw["campaign"] = config_mod.to_dict(Config())["campaign"]
     return config_mod.from_dict(raw, f"<run {spec.name}>")
 
 
@@ -99,7 +100,7 @@ def matrix_hash(run_configs: dict[str, Config]) -> str:
     for name, run in run_configs.items():
         placed = copy.deepcopy(run)
         placed.logging.log_dir = ""
-        h.update(name.encode() + b"\0" + config_mod.dumps_config(placed).encode() + b"\0")
+        h.update(name.encode() + b"\0" + config_file.dumps_config(placed).encode() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -128,7 +129,7 @@ def value_label(value: Any) -> str:
     return "h" + hashlib.sha256(repr(value).encode()).hexdigest()[:6]
 
 
-def _check_reserved(camp: CampaignConfig) -> None:
+def _check_reserved(camp: CampaignPlan) -> None:
     issues = []
     for i, cond in enumerate(camp.conditions):
         issues += [ConfigIssue(f"campaign.conditions[{i}].\"{k}\"", f"cannot be set per run: {why}")
@@ -143,9 +144,9 @@ def _check_reserved(camp: CampaignConfig) -> None:
         raise ConfigError("[campaign]", issues)
 
 
-def _cells(camp: CampaignConfig) -> list[tuple[str, dict[str, Any]]]:
+def _cells(camp: CampaignPlan) -> list[tuple[str, dict[str, Any]]]:
     """(label, overrides) per condition x grid cell, before de-duplicating labels."""
-    conditions = camp.conditions or [config_mod.Condition()]
+    conditions = camp.conditions or [Condition()]
     grid_keys = list(camp.grid)
     combos = list(itertools.product(*(camp.grid[k] for k in grid_keys)))
     out = []
@@ -160,7 +161,7 @@ def _cells(camp: CampaignConfig) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _condition_label(cond: config_mod.Condition) -> str:
+def _condition_label(cond: Condition) -> str:
     if cond.name:
         return cond.name
     if not cond.overrides:

@@ -30,7 +30,8 @@ from typing import Any
 
 from retrain import slots_ray
 from retrain.campaign.executor import Job
-from retrain.config import Config, run_resources
+from retrain.campaign.plan import CampaignPlan, run_resources
+from retrain.config import Config
 from retrain.errors import UserError
 
 NAMESPACE = slots_ray.NAMESPACE
@@ -174,16 +175,17 @@ class RayWorker:
 class RayExecutor:
     """Launches runs as Ray actors on the cluster at `address` ('' = auto, else start one)."""
 
-    def __init__(self, campaign_dir: Path, cfg: Config, command: list[str] | None = None):
+    def __init__(self, campaign_dir: Path, cfg: Config, plan: CampaignPlan,
+                 command: list[str] | None = None):
         self.campaign_dir = Path(campaign_dir)
-        self.cfg = cfg
+        self.cfg, self.plan = cfg, plan
         self.command = command  # None: `python -m retrain run` with each node's own Python
         self.key = campaign_key(self.campaign_dir)
         self.broker_name = slots_ray.broker_name(self.key)
         self.cpu, self.gpu = self._resources(0.0)
 
     def _resources(self, cluster_gpus: float) -> tuple[float, float]:
-        res = run_resources(self.cfg, cluster_gpus)
+        res = run_resources(self.cfg, self.plan, cluster_gpus)
         return res["cpu"], res["gpu"]
 
     # -- set-up, called by the runner before anything is launched
@@ -191,7 +193,7 @@ class RayExecutor:
         import ray
 
         try:
-            slots_ray.connect(self.cfg.campaign.ray_address, start=True)
+            slots_ray.connect(self.plan.ray_address, start=True)
         except ConnectionError as exc:
             raise UserError(f"[campaign] executor = \"ray\": {exc}") from None
         self.cpu, self.gpu = self._resources(ray.cluster_resources().get("GPU", 0.0))
@@ -263,17 +265,17 @@ def run_actor_name(key: str, run: str, attempt: int) -> str:
     return f"run:{key}:{run}:{attempt}"
 
 
-def describe_cluster(cfg: Config) -> tuple[str, int | None]:
+def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
     """For `explain`: the reachable cluster's resources and how many runs fit on it at once
     (None when Ray is missing or no cluster answers; nothing is started)."""
     try:
         import ray
 
-        slots_ray.connect(cfg.campaign.ray_address, start=False)
+        slots_ray.connect(plan.ray_address, start=False)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     except Exception as exc:  # no Ray, or no cluster: explain goes on without it
         return f"no cluster reachable ({type(exc).__name__}); one starts on this machine", None
-    res = run_resources(cfg, sum(n.get("GPU", 0.0) for n in nodes))
+    res = run_resources(cfg, plan, sum(n.get("GPU", 0.0) for n in nodes))
     fits = sum(_fits(n, res) for n in nodes)
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     text = (f"{len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU; each run asks "

@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrain import config as config_mod
-from retrain import runlog, toml_io
+from retrain import config_file, runlog, toml_io
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import Manifest, RunEntry, load_manifest, save_manifest
 from retrain.campaign.matrix import RunSpec, expand, matrix_hash, run_config_for, safe_name
+from retrain.campaign.plan import CampaignPlan
 from retrain.config import Config, ConfigError
 from retrain.config_paths import anchor_paths
 from retrain.cpu import AUTO_THREADS_ENV, available_cores
@@ -54,34 +54,35 @@ class PlannedRun:
         return self.run_dir / runlog.CONFIG_FILE
 
 
-def run_campaign(cfg: Config, config_path: str | Path, new: bool = False, force: bool = False,
-                 *, executor: ex.Executor | None = None) -> int:
-    """Run (or resume) every run of the campaign in `cfg`; returns the exit status."""
+def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, new: bool = False,
+                 force: bool = False, *, executor: ex.Executor | None = None) -> int:
+    """Run (or resume) every run of `campaign` over the base run `cfg`; returns the
+    exit status."""
     config_path = Path(config_path).resolve()
     try:
-        specs = expand(cfg)
+        specs = expand(cfg, campaign)
     except ConfigError as exc:
         raise ConfigError(str(config_path), exc.issues) from None
     root = Path(cfg.logging.log_dir).expanduser().resolve()
-    name = safe_name(cfg.campaign.name or config_path.stem, "campaign")
+    name = safe_name(campaign.name or config_path.stem, "campaign")
     campaign_dir = locate_campaign(root, name, new=new)
     campaign_dir.mkdir(parents=True, exist_ok=True)
     with runner_lock(campaign_dir):
-        executor = executor or executor_for(cfg, campaign_dir)
+        executor = executor or executor_for(cfg, campaign, campaign_dir)
         if hasattr(executor, "prepare"):  # e.g. Ray: join the cluster, check shared storage
             executor.prepare(cfg.backend.max_concurrent)
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
-        manifest, adopted = prepare_manifest(cfg, config_path, campaign_dir, plans, force,
-                                             executor)
-        runner = Runner(cfg, campaign_dir, plans, manifest, executor)
+        manifest, adopted = prepare_manifest(cfg, campaign, config_path, campaign_dir, plans,
+                                             force, executor)
+        runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor)
         return runner.run(adopted)
 
 
-def executor_for(cfg: Config, campaign_dir: Path) -> ex.Executor:
+def executor_for(cfg: Config, campaign: CampaignPlan, campaign_dir: Path) -> ex.Executor:
     """The executor `[campaign] executor` names (Ray is imported only when chosen)."""
-    if cfg.campaign.executor != "ray":
+    if campaign.executor != "ray":
         return ex.LocalExecutor()
     try:
         import ray  # noqa: F401
@@ -90,7 +91,7 @@ def executor_for(cfg: Config, campaign_dir: Path) -> ex.Executor:
                         "(or set executor = \"local\")") from None
     from retrain.campaign.ray_executor import RayExecutor
 
-    return RayExecutor(campaign_dir, cfg)
+    return RayExecutor(campaign_dir, cfg, campaign)
 
 
 # ---------------------------------------------------------------------------- campaign folder
@@ -129,7 +130,7 @@ def runner_lock(campaign_dir: Path) -> Iterator[None]:
 # ---------------------------------------------------------------------------- manifest
 
 
-def prepare_manifest(cfg: Config, config_path: Path, campaign_dir: Path,
+def prepare_manifest(cfg: Config, campaign: CampaignPlan, config_path: Path, campaign_dir: Path,
                      plans: list[PlannedRun], force: bool, executor: object = None
                      ) -> tuple[Manifest, dict[str, ex.Worker]]:
     """Load or create the manifest, refuse a changed matrix unless forced, and reconcile
@@ -152,7 +153,7 @@ def prepare_manifest(cfg: Config, config_path: Path, campaign_dir: Path,
                             "campaign, or --force to continue this one with the new matrix "
                             "(finished runs are kept; a raised training.max_steps continues them).")
         manifest = _merge(old, plans, new_hash)
-    _describe_campaign(manifest, cfg, config_path, campaign_dir)
+    _describe_campaign(manifest, cfg, campaign, config_path, campaign_dir)
     adopted = _reconcile(manifest, plans, executor)
     save_manifest(campaign_dir, manifest)
     return manifest, adopted
@@ -182,9 +183,8 @@ def _merge(old: Manifest, plans: list[PlannedRun], new_hash: str) -> Manifest:
     return old
 
 
-def _describe_campaign(manifest: Manifest, cfg: Config, config_path: Path,
+def _describe_campaign(manifest: Manifest, cfg: Config, c: CampaignPlan, config_path: Path,
                        campaign_dir: Path | None = None) -> None:
-    c = cfg.campaign
     manifest.config_file = str(config_path)
     manifest.runner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
     manifest.status = "running"
@@ -231,7 +231,7 @@ def _key_changes(plans: list[PlannedRun]) -> list[str]:
             before = toml_io.loads(p.config_path.read_text())
         except (OSError, ValueError):
             continue
-        for key, (old, new) in config_mod.diff(before, config_mod.to_dict(p.config)).items():
+        for key, (old, new) in config_file.diff(before, config_file.to_dict(p.config)).items():
             if key != "logging.log_dir":
                 change = (key, _show(old), _show(new))
                 diffs[change] = diffs.get(change, 0) + 1
@@ -331,9 +331,8 @@ class _Stop:
 class Runner:
     """Schedules the runs of one campaign and keeps its manifest up to date."""
 
-    def __init__(self, cfg: Config, campaign_dir: Path, plans: list[PlannedRun],
-                 manifest: Manifest, executor: ex.Executor):
-        c = cfg.campaign
+    def __init__(self, cfg: Config, c: CampaignPlan, campaign_dir: Path,
+                 plans: list[PlannedRun], manifest: Manifest, executor: ex.Executor):
         self.dir = campaign_dir
         self.plans = {p.spec.name: p for p in plans}
         self.manifest = manifest
@@ -537,12 +536,12 @@ def write_run_config(plan: PlannedRun) -> Path:
     state = runlog.load_state(plan.run_dir)
     if state is not None and state.step > 0 and target.exists():
         try:
-            same = config_mod.loads_config(target.read_text(encoding="utf-8")) == plan.config
+            same = config_file.loads_config(target.read_text(encoding="utf-8")) == plan.config
         except (OSError, ConfigError):
             same = False
         if not same:
             target = plan.run_dir / NEXT_CONFIG_FILE
-    runlog.replace_atomically(target, config_mod.dumps_config(plan.config).encode("utf-8"))
+    runlog.replace_atomically(target, config_file.dumps_config(plan.config).encode("utf-8"))
     return target
 
 

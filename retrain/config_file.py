@@ -1,0 +1,156 @@
+"""A config file: TOML text <-> (the run's `Config`, its `CampaignPlan` or None).
+
+The one loader: a file is read and parsed once, its [campaign] table goes to the campaign
+plan and every other section to the single run's `Config`. The run folder's config.toml is
+written here too, in the same layout (every section, [campaign] at its defaults), so it
+loads back as the single run it is. The only I/O is reading the named file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from retrain import config, toml_io
+from retrain.campaign import plan as plan_mod
+from retrain.campaign.plan import FILE_SECTIONS, SECTION, CampaignPlan
+from retrain.config import Config, ConfigError, ConfigIssue
+from retrain.schema import flatten, section_problem
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def parse(raw: dict, source: str = "<config>") -> tuple[Config, CampaignPlan]:
+    """Validate a TOML-shaped dict into the run config and the campaign plan (its defaults
+    when the file has no [campaign]), or raise ConfigError naming every problem."""
+    issues: list[ConfigIssue] = []
+    cfg, plan = Config(), CampaignPlan()
+    for name, body in raw.items():
+        problem = section_problem(FILE_SECTIONS, name, body)
+        if problem:
+            issues.append(problem)
+        elif name == SECTION:
+            plan_mod.set_keys(plan, body, issues)
+        else:
+            config.set_section(cfg, name, body, issues, FILE_SECTIONS)
+    issues += config.cross_checks(cfg) + plan_mod.checks(plan)
+    if issues:
+        raise ConfigError(source, issues)
+    return cfg, plan
+
+
+def read_file(path: str | Path, overrides: dict[str, Any] | None = None
+              ) -> tuple[Config, CampaignPlan]:
+    """Load, override and validate a config file into (run config, plan); the plan is there
+    even for a single run (`explain` warns about [campaign] keys that have no effect)."""
+    raw = read_toml_file(path)
+    if overrides:
+        raw = config.apply_overrides(raw, overrides)
+    return parse(raw, str(path))
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None
+         ) -> tuple[Config, CampaignPlan | None]:
+    """(run config, campaign plan), the plan None when the file describes a single run."""
+    cfg, plan = read_file(path, overrides)
+    return cfg, plan if plan.is_campaign else None
+
+
+def loads(text: str, source: str = "<string>") -> tuple[Config, CampaignPlan | None]:
+    """`load` for TOML text."""
+    cfg, plan = parse(parse_toml(text, source), source)
+    return cfg, plan if plan.is_campaign else None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """The run config of a file (a run folder's config.toml, or a campaign's base run)."""
+    return read_file(path, overrides)[0]
+
+
+def loads_config(text: str, source: str = "<string>") -> Config:
+    """The run config of TOML text."""
+    return parse(parse_toml(text, source), source)[0]
+
+
+def read_toml_file(path: str | Path) -> dict:
+    """Read and parse a TOML file; every failure is a one-line ConfigError."""
+    p = Path(path)
+    src = str(path)
+    if not p.exists():
+        raise ConfigError(src, [ConfigIssue("", "no such file; create one with "
+                                            "`retrain init --template quickstart`")])
+    if p.is_dir():
+        raise ConfigError(src, [ConfigIssue("", "is a directory, not a TOML file")])
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(src, [ConfigIssue("", f"cannot be read: {exc.strerror}")]) from None
+    return parse_toml(data, src)
+
+
+def parse_toml(data: bytes | str, source: str) -> dict:
+    """Parse TOML text, turning syntax errors into file:line:column messages."""
+    if isinstance(data, bytes):
+        if b"\x00" in data:
+            raise ConfigError(source, [ConfigIssue("", "is a binary file, not TOML text")])
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(source, [ConfigIssue("", "is not UTF-8 text, so not TOML")]) from None
+    if not data.strip():
+        raise ConfigError(source, [ConfigIssue("", "is empty; start from "
+                                               "`retrain init --template quickstart`")])
+    try:
+        return toml_io.loads(data)
+    except toml_io.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+        if m:
+            reason, where = msg[: m.start()].strip(), f"{m.group(1)}:{m.group(2)}"
+        elif "(at end of document)" in msg:
+            lines = data.rstrip().split("\n")
+            reason = msg.replace("(at end of document)", "").strip() + " at the end of the file"
+            where = f"{len(lines)}:{len(lines[-1]) + 1}"
+        else:
+            raise ConfigError(source, [ConfigIssue("", f"invalid TOML: {msg}")]) from None
+        raise ConfigError(f"{source}:{where}",
+                          [ConfigIssue("", f"invalid TOML: {reason}")]) from None
+
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def to_dict(cfg: Config, plan: CampaignPlan | None = None) -> dict:
+    """The whole file as a TOML-shaped dict: every section and key, in file order, the
+    [campaign] table at its defaults unless a plan is given."""
+    run = config.to_dict(cfg)
+    table = plan_mod.to_table(plan or CampaignPlan())
+    return {name: table if name == SECTION else run[name] for name in FILE_SECTIONS}
+
+
+def dumps_config(cfg: Config, plan: CampaignPlan | None = None) -> str:
+    """The resolved file as TOML that loads back to an equal (Config, plan)."""
+    return toml_io.dumps(to_dict(cfg, plan))
+
+
+def diff(before: dict, after: dict) -> dict[str, tuple[Any, Any]]:
+    """Key-by-key differences of two config tables: dotted key -> (before, after), sorted."""
+    a, b = flatten(before, FILE_SECTIONS), flatten(after, FILE_SECTIONS)
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+def describe_keys() -> list[tuple[str, str, Any, str]]:
+    """(section, key, default, meaning) for every key a file may hold: the README's table."""
+    rows = []
+    for name, cls in FILE_SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            help_text = f.metadata.get("help", "")
+            choices = f.metadata.get("choices")
+            if choices:
+                help_text += " (" + " | ".join(choices) + ")"
+            rows.append((name, f.name, default, help_text))
+    return rows
