@@ -17,6 +17,7 @@ from retrain.campaign.matrix import (
     safe_name,
 )
 from retrain.config import Condition, Config, ConfigError, dumps_config, loads_config
+from tests.plans import GRPO_VS_RLOO
 
 SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
@@ -31,13 +32,7 @@ nested = { a = 1, b = 2 }
 weight = 0.5
 [campaign]
 seeds = [1, 2, 3]
-[[campaign.conditions]]
-name = "grpo"
-"algorithm.advantage" = "grpo"
-[[campaign.conditions]]
-name = "rloo"
-"algorithm.advantage" = "rloo"
-"training.lr" = 2e-5
+""" + GRPO_VS_RLOO + """"training.lr" = 2e-5
 backend.options.extra = { deep = [1, 2] }
 backend.options.nested = { b = 3 }
 "reward.params.weight" = 2.0
