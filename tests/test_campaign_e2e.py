@@ -80,7 +80,7 @@ def test_four_runs_two_workers_stagger_manifest_and_status(tmp_path, cli_env, ti
     (camp,) = report["campaigns"]
     assert camp["name"] == "exp"
     assert sorted(r["name"] for r in camp["runs"]) == [r.name for r in m.runs]
-    assert {r["state"] for r in camp["runs"]} == {"done"}
+    assert {r["state"] for r in camp["runs"]} == {"completed"}
     assert camp["api_slots_in_use"] == 0 and camp["max_concurrent"] == 4
     text = _retrain(cli_env, "status", str(tmp_path / "logs"), timeout=60)
     assert "exp" in text.stdout and "rloo_s2" in text.stdout
