@@ -28,31 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.campaign_overhead import CAMPAIGN, WORKER, baseline  # noqa: E402
+from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain.campaign.executor import LocalExecutor  # noqa: E402
 from retrain.campaign.runner import locate_campaign, run_campaign  # noqa: E402
 from retrain.config_file import load  # noqa: E402
-
-TINY = """
-[model]
-name = "tiny-random"
-dtype = "float32"
-threads = 1
-[data]
-eval_size = 0
-[training]
-batch_size = 2
-group_size = 2
-max_tokens = 8
-max_steps = 3
-[logging]
-log_dir = "{log_dir}"
-[campaign]
-seeds = {seeds}
-parallel = true
-max_workers = 3
-stagger_seconds = 0
-executor = "{executor}"
-"""
 
 
 def timed_campaign(path: Path, executor) -> float:
@@ -82,8 +61,9 @@ def trivial(tmp: Path, worker: Path, runs: int, kind: str) -> float:
 
 def tiny(tmp: Path, runs: int, kind: str) -> float:
     path = tmp / f"tiny-{kind}.toml"
-    path.write_text(TINY.format(log_dir=tmp / f"tiny-{kind}", seeds=list(range(1, runs + 1)),
-                                executor=kind))
+    path.write_text(tiny_campaign_toml(tmp / f"tiny-{kind}", list(range(1, runs + 1)),
+                                       max_steps=3, max_workers=3,
+                                       campaign=f'executor = "{kind}"'))
     return timed_campaign(path, None)
 
 

@@ -54,7 +54,7 @@ def rich_table(table: Table) -> Any:
     return out
 
 
-_STATE_STYLES = {"running": "cyan", "done": "green", "completed": "green", "failed": "bold red",
+_STATE_STYLES = {"running": "cyan", "completed": "green", "failed": "bold red",
                  "stale": "yellow", "interrupted": "yellow", "pending": "dim"}
 
 

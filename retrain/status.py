@@ -19,9 +19,9 @@ from retrain.errors import UserError
 # A run that says "running" but whose process cannot be checked (another host) is stale
 # after this long without an update, or after 5 median steps, whichever is longer.
 STALE_AFTER_S = 600.0
-STATES = ("running", "done", "failed", "stale", "pending", "interrupted")
-_FROM_FILE = {"completed": "done", "running": "running", "failed": "failed",
-              "pending": "pending", "interrupted": "interrupted"}
+STATES = ("running", "completed", "failed", "stale", "pending", "interrupted")
+# What state.json and manifest.json may say: status shows the same word (plus "stale").
+_FILE_STATES = frozenset(runlog.RUN_STATUSES)
 
 
 @dataclass
@@ -140,10 +140,10 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
 
 def _run_state(run: RunStatus, state: dict, now: float) -> str:
     status = _text(state.get("status"))
-    if status in _FROM_FILE and status != "running":
-        return _FROM_FILE[status]
+    if status in _FILE_STATES and status != "running":
+        return status
     if not state and run.max_steps and run.step >= run.max_steps:
-        return "done"  # metrics only, and they reached the end
+        return "completed"  # metrics only, and they reached the end
     if status == "running" or (not state and run.step > 0):
         return "running" if _alive(state, run, now) else "stale"
     return "pending"
@@ -279,12 +279,12 @@ def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
         run.node = f"{_text(entry.get('host')) or '?'} ({str(entry['node'])[:8]})"
     status = _text(entry.get("status"))
     if status in ("completed", "failed"):
-        run.state = _FROM_FILE[status]
+        run.state = status
     elif status == "running" and not has_files:
         pid = _int(entry.get("pid"), 0)
         run.state = "running" if pid and runlog.pid_alive(pid) else "stale"
-    elif not has_files and status in _FROM_FILE:
-        run.state = _FROM_FILE[status]
+    elif not has_files and status in _FILE_STATES:
+        run.state = status
     elif status == "interrupted" and run.state in ("stale", "pending"):
         run.state = "interrupted"
     return run
@@ -307,7 +307,7 @@ def _campaign_state(manifest: dict) -> str:
         pid, host = _int(runner.get("pid"), 0), str(runner.get("host") or "")
         if pid and (not host or host == socket.gethostname()) and not runlog.pid_alive(pid):
             return "stale"
-    return _FROM_FILE.get(status, "unknown") if isinstance(status, str) else "unknown"
+    return status if isinstance(status, str) and status in _FILE_STATES else "unknown"
 
 
 def _time_left(runs: list[RunStatus], parallel: bool, max_workers: int

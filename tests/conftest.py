@@ -1,5 +1,6 @@
 """Shared fixtures: the repo root, a subprocess environment that imports this checkout,
-and the tiny model built once per test session into a private cache."""
+the tiny model built once per test session into a private cache, and `retrain serve` in
+this process for the tinker SDK."""
 
 from __future__ import annotations
 
@@ -42,3 +43,47 @@ def cli_env(model_cache) -> dict:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+# ---------------------------------------------------------------- `retrain serve` in this process
+# (imports inside the fixtures: the tinker SDK is optional and its modules skip without it)
+
+
+@pytest.fixture
+def sdk_key() -> str:
+    """The API key the tinker SDK sends to a test server (a module may override it)."""
+    from tests.serve_doubles import KEY
+
+    return KEY
+
+
+@pytest.fixture
+def sdk_env(monkeypatch, sdk_key):
+    """The tinker SDK in this process: the test key, no telemetry, no inherited base URL."""
+    monkeypatch.setenv("TINKER_API_KEY", sdk_key)
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model):
+    """The real local engine over the tiny model (loaded once per module)."""
+    from retrain.backends.local import LocalModel
+    from retrain.serve.local_engine import LocalEngine
+
+    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+
+
+@pytest.fixture
+def tiny_server(tiny_engine, tmp_path):
+    """`retrain serve` over the tiny engine, for runs of the real CLI with backend = tinker."""
+    from tests.serve_doubles import Served
+
+    with Served(tiny_engine, tmp_path, hold_s=5.0) as served:
+        yield served
+
+
+@pytest.fixture
+def tinker_cli_env(cli_env, sdk_key) -> dict:
+    """`cli_env` for a subprocess that talks to a test server with the tinker SDK."""
+    return {**cli_env, "TINKER_API_KEY": sdk_key, "TINKER_TELEMETRY": "0"}

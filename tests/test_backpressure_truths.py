@@ -5,17 +5,9 @@ from __future__ import annotations
 import json
 
 from retrain import config, config_file, explain, status, status_view
+from tests.plans import GRPO_VS_RLOO, SINGLE_RUN
 
-SINGLE = """
-[training]
-batch_size = 2
-group_size = 8
-max_tokens = 1024
-max_steps = 20
-[model]
-device = "cpu"
-"""
-BP = SINGLE + "[backpressure]\nenabled = true\n"
+BP = SINGLE_RUN + "[backpressure]\nenabled = true\n"
 
 
 def write(tmp_path, text, name="plan.toml"):
@@ -36,7 +28,7 @@ def steps(times, **extra):
 
 def test_a_fixed_batch_plan_never_borrows_from_a_back_pressure_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = write(tmp_path, SINGLE)
+    path = write(tmp_path, SINGLE_RUN)
     on = config_file.load_config(write(tmp_path, BP, "bp.toml"))
     make_run(tmp_path / "logs" / "bp-run", on, steps([7.0, 7.0], bp_regime="optimal",
                                                      batch_size=2))
@@ -48,7 +40,7 @@ def test_a_fixed_batch_plan_never_borrows_from_a_back_pressure_run(tmp_path, mon
 def test_a_back_pressure_plan_borrows_settled_steps_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, BP)
-    fixed = config_file.load_config(write(tmp_path, SINGLE, "f.toml"))
+    fixed = config_file.load_config(write(tmp_path, SINGLE_RUN, "f.toml"))
     make_run(tmp_path / "logs" / "fixed", fixed, steps([3.0, 3.0]))
     assert explain.build_report(path).pilot is None          # another back-pressure setting
     rows = (steps([1.0, 2.0, 9.0], bp_regime="warmup", batch_size=4)
@@ -64,28 +56,20 @@ def test_a_back_pressure_plan_borrows_settled_steps_only(tmp_path, monkeypatch):
 
 
 def test_scheduling_keys_without_runs_to_schedule_are_called_out(tmp_path):
-    r = explain.build_report(write(tmp_path, SINGLE + "[campaign]\nparallel = true\n"
+    r = explain.build_report(write(tmp_path, SINGLE_RUN + "[campaign]\nparallel = true\n"
                                    "max_workers = 4\n"))
     assert r.kind == "single run"
     (w,) = [w for w in r.warnings if "campaign.parallel" in w]
     assert "campaign.max_workers" in w and "single run" in w and "seeds" in w
-    plain = explain.build_report(write(tmp_path, SINGLE, "plain.toml"))
+    plain = explain.build_report(write(tmp_path, SINGLE_RUN, "plain.toml"))
     assert not any("campaign." in w for w in plain.warnings)
 
 
 def test_back_pressure_across_conditions_is_called_out(tmp_path):
-    two = """
-[campaign]
-[[campaign.conditions]]
-name = "a"
-"algorithm.advantage" = "grpo"
-[[campaign.conditions]]
-name = "b"
-"algorithm.advantage" = "rloo"
-"""
+    two = "\n[campaign]\n" + GRPO_VS_RLOO
     on = explain.build_report(write(tmp_path, BP + two))
     assert any("stop being comparable" in w for w in on.warnings)
-    off = explain.build_report(write(tmp_path, SINGLE + two, "off.toml"))
+    off = explain.build_report(write(tmp_path, SINGLE_RUN + two, "off.toml"))
     assert not any("comparable" in w for w in off.warnings)
     seeds_only = explain.build_report(write(tmp_path, BP + "[campaign]\nseeds = [1, 2]\n",
                                             "seeds.toml"))

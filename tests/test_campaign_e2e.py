@@ -11,28 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench.tiny_campaign import tiny_campaign_toml
 from retrain import runlog
 from retrain.campaign.manifest import load_manifest
 
-CAMPAIGN = """
-[model]
-name = "tiny-random"
-dtype = "float32"
-threads = 1
-[data]
-eval_size = 0
-[training]
-batch_size = 2
-group_size = 2
-max_tokens = 8
-max_steps = {max_steps}
-[logging]
-log_dir = "{log_dir}"
-[campaign]
-seeds = {seeds}
-parallel = true
-max_workers = {max_workers}
-stagger_seconds = {stagger}
+CONDITIONS = """
 [[campaign.conditions]]
 name = "grpo"
 [[campaign.conditions]]
@@ -41,11 +24,12 @@ name = "rloo"
 """
 
 
-def _toml(tmp: Path, **kw) -> Path:
-    params = {"max_steps": 2, "log_dir": str(tmp / "logs"), "seeds": "[1, 2]",
-              "max_workers": 2, "stagger": 0.3, **kw}
+def _toml(tmp: Path, *, max_steps: int = 2, seeds: str = "[1, 2]", max_workers: int = 2,
+          stagger: float = 0.3) -> Path:
     path = tmp / "exp.toml"
-    path.write_text(CAMPAIGN.format(**params))
+    path.write_text(tiny_campaign_toml(tmp / "logs", seeds, max_steps=max_steps,
+                                       max_workers=max_workers, stagger_s=stagger,
+                                       tables=CONDITIONS))
     return path
 
 
@@ -96,7 +80,7 @@ def test_four_runs_two_workers_stagger_manifest_and_status(tmp_path, cli_env, ti
     (camp,) = report["campaigns"]
     assert camp["name"] == "exp"
     assert sorted(r["name"] for r in camp["runs"]) == [r.name for r in m.runs]
-    assert {r["state"] for r in camp["runs"]} == {"done"}
+    assert {r["state"] for r in camp["runs"]} == {"completed"}
     assert camp["api_slots_in_use"] == 0 and camp["max_concurrent"] == 4
     text = _retrain(cli_env, "status", str(tmp_path / "logs"), timeout=60)
     assert "exp" in text.stdout and "rloo_s2" in text.stdout

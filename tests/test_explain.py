@@ -14,6 +14,7 @@ from retrain import config, config_file, explain
 from retrain.campaign.plan import CampaignPlan, Condition
 from retrain.cli import run_app
 from retrain.config import Config
+from tests.plans import GRPO_VS_RLOO, SINGLE_RUN
 
 
 @dataclass
@@ -57,28 +58,13 @@ def make_run(folder, cfg: Config, step_times, mtime=None):
         os.utime(folder / "metrics.jsonl", (mtime, mtime))
 
 
-SINGLE = """
-[training]
-batch_size = 2
-group_size = 8
-max_tokens = 1024
-max_steps = 20
-[model]
-device = "cpu"
-"""
 
-CAMPAIGN = SINGLE + """
+CAMPAIGN = SINGLE_RUN + """
 [campaign]
 seeds = [1, 2]
 parallel = true
 max_workers = 2
-[[campaign.conditions]]
-name = "grpo"
-"algorithm.advantage" = "grpo"
-[[campaign.conditions]]
-name = "rloo"
-"algorithm.advantage" = "rloo"
-[[campaign.conditions]]
+""" + GRPO_VS_RLOO + """[[campaign.conditions]]
 name = "long"
 "training.max_steps" = 40
 """
@@ -86,7 +72,7 @@ name = "long"
 
 def test_single_run_plan_without_pilot(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = explain.build_report(write(tmp_path, SINGLE))
+    r = explain.build_report(write(tmp_path, SINGLE_RUN))
     assert r.kind == "single run" and r.name == "plan"
     assert r.completions_per_step == 16
     assert [p.name for p in r.runs] == ["plan"] and r.runs[0].folder == os.path.join("logs", "plan")
@@ -97,7 +83,7 @@ def test_single_run_plan_without_pilot(tmp_path, monkeypatch):
 
 def test_pilot_gives_the_wall_time_and_names_the_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = write(tmp_path, SINGLE)
+    path = write(tmp_path, SINGLE_RUN)
     cfg = config_file.load_config(path)
     make_run(tmp_path / "logs" / "old-pilot", config.run_config(cfg, **{"training.max_steps": 3}),
              [10.0, 2.0, 4.0], mtime=1000)
@@ -114,7 +100,7 @@ def test_pilot_gives_the_wall_time_and_names_the_run(tmp_path, monkeypatch):
 
 def test_pilot_inside_a_campaign_folder_is_found(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = write(tmp_path, SINGLE)
+    path = write(tmp_path, SINGLE_RUN)
     make_run(tmp_path / "logs" / "camp" / "a_s1", config_file.load_config(path), [6.0])
     (tmp_path / "logs" / "camp" / "manifest.json").write_text("{}")
     assert explain.build_report(path).pilot.median_step_time_s == 6.0
@@ -122,7 +108,7 @@ def test_pilot_inside_a_campaign_folder_is_found(tmp_path, monkeypatch):
 
 def test_pilot_with_torn_metrics_and_broken_config_is_tolerated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    path = write(tmp_path, SINGLE)
+    path = write(tmp_path, SINGLE_RUN)
     make_run(tmp_path / "logs" / "torn", config_file.load_config(path), [2.0])
     with open(tmp_path / "logs" / "torn" / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 2, "step_ti')
@@ -200,7 +186,7 @@ path = "missing.jsonl"
 def test_quiet_config_has_no_warnings(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
-    path = write(tmp_path, SINGLE + '[data]\nsource = "jsonl"\npath = "d.jsonl"\n')
+    path = write(tmp_path, SINGLE_RUN + '[data]\nsource = "jsonl"\npath = "d.jsonl"\n')
     assert explain.build_report(path).warnings == []
 
 
@@ -213,7 +199,7 @@ def test_seed_flag_on_a_seeded_campaign_warns(tmp_path, monkeypatch, matrix):
 
 def test_identical_conditions_warn(tmp_path, monkeypatch, matrix):
     monkeypatch.chdir(tmp_path)
-    text = SINGLE + """
+    text = SINGLE_RUN + """
 [campaign]
 seeds = [1]
 [[campaign.conditions]]

@@ -20,6 +20,7 @@ from retrain.campaign.matrix import (
 from retrain.campaign.plan import CampaignPlan, Condition
 from retrain.config import Config, ConfigError
 from retrain.config_file import dumps_config, loads_config, parse, to_dict
+from tests.plans import GRPO_VS_RLOO
 
 SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
@@ -34,13 +35,7 @@ nested = { a = 1, b = 2 }
 weight = 0.5
 [campaign]
 seeds = [1, 2, 3]
-[[campaign.conditions]]
-name = "grpo"
-"algorithm.advantage" = "grpo"
-[[campaign.conditions]]
-name = "rloo"
-"algorithm.advantage" = "rloo"
-"training.lr" = 2e-5
+""" + GRPO_VS_RLOO + """"training.lr" = 2e-5
 backend.options.extra = { deep = [1, 2] }
 backend.options.nested = { b = 3 }
 "reward.params.weight" = 2.0

@@ -17,41 +17,14 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from test_serve import KEY, BigramEngine, Served  # noqa: E402
-
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
 from retrain.backends.tinker import TinkerBackend  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
 EOS = 2
 COMPARED = ("batch_size", "num_completions", "mean_reward", "reward_std", "loss",
             "mean_completion_tokens", "max_token_hit_rate", "sample_staleness")
-
-
-@pytest.fixture
-def sdk_env(monkeypatch):
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model):
-    from retrain.backends.local import LocalModel
-    from retrain.serve.local_engine import LocalEngine
-
-    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
-
-
-@pytest.fixture
-def server(engine, tmp_path):
-    with Served(engine, tmp_path, hold_s=5.0) as served:
-        yield served
-
-
-@pytest.fixture
-def env(cli_env):
-    return {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"}
 
 
 def _tinker_config(folder, url, *, steps=6, off_policy=1):
@@ -113,15 +86,16 @@ def _wait_for(predicate, proc, timeout=120.0):
     raise AssertionError("timed out waiting for the run")
 
 
-def test_overlapped_run_logs_staleness_and_resumes_exactly(server, tmp_path, env, python):
+def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path, tinker_cli_env,
+                                                           python):
     """6 steps straight == SIGKILL in step 5, resume. With overlap, step 4's checkpoint lands
     during step 5's update, so the kill (while step 5 scores) finds state.json at step 3 and
     step 4's row written: the resume drops that row and trains step 4 again on the batch
     saved with checkpoint 3, exactly as the straight run did."""
-    path = _tinker_config(tmp_path, server.url)
+    path = _tinker_config(tmp_path, tiny_server.url)
     base = [python, "-m", "retrain", "run", str(path)]
-    done = subprocess.run([*base, "--log-dir", "straight"], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run([*base, "--log-dir", "straight"], env=tinker_cli_env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     straight = rows(tmp_path / "straight" / "run")
     assert [r["step"] for r in straight] == [1, 2, 3, 4, 5, 6]
@@ -135,7 +109,7 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(server, tmp_path, env
     assert stale and all(d > 1e-4 for d in stale), stale  # really off-policy
 
     counter = tmp_path / "calls"
-    killed_env = dict(env, RETRAIN_TEST_COUNTER=str(counter),
+    killed_env = dict(tinker_cli_env, RETRAIN_TEST_COUNTER=str(counter),
                       RETRAIN_TEST_BLOCK_AFTER=str(4 * 2 * 4))  # blocks scoring step 5
     cmd = [*base, "--log-dir", "killed"]
     proc = subprocess.Popen(cmd, env=killed_env, stdout=subprocess.PIPE,
@@ -155,8 +129,8 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(server, tmp_path, env
     assert saved["step"] == 4 and saved["staleness"] == straight[3]["sample_staleness"]
     assert s["data_cursor"] == saved["cursor_before"]  # state.json: committed steps only
 
-    resumed_proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
-                                  cwd=tmp_path)
+    resumed_proc = subprocess.run(cmd, env=tinker_cli_env, capture_output=True, text=True,
+                                  timeout=300, cwd=tmp_path)
     assert resumed_proc.returncode == 0, resumed_proc.stderr[-3000:]
     assert "after step 3 (dropped 1 metrics rows written after it)" in resumed_proc.stdout
     resumed = rows(run_dir)

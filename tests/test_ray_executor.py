@@ -21,37 +21,18 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
 
+from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain import runlog  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
 
-CAMPAIGN = """
-[model]
-name = "tiny-random"
-dtype = "float32"
-threads = 1
-[data]
-eval_size = 0
-[training]
-batch_size = 2
-group_size = 2
-max_tokens = 8
-max_steps = {max_steps}
-save_every = 1
+REWARD_TABLE = """
 [reward]
 type = "custom"
-function = "{reward}"
+function = "{function}:reward"
 timeout_s = 600.0
-[logging]
-log_dir = "{log_dir}"
-[campaign]
-seeds = {seeds}
-parallel = true
-max_workers = {max_workers}
-stagger_seconds = 0
-executor = "ray"
 """
 
 REWARD = """
@@ -83,12 +64,12 @@ def env(cli_env, cluster) -> dict:
     return {**cli_env, "RAY_ADDRESS": cluster.address}
 
 
-def _campaign(tmp: Path, **kw) -> Path:
+def _campaign(tmp: Path, *, max_steps: int = 3, seeds: str = "[1, 2, 3, 4]") -> Path:
     (tmp / "score.py").write_text(REWARD)
-    params = {"max_steps": 3, "log_dir": str(tmp / "logs"), "seeds": "[1, 2, 3, 4]",
-              "max_workers": 4, "reward": str(tmp / "score.py") + ":reward", **kw}
     path = tmp / "exp.toml"
-    path.write_text(CAMPAIGN.format(**params))
+    path.write_text(tiny_campaign_toml(tmp / "logs", seeds, max_steps=max_steps, max_workers=4,
+                                       training="save_every = 1", campaign='executor = "ray"',
+                                       tables=REWARD_TABLE.format(function=tmp / "score.py")))
     return path
 
 

@@ -7,26 +7,11 @@ import numpy as np
 import pytest
 
 tinker = pytest.importorskip("tinker")
-from test_serve import KEY, Served  # noqa: E402
 from tinker import types  # noqa: E402
 
 from retrain.backends.base import Completion  # noqa: E402
 from retrain.serve.stops import cut_at_stop_strings, first_stop_end  # noqa: E402
-
-
-@pytest.fixture
-def sdk_env(monkeypatch):
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(tiny_model):
-    from retrain.backends.local import LocalModel
-    from retrain.serve.local_engine import LocalEngine
-
-    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+from tests.serve_doubles import Served  # noqa: E402
 
 
 @pytest.fixture
@@ -129,7 +114,7 @@ def test_forward_backward_custom_runs_over_forward_and_cross_entropy(client):
 
 def test_training_run_metadata_for_resume(tmp_path, sdk_env):
     """tinker-cookbook reads its renderer back from the run's user_metadata on resume."""
-    from test_serve import BigramEngine
+    from tests.serve_doubles import BigramEngine
 
     with Served(BigramEngine(), tmp_path, hold_s=2.0) as served:
         service = tinker.ServiceClient(base_url=served.url)

@@ -13,19 +13,13 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 httpx = pytest.importorskip("httpx")
-from test_serve import KEY, BigramEngine, Served  # noqa: E402
 from tinker import types  # noqa: E402
 from tinker.proto import tinker_public_pb2 as pb  # noqa: E402
 
+from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
+
 H = {"X-API-Key": KEY}
 PROTO = {**H, "Content-Type": "application/x-protobuf"}
-
-
-@pytest.fixture
-def sdk_env(monkeypatch):
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
 
 
 class NanMetricsEngine(BigramEngine):

@@ -13,19 +13,12 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 httpx = pytest.importorskip("httpx")
-from test_serve import KEY, BigramEngine, Served  # noqa: E402
 from tinker import types  # noqa: E402
 
 from tests.run_helpers import read_serve_url  # noqa: E402
+from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
 
 H = {"X-API-Key": KEY}
-
-
-@pytest.fixture
-def sdk_env(monkeypatch):
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
 
 
 def _timed_get(url: str) -> float:

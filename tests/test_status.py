@@ -71,8 +71,9 @@ def test_run_states_and_fields(logs):
     report = status.scan(logs)
     by = {r.name: r for r in report.runs}
     assert {n: r.state for n, r in by.items()} == {
-        "alive": "running", "finished": "done", "crashed": "failed", "orphan": "stale",
-        "elsewhere": "stale", "queued": "pending", "stopped": "interrupted", "no-state": "done"}
+        "alive": "running", "finished": "completed", "crashed": "failed", "orphan": "stale",
+        "elsewhere": "stale", "queued": "pending", "stopped": "interrupted",
+        "no-state": "completed"}
     alive = by["alive"]
     assert (alive.step, alive.max_steps) == (3, 10)
     assert alive.mean_reward == pytest.approx(0.3)
@@ -84,19 +85,24 @@ def test_run_states_and_fields(logs):
     assert by["no-state"].max_steps == 4
 
 
+def test_status_says_the_word_the_files_say():
+    """One word per state: state.json's status is shown as it is; `stale` is status's own."""
+    assert set(status.STATES) == {*runlog.RUN_STATUSES, "stale"}
+
+
 def test_header_counts_match_rows(logs, capsys):
     assert run_app(["status", str(logs)]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
-    assert first == (f"{logs}: 8 runs (1 running, 2 done, 1 failed, 2 stale, 1 pending, "
+    assert first == (f"{logs}: 8 runs (1 running, 2 completed, 1 failed, 2 stale, 1 pending, "
                      "1 interrupted)")
     lines = out.splitlines()
     table = lines[2:lines.index("", 2)]
     assert table[0].split()[:2] == ["run", "state"]
     listed = [line.split()[1] for line in table[1:] if not line.startswith("  ")]
     assert len(listed) == 8  # one row per run counted in the header
-    assert sorted(listed) == sorted(["running", "done", "done", "failed", "stale", "stale",
-                                     "pending", "interrupted"])
+    assert sorted(listed) == sorted(["running", "completed", "completed", "failed", "stale",
+                                     "stale", "pending", "interrupted"])
     assert "failed: crashed: CUDA out of memory" in out
     assert "bad lines" in out and "\x1b[" not in out
 
@@ -153,7 +159,7 @@ def test_a_file_instead_of_a_folder_is_a_user_error(tmp_path, capsys):
 
 def test_status_of_a_single_run_folder(logs):
     report = status.scan(logs / "finished")
-    assert [r.name for r in report.runs] == ["finished"] and report.runs[0].state == "done"
+    assert [r.name for r in report.runs] == ["finished"] and report.runs[0].state == "completed"
 
 
 def test_only_garbage_metrics_never_break_status(tmp_path, capsys):
@@ -208,9 +214,9 @@ def test_campaign_matrix_counts_and_time_left(campaign):
     (c,) = report.campaigns
     assert c.name == "sweep" and c.state == "running"
     states = {r.name: r.state for r in c.runs}
-    assert states == {"grpo_s1": "done", "grpo_s2": "running", "rloo_s1": "failed",
+    assert states == {"grpo_s1": "completed", "grpo_s2": "running", "rloo_s1": "failed",
                       "rloo_s2": "pending"}
-    assert c.counts == {"running": 1, "done": 1, "failed": 1, "pending": 1}
+    assert c.counts == {"running": 1, "completed": 1, "failed": 1, "pending": 1}
     assert {r.name: r.attempts for r in c.runs}["rloo_s1"] == 2
     # open runs: grpo_s2 (6 steps left) + rloo_s2 (10); median step 2.5s; 2 workers
     assert c.steps_left == 16
@@ -221,11 +227,12 @@ def test_campaign_matrix_counts_and_time_left(campaign):
 def test_campaign_plain_output(campaign, capsys):
     assert run_app(["status", str(campaign)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == f"{campaign}: 1 run (1 done), 1 campaign"
-    assert "campaign 'sweep'" in out and "4 runs (1 running, 1 done, 1 failed, 1 pending)" in out
+    assert out.splitlines()[0] == f"{campaign}: 1 run (1 completed), 1 campaign"
+    assert "campaign 'sweep'" in out
+    assert "4 runs (1 running, 1 completed, 1 failed, 1 pending)" in out
     assert "16 steps left, ~20s" in out
     matrix = [line for line in out.splitlines() if line.startswith("  grpo ")]
-    assert matrix and "done 10/10" in matrix[0] and "running 4/10" in matrix[0]
+    assert matrix and "completed 10/10" in matrix[0] and "running 4/10" in matrix[0]
     rloo = [line for line in out.splitlines() if line.startswith("  rloo ")][0]
     assert "failed 1/10 (x2)" in rloo and "pending 0/10" in rloo
     assert "failed: rloo_s1: boom" in out

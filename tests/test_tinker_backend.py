@@ -14,8 +14,6 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from test_serve import KEY, BigramEngine, Served  # noqa: E402
-
 from retrain.backends.base import (  # noqa: E402
     AdamParams,
     BackendError,
@@ -26,6 +24,7 @@ from retrain.backends.base import (  # noqa: E402
 from retrain.backends.tinker import TinkerBackend, check_sdk  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
+from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 
@@ -55,13 +54,6 @@ class CountingSlots:
         with self._lock:
             self.held -= 1
         self._sem.release()
-
-
-@pytest.fixture
-def env(monkeypatch):
-    monkeypatch.setenv("TINKER_API_KEY", KEY)
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
 
 
 def _engine(tiny_model, **kw):
@@ -98,7 +90,7 @@ def test_version_and_key_checks(monkeypatch):
         _backend("http://127.0.0.1:9")
 
 
-def test_sample_train_and_shift_on_the_wire(tmp_path, env, tiny_model):
+def test_sample_train_and_shift_on_the_wire(tmp_path, sdk_env, tiny_model):
     with Served(_engine(tiny_model), tmp_path, hold_s=2.0) as served:
         backend = _backend(served.url)
         assert backend.tokenizer.eos_token_id == EOS
@@ -141,7 +133,7 @@ def test_sample_train_and_shift_on_the_wire(tmp_path, env, tiny_model):
         backend.close()
 
 
-def test_pipelined_optim_step_is_queued_before_fwdbwd_finishes(tmp_path, env, tiny_model):
+def test_pipelined_optim_step_is_queued_before_fwdbwd_finishes(tmp_path, sdk_env, tiny_model):
     engine = _engine(tiny_model, delay_s=0.4)
     with Served(engine, tmp_path, hold_s=2.0) as served:
         backend = _backend(served.url)
@@ -172,7 +164,7 @@ def test_pipelined_optim_step_is_queued_before_fwdbwd_finishes(tmp_path, env, ti
 
 
 @pytest.mark.parametrize("n_slots", [1, 2])
-def test_every_request_holds_a_slot(tmp_path, env, tiny_model, n_slots):
+def test_every_request_holds_a_slot(tmp_path, sdk_env, tiny_model, n_slots):
     """8 prompts sampled in parallel + pipelined training: the server never sees more
     requests in flight than there are slots, and one slot cannot deadlock."""
     slots = CountingSlots(n_slots)
@@ -195,7 +187,7 @@ def test_every_request_holds_a_slot(tmp_path, env, tiny_model, n_slots):
             assert served.engine.peak == 2  # parallel sampling did happen
 
 
-def test_exact_resume_weights_and_optimizer(tmp_path, env, tiny_model):
+def test_exact_resume_weights_and_optimizer(tmp_path, sdk_env, tiny_model):
     with Served(_engine(tiny_model), tmp_path, hold_s=2.0) as served:
         prompt = [1, 70, 71]
         a = _backend(served.url, seed=5)
@@ -215,7 +207,7 @@ def test_exact_resume_weights_and_optimizer(tmp_path, env, tiny_model):
         b.close()
 
 
-def test_deadline_turns_a_hang_into_backend_error(tmp_path, env, tiny_model):
+def test_deadline_turns_a_hang_into_backend_error(tmp_path, sdk_env, tiny_model):
     plan = FaultPlan(rates={"hang": 1.0}, hang_s=20, routes=frozenset({"forward_backward"}))
     with Served(_engine(tiny_model), tmp_path, hold_s=2.0, faults=plan) as served:
         backend = _backend(served.url, timeout_s=1.5)
@@ -235,7 +227,7 @@ def test_deadline_turns_a_hang_into_backend_error(tmp_path, env, tiny_model):
         backend.close()
 
 
-def test_api_key_never_in_errors(tmp_path, env, tiny_model, capfd):
+def test_api_key_never_in_errors(tmp_path, sdk_env, tiny_model, capfd):
     with Served(_engine(tiny_model), tmp_path, api_key="tml-the-server-key") as served:
         backend = _backend(served.url)
         with pytest.raises(BackendError) as info:
@@ -247,7 +239,7 @@ def test_api_key_never_in_errors(tmp_path, env, tiny_model, capfd):
     assert KEY not in out and KEY not in err
 
 
-def test_same_step_as_the_local_backend(tmp_path, env, tiny_model):
+def test_same_step_as_the_local_backend(tmp_path, sdk_env, tiny_model):
     """Over `retrain serve`, one training step equals the local backend's on the same datums:
     same initial adapter (same seed), same loss, same trainer log-probs, same update."""
     import torch
@@ -285,7 +277,7 @@ def test_same_step_as_the_local_backend(tmp_path, env, tiny_model):
         remote.close()
 
 
-def test_two_workers_share_the_campaign_semaphore(tmp_path, env, tiny_model):
+def test_two_workers_share_the_campaign_semaphore(tmp_path, sdk_env, tiny_model):
     """Two backends (as two campaign workers) on the real cross-process semaphore with 2
     slots: both finish (no deadlock) and the server never has more than 2 requests."""
     from retrain.slots import CountingSemaphore
@@ -317,7 +309,7 @@ def test_two_workers_share_the_campaign_semaphore(tmp_path, env, tiny_model):
             b.close()
 
 
-def test_superseded_checkpoints_are_deleted_on_the_service(tmp_path, env, tiny_model):
+def test_superseded_checkpoints_are_deleted_on_the_service(tmp_path, sdk_env, tiny_model):
     """Like the trainer's own pruning: keep every save_every-th, the final, the newest two."""
     with Served(_engine(tiny_model), tmp_path, hold_s=2.0) as served:
         backend = TinkerBackend(base_model="bigram-test", lora_rank=2, seed=0,
@@ -330,7 +322,7 @@ def test_superseded_checkpoints_are_deleted_on_the_service(tmp_path, env, tiny_m
             ["step-000003", "step-000006", "step-000007"]
 
 
-def test_rate_limited_client_queues_outside_its_slot(tmp_path, env, tiny_model):
+def test_rate_limited_client_queues_outside_its_slot(tmp_path, sdk_env, tiny_model):
     """serve holds 1 training client (--max-sessions 1): a second backend gets 429, waits
     with its slot given back (the only slot: the first backend keeps training meanwhile),
     and gets its client once the first one finishes; nothing fails."""

@@ -17,8 +17,6 @@ pytest.importorskip("retrain.trainer")
 pytest.importorskip("retrain.backpressure")
 pytest.importorskip("retrain.campaign.runner")
 
-from test_serve import Served  # noqa: E402
-
 from retrain.serve.guard import FaultPlan  # noqa: E402
 
 KEY = f"tml-e2e-{secrets.token_hex(12)}"   # unique, so any leak is found by a plain search
@@ -71,23 +69,9 @@ log_dir = "logs"
     return path
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model):
-    from retrain.backends.local import LocalModel
-    from retrain.serve.local_engine import LocalEngine
-
-    return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
-
-
 @pytest.fixture
-def server(engine, tmp_path):
-    with Served(engine, tmp_path, hold_s=5.0) as served:
-        yield served
-
-
-@pytest.fixture
-def env(cli_env):
-    return {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"}
+def sdk_key() -> str:
+    return KEY
 
 
 class Outputs:
@@ -134,12 +118,13 @@ def mean(xs) -> float:
     return sum(xs) / len(xs)
 
 
-def test_tinker_run_learns_like_the_local_backend(server, tmp_path, env, python):
+def test_tinker_run_learns_like_the_local_backend(tiny_server, tmp_path, tinker_cli_env, python):
     """Test (2): same task, same seed; both reward curves rise from ~0.05 to well above 0.5."""
     out = Outputs()
     write_config(tmp_path, "local", backend="local")
-    write_config(tmp_path, "remote", backend="tinker", url=server.url)
-    procs = [out.start(python, [f"{n}.toml"], env, tmp_path) for n in ("local", "remote")]
+    write_config(tmp_path, "remote", backend="tinker", url=tiny_server.url)
+    procs = [out.start(python, [f"{n}.toml"], tinker_cli_env, tmp_path)
+             for n in ("local", "remote")]
     codes = [out.finish(p) for p in procs]
     assert codes == [0, 0], out.texts[-2:]
     local, remote = rows(tmp_path / "logs/local"), rows(tmp_path / "logs/remote")
@@ -159,61 +144,62 @@ def test_tinker_run_learns_like_the_local_backend(server, tmp_path, env, python)
     assert_key_never_leaked(tmp_path / "logs", out)
 
 
-def test_campaign_never_exceeds_max_concurrent(server, tmp_path, env, python):
+def test_campaign_never_exceeds_max_concurrent(tiny_server, tmp_path, tinker_cli_env, python):
     """Test (3): 4 tinker runs, 4 workers, max_concurrent = 2: the server never has more
     than 2 of the campaign's requests in flight."""
     out = Outputs()
-    cfg = write_config(tmp_path, "camp", backend="tinker", url=server.url, steps=4,
+    cfg = write_config(tmp_path, "camp", backend="tinker", url=tiny_server.url, steps=4,
                        extra="\n[campaign]\nseeds = [1, 2, 3, 4]\nparallel = true\n"
                              "max_workers = 4\nstagger_seconds = 0\n")
     text = cfg.read_text().replace("request_timeout_s", "max_concurrent = 2\nrequest_timeout_s")
     cfg.write_text(text)
-    server.traffic.reset_peak()
-    before = server.traffic.requests
-    proc = out.run(python, [cfg.name], env, tmp_path, timeout=240)
+    tiny_server.traffic.reset_peak()
+    before = tiny_server.traffic.requests
+    proc = out.run(python, [cfg.name], tinker_cli_env, tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((tmp_path / "logs/camp/manifest.json").read_text())
     assert [r["status"] for r in manifest["runs"]] == ["completed"] * 4
-    assert server.traffic.requests - before > 4 * 4 * 5  # every run talked to the server
-    assert server.traffic.peak <= 2, server.traffic.peak
-    assert server.traffic.peak == 2  # and the two slots were used in parallel
+    assert tiny_server.traffic.requests - before > 4 * 4 * 5  # every run talked to the server
+    assert tiny_server.traffic.peak <= 2, tiny_server.traffic.peak
+    assert tiny_server.traffic.peak == 2  # and the two slots were used in parallel
     assert_key_never_leaked(tmp_path / "logs", out)
 
 
-def test_injected_429_502_504_are_survived(server, tmp_path, env, python):
+def test_injected_429_502_504_are_survived(tiny_server, tmp_path, tinker_cli_env, python):
     """Test (4a): a run survives transient errors on every route by retrying."""
     out = Outputs()
-    server.app.faults = FaultPlan(rates={"429": 0.03, "502": 0.04, "504": 0.04}, seed=11)
-    cfg = write_config(tmp_path, "flaky", backend="tinker", url=server.url, steps=8)
-    proc = out.run(python, [cfg.name], env, tmp_path)
-    server.app.faults = None
+    tiny_server.app.faults = FaultPlan(rates={"429": 0.03, "502": 0.04, "504": 0.04}, seed=11)
+    cfg = write_config(tmp_path, "flaky", backend="tinker", url=tiny_server.url, steps=8)
+    proc = out.run(python, [cfg.name], tinker_cli_env, tmp_path)
+    tiny_server.app.faults = None
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "logs/flaky"
     assert [r["step"] for r in rows(run)] == list(range(1, 9))
     assert state(run)["status"] == "completed"
-    assert all(server.traffic.faults.get(k, 0) > 0 for k in ("429", "502", "504")), \
-        server.traffic.faults
+    assert all(tiny_server.traffic.faults.get(k, 0) > 0 for k in ("429", "502", "504")), \
+        tiny_server.traffic.faults
     assert_key_never_leaked(tmp_path / "logs", out)
 
 
-def test_a_hung_request_stops_cleanly_and_resumes(server, tmp_path, env, python):
+def test_a_hung_request_stops_cleanly_and_resumes(tiny_server, tmp_path, tinker_cli_env, python):
     """Test (4b): a request that hangs hits backend.request_timeout_s; the run stops with
     its last checkpoint, and the same command resumes it without losing or repeating a step."""
     out = Outputs()
-    server.app.faults = FaultPlan(rates={"hang": 1.0}, routes=frozenset({"optim_step"}),
+    tiny_server.app.faults = FaultPlan(rates={"hang": 1.0}, routes=frozenset({"optim_step"}),
                                   after=3, limit=1, hang_s=60)
-    cfg = write_config(tmp_path, "hang", backend="tinker", url=server.url, steps=6, timeout_s=3)
-    first = out.run(python, [cfg.name], env, tmp_path)
+    cfg = write_config(tmp_path, "hang", backend="tinker", url=tiny_server.url, steps=6,
+                       timeout_s=3)
+    first = out.run(python, [cfg.name], tinker_cli_env, tmp_path)
     assert first.returncode == 1
     assert "request_timeout_s" in first.stderr and "resumes" in first.stderr
     run = tmp_path / "logs/hang"
     s = state(run)
     assert s["status"] == "failed" and s["step"] == 3
     assert s["checkpoint"].startswith("tinker://") and s["checkpoint"].endswith("step-000003")
-    second = out.run(python, [cfg.name], env, tmp_path)
-    server.app.faults = None
+    second = out.run(python, [cfg.name], tinker_cli_env, tmp_path)
+    tiny_server.app.faults = None
     assert second.returncode == 0, second.stderr[-3000:]
     assert [r["step"] for r in rows(run)] == list(range(1, 7))
     assert state(run)["status"] == "completed"
-    assert server.traffic.faults.get("hang") == 1
+    assert tiny_server.traffic.faults.get("hang") == 1
     assert_key_never_leaked(tmp_path / "logs", out)

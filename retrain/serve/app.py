@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -83,50 +84,50 @@ def build_routes(service: TinkerService) -> list[Route]:
     return [Route(f"/api/v1/{path}", _wrap(fn), methods=[method]) for method, path, fn in table]
 
 
+def _reply(value: dict) -> Handler:
+    """A handler that answers every request with `value`."""
+    async def handler(request: Request):
+        return value
+    return handler
+
+
+def _body(model: type[pydantic.BaseModel], call: Callable[[Any], Any]) -> Handler:
+    """A handler that validates the JSON body as `model` and answers `call(body)` (awaited
+    when the service method is async)."""
+    async def handler(request: Request):
+        result = call(await _parse(request, model))
+        return await result if inspect.isawaitable(result) else result
+    return handler
+
+
+def _path(call: Callable[..., Any], *params: str) -> Handler:
+    """A handler that answers `call` of the named path parameters, in order."""
+    async def handler(request: Request):
+        return call(*(request.path_params[p] for p in params))
+    return handler
+
+
+# The lambdas look the service's method up on each call (a test may wrap one).
 def _session_routes(s: TinkerService) -> list[RouteSpec]:
     """Client configuration, sessions, models, and the no-op housekeeping calls."""
-
-    async def client_config(request: Request):
-        return CLIENT_CONFIG
-
-    async def dynamic_config(request: Request):
-        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
-
-    async def create_session(request: Request):
-        return s.create_session(await _parse(request, types.CreateSessionRequest))
-
-    async def heartbeat(request: Request):
-        return s.heartbeat((await _parse(request, types.SessionHeartbeatRequest)).session_id)
-
-    async def finish(request: Request):
-        return s.finish_session(request.path_params["sid"])
-
-    async def create_model(request: Request):
-        return s.create_model(await _parse(request, types.CreateModelRequest))
-
-    async def get_info(request: Request):
-        return s.get_info((await _parse(request, types.GetInfoRequest)).model_id)
-
-    async def telemetry(request: Request):
-        return {"status": "accepted"}
-
-    async def healthz(request: Request):
-        return {"status": "ok"}
 
     async def capabilities(request: Request):
         return {"supported_models": [{"model_name": s.engine.base_model, "trainable": True,
                                       "sampleable": True}]}
 
     return [
-        ("POST", "client/config", client_config),
-        ("POST", "client/dynamic_config", dynamic_config),
-        ("POST", "create_session", create_session),
-        ("POST", "session_heartbeat", heartbeat),
-        ("POST", "sessions/{sid}/finish", finish),
-        ("POST", "create_model", create_model),
-        ("POST", "get_info", get_info),
-        ("POST", "telemetry", telemetry),
-        ("GET", "healthz", healthz),
+        ("POST", "client/config", _reply(CLIENT_CONFIG)),
+        ("POST", "client/dynamic_config",
+         _reply({"refresh_interval_sec": 300, "sample_cancel_enabled": False})),
+        ("POST", "create_session",
+         _body(types.CreateSessionRequest, lambda req: s.create_session(req))),
+        ("POST", "session_heartbeat",
+         _body(types.SessionHeartbeatRequest, lambda req: s.heartbeat(req.session_id))),
+        ("POST", "sessions/{sid}/finish", _path(lambda sid: s.finish_session(sid), "sid")),
+        ("POST", "create_model", _body(types.CreateModelRequest, lambda req: s.create_model(req))),
+        ("POST", "get_info", _body(types.GetInfoRequest, lambda req: s.get_info(req.model_id))),
+        ("POST", "telemetry", _reply({"status": "accepted"})),
+        ("GET", "healthz", _reply({"status": "ok"})),
         ("GET", "get_server_capabilities", capabilities),
     ]
 
@@ -148,62 +149,35 @@ def _training_routes(s: TinkerService) -> list[RouteSpec]:
             raise ApiError(400, str(exc)) from None
         return s.forward_backward(call)
 
-    async def optim_step(request: Request):
-        return s.optim_step(await _parse(request, types.OptimStepRequest))
-
-    async def save_weights(request: Request):
-        return s.save_weights(await _parse(request, types.SaveWeightsRequest))
-
-    async def save_for_sampler(request: Request):
-        return s.save_weights_for_sampler(
-            await _parse(request, types.SaveWeightsForSamplerRequest))
-
-    async def load_weights(request: Request):
-        return s.load_weights(await _parse(request, types.LoadWeightsRequest))
-
-    async def training_run(request: Request):
-        return s.get_training_run(request.path_params["run"])
-
-    async def delete_checkpoint(request: Request):
-        return s.delete_checkpoint(request.path_params["run"], request.path_params["cid"])
-
     return [
         ("POST", "forward_backward", forward_backward),
-        ("POST", "optim_step", optim_step),
-        ("POST", "save_weights", save_weights),
-        ("POST", "save_weights_for_sampler", save_for_sampler),
-        ("POST", "load_weights", load_weights),
-        ("GET", "training_runs/{run}", training_run),
-        ("DELETE", "training_runs/{run}/checkpoints/{cid:path}", delete_checkpoint),
+        ("POST", "optim_step", _body(types.OptimStepRequest, lambda req: s.optim_step(req))),
+        ("POST", "save_weights",
+         _body(types.SaveWeightsRequest, lambda req: s.save_weights(req))),
+        ("POST", "save_weights_for_sampler",
+         _body(types.SaveWeightsForSamplerRequest, lambda req: s.save_weights_for_sampler(req))),
+        ("POST", "load_weights",
+         _body(types.LoadWeightsRequest, lambda req: s.load_weights(req))),
+        ("GET", "training_runs/{run}", _path(lambda run: s.get_training_run(run), "run")),
+        ("DELETE", "training_runs/{run}/checkpoints/{cid:path}",
+         _path(lambda run, cid: s.delete_checkpoint(run, cid), "run", "cid")),
     ]
 
 
 def _sampling_routes(s: TinkerService) -> list[RouteSpec]:
     """Sampling sessions, sampling, and the futures every async call answers with."""
 
-    async def create_sampling_session(request: Request):
-        return await s.create_sampling_session(
-            await _parse(request, types.CreateSamplingSessionRequest))
-
-    async def get_sampler(request: Request):
-        return s.get_sampler(request.path_params["sid"])
-
-    async def asample(request: Request):
-        return await s.asample(await _parse(request, types.SampleRequest))
-
     async def retrieve_future(request: Request):
         req = await _parse(request, types.FutureRetrieveRequest)
         return await _retrieve(s.futures, req.request_id, request)
 
-    async def cancel_future(request: Request):
-        return {}
-
     return [
-        ("POST", "create_sampling_session", create_sampling_session),
-        ("GET", "samplers/{sid}", get_sampler),
-        ("POST", "asample", asample),
+        ("POST", "create_sampling_session", _body(types.CreateSamplingSessionRequest,
+                                                  lambda req: s.create_sampling_session(req))),
+        ("GET", "samplers/{sid}", _path(lambda sid: s.get_sampler(sid), "sid")),
+        ("POST", "asample", _body(types.SampleRequest, lambda req: s.asample(req))),
         ("POST", "retrieve_future", retrieve_future),
-        ("POST", "cancel_future", cancel_future),
+        ("POST", "cancel_future", _reply({})),
     ]
 
 
