@@ -80,3 +80,16 @@ def read_serve_url(proc, timeout_s: float) -> str:
         line = proc.stderr.readline()
         assert line or proc.poll() is None, "retrain serve exited"
     return line.split("retrain serve: ")[1].split()[0]
+
+
+def wait_for(predicate, proc, timeout=120.0):
+    """Poll `predicate` until true; fail early with the output if the process `proc` ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the run exited early ({proc.returncode}): {out}")
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for the run")

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ pytest.importorskip("tinker")
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
 from retrain.backends.tinker import TinkerBackend  # noqa: E402
-from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
 from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
 EOS = 2
@@ -74,18 +73,6 @@ def test_local_backend_refuses_off_policy(tmp_path, cli_env, python):
     assert "Traceback" not in proc.stderr
 
 
-def _wait_for(predicate, proc, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the run exited early ({proc.returncode}): "
-                                 f"{proc.stdout.read() if proc.stdout else ''}")
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for the run")
-
-
 def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path, tinker_cli_env,
                                                            python):
     """6 steps straight == SIGKILL in step 5, resume. With overlap, step 4's checkpoint lands
@@ -116,7 +103,7 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     run_dir = tmp_path / "killed" / "run"
     try:
-        _wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 32, proc)
+        wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 32, proc)
         s = state(run_dir)
         assert s["step"] == 3 and s["status"] == "running"  # checkpoint 4 not landed yet
         assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -13,22 +12,10 @@ pytest.importorskip("torch")
 
 from retrain.config_file import load_config  # noqa: E402
 from retrain.trainer import run_single  # noqa: E402
-from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
 
 COMPARED = ("batch_size", "num_completions", "mean_reward", "reward_std", "loss", "grad_norm",
             "mean_completion_tokens", "sampler_trainer_logprob_diff", "max_token_hit_rate")
-
-
-def _wait_for(predicate, proc, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            raise AssertionError(f"the run exited early ({proc.returncode}): {out}")
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for the run")
 
 
 def test_kill_and_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch, cli_env, python,
@@ -47,7 +34,7 @@ def test_kill_and_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch, cl
                             text=True)
     run_dir = tmp_path / "killed" / "run"
     try:
-        _wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 24, proc)
+        wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 24, proc)
         assert state(run_dir)["step"] == 3 and state(run_dir)["status"] == "running"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
