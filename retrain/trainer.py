@@ -403,7 +403,6 @@ class Trainer:
         loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
                           temperature=training.temperature)
         out = self.backend.forward_backward(datums, loss)
-        self._land_commit()  # the last step's save, landing while this step's update runs
         self._train_metrics = out.metrics
         # Measured on the local backend with two or more micro-batches, else None (docs).
         stats = GradStats.from_metrics(out.metrics)
@@ -412,6 +411,7 @@ class Trainer:
                           weight_decay=training.weight_decay,
                           grad_clip_norm=training.grad_clip_norm)
         opt = self.backend.optim_step(adam)
+        self._land_commit()  # the last step's save landed while this step's update ran
         self.overlap.updated()
         return {"loss": out.loss, "grad_norm": opt.grad_norm,
                 "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs),

@@ -44,6 +44,7 @@ from retrain.backends.base import (
     OptimOutput,
     SamplingParams,
     TokenIds,
+    finished,
 )
 from retrain.errors import UserError
 from retrain.slots import ApiSlots, NoSlots
@@ -310,6 +311,12 @@ class TinkerBackend:
             self._refresh_sampler()
         return self._sampler
 
+    def _sampler_job(self) -> concurrent.futures.Future:
+        """The sampler of the current weights, as a future: its save may still be in flight."""
+        if self._next_sampler is not None:
+            return self._next_sampler[0]
+        return finished(self._current_sampler)
+
     def _settle(self) -> None:
         """Finish a forward_backward that nobody has read yet (frees its slot)."""
         if self._pending is not None:
@@ -331,7 +338,7 @@ class TinkerBackend:
         The sampler is captured here, so a weight update made while the job runs does not
         change which weights these completions come from (the off-policy overlap's contract).
         """
-        sampler = self._current_sampler()
+        sampler_job = self._sampler_job()
         types = self._tinker.types
         stop = sorted(_stop_ids(self.tokenizer))
 
@@ -340,6 +347,7 @@ class TinkerBackend:
                 max_tokens=params.max_tokens, temperature=params.temperature,
                 top_p=params.top_p, stop=stop or None,
                 seed=None if params.seed is None else params.seed + i)
+            sampler = sampler_job.result()  # its save may still be landing: wait here, not above
             res = self._call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
             return [_completion(s, set(stop)) for s in res.sequences]
