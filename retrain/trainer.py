@@ -22,11 +22,9 @@ import hashlib
 import math
 import os
 import random
-import resource
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +51,9 @@ from retrain.offpolicy import Overlap
 from retrain.progress import Progress
 from retrain.scorer import build_scorer
 from retrain.slots import slots_from_env
+from retrain.step_row import groups_of, logprob_diff, max_rss_mb, ordered
 from retrain.stepcost import step_cost
+from retrain.stop_request import StopRequest
 from retrain.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.trackers import Trackers
 
@@ -96,34 +96,6 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
         backend.close()
 
 
-class _StopRequest:
-    """SIGINT/SIGTERM: the first finishes the step in flight, a second abandons it."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        print("\nstopping after the current step (press Ctrl-C again to stop now)",
-              file=sys.stderr, flush=True)
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + (self.signum or signal.SIGINT)
-
-
 @dataclass
 class _Sampled:
     """What one attempt at a step produced, before the metrics row is assembled."""
@@ -157,7 +129,7 @@ class Trainer:
         self.noise = NoiseScale()
         self._train_metrics: dict = {}
         self.progress = Progress(cfg.logging.run_name)
-        self.stop = _StopRequest()
+        self.stop = StopRequest()
         self.state = runlog.RunState()
         self.batch_size = self.training.batch_size
         self.reward_errors_shown = 0
@@ -305,7 +277,7 @@ class Trainer:
         row = sampled.row
         row.update(step=step, step_time_s=step_time,
                    tokens_per_second=sampled.tokens / step_time if step_time > 0 else 0.0,
-                   process_max_rss_mb=_max_rss_mb(), api_wait_s=self._api_wait_s() - waited,
+                   process_max_rss_mb=max_rss_mb(), api_wait_s=self._api_wait_s() - waited,
                    oom_retries=retries)
         # The controller measures the batch size that ran: failed attempts are not its time.
         decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start,
@@ -317,7 +289,7 @@ class Trainer:
                               f"batch_size {batch_size} -> {decision.batch_size}: "
                               f"{decision.reason}")
         self._report_reward_errors(step, sampled.errors)
-        return _ordered(row, decision.metrics())
+        return ordered(row, decision.metrics())
 
     def _attempt(self, step: int, batch_size: int) -> _Sampled:
         training = self.training
@@ -338,7 +310,7 @@ class Trainer:
         decode = self.backend.tokenizer.decode
         texts = [decode(c.tokens, skip_special_tokens=True) for g in groups for c in g]
         scores = self.scorer.score(texts, [p for p in problems for _ in range(training.group_size)])
-        rewards = _chunk(scores.rewards, training.group_size)
+        rewards = groups_of(scores.rewards, training.group_size)
         advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
                                         self.cfg.algorithm.std_scale)
         t2 = time.perf_counter()
@@ -414,7 +386,7 @@ class Trainer:
         self._land_commit()  # the last step's save landed while this step's update ran
         self.overlap.updated()
         return {"loss": out.loss, "grad_norm": opt.grad_norm,
-                "sampler_trainer_logprob_diff": _logprob_diff(datums, out.logprobs),
+                "sampler_trainer_logprob_diff": logprob_diff(datums, out.logprobs),
                 "grad_noise_scale": self.noise.update(stats),
                 "grad_coherence": stats.coherence if stats else None,
                 "grad_diagnostics_s": out.metrics.get("grad_diagnostics_s")}
@@ -514,42 +486,3 @@ class Trainer:
             more = "" if self.reward_errors_shown < REPORTED_REWARD_ERRORS else \
                 " (further failures are only counted in reward_failures)"
             self.progress.say(f"step {step}: reward function failed: {errors[0]}{more}")
-
-
-# ---------------------------------------------------------------------- helpers
-
-ROW_ORDER = ("step", "batch_size", "group_size", "num_completions", "mean_reward", "reward_std",
-             "correct_rate", "max_token_hit_rate", "mean_completion_tokens", "loss",
-             "grad_norm", "lr", "step_time_s", "sample_time_s", "reward_time_s", "train_time_s",
-             "tokens_per_second", "reward_uniform_group_rate", "sampler_trainer_logprob_diff",
-             "process_max_rss_mb", "api_wait_s", "reward_failures", "oom_retries")
-
-
-def _ordered(row: dict, bp: dict) -> dict:
-    """The promised keys first, in a fixed order; then extras, time and the bp_* metrics."""
-    out = {k: row[k] for k in ROW_ORDER}
-    out.update((k, v) for k, v in row.items() if k not in out)
-    out["time"] = time.time()
-    out.update(bp)
-    return out
-
-
-def _chunk(values: list[float], size: int) -> list[list[float]]:
-    return [values[i:i + size] for i in range(0, len(values), size)]
-
-
-def _logprob_diff(datums: list[Datum], trainer_logprobs: list[list[float]]) -> float | None:
-    """Mean |trainer - sampler| log-prob over the completion tokens (~0 means same policy)."""
-    total, count = 0.0, 0
-    for d, lps in zip(datums, trainer_logprobs, strict=True):
-        for old, new, m in zip(d.logprobs, lps, d.mask, strict=True):
-            if m:
-                total += abs(new - old)
-                count += 1
-    return total / count if count else None
-
-
-def _max_rss_mb() -> float:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
-

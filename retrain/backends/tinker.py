@@ -22,12 +22,9 @@ import concurrent.futures
 import contextlib
 import importlib.metadata
 import logging
-import math
 import os
-import random
 import re
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -46,6 +43,8 @@ from retrain.backends.base import (
     TokenIds,
     finished,
 )
+from retrain.backends.tinker_rate_limit import RateLimited, RateLimitWait, is_rate_limited
+from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
 from retrain.errors import UserError
 from retrain.slots import ApiSlots, NoSlots
 
@@ -56,9 +55,6 @@ log = logging.getLogger("retrain.tinker")
 TINKER_VERSION = "0.38.0"
 KEY_ENV = "TINKER_API_KEY"
 SAMPLE_THREADS = 32
-RATE_LIMIT_FIRST_S = 0.5   # backoff on HTTP 429: 0.5 s doubling to 15 s, times 0.5-1 jitter
-RATE_LIMIT_CAP_S = 15.0
-RATE_LIMIT_WARN_EVERY_S = 60.0
 
 
 def check_sdk() -> None:
@@ -204,8 +200,8 @@ class TinkerBackend:
         try:
             return future.result(timeout=self.timeout_s)
         except BaseException as exc:
-            if queue_on_429 and _rate_limited(exc):
-                raise _RateLimited(str(exc)) from None
+            if queue_on_429 and is_rate_limited(exc):
+                raise RateLimited(str(exc)) from None
             if isinstance(exc, TimeoutError):
                 future.future().cancel()
                 if fatal_timeout:  # the training client is stuck behind this request
@@ -222,14 +218,14 @@ class TinkerBackend:
         a rate-limit answer gives the slot back, waits out a backoff and tries again, for as
         long as the service keeps answering 429: queued, not failed.
         """
-        waiting = _RateLimitWait(what)
+        waiting = RateLimitWait(what)
         while True:
             self._check_usable()
             with self.slots:
                 try:
                     future = submit()
                 except Exception as exc:
-                    if not (queue_on_429 and _rate_limited(exc)):
+                    if not (queue_on_429 and is_rate_limited(exc)):
                         raise self._fail(what, exc) from None
                     future, reason = None, str(exc)
                 finally:
@@ -239,7 +235,7 @@ class TinkerBackend:
                     try:
                         return self._wait(what, future, fatal_timeout=fatal_timeout,
                                           queue_on_429=queue_on_429)
-                    except _RateLimited as exc:
+                    except RateLimited as exc:
                         reason = str(exc)
             # the slot is free again while we sleep: other workers' requests go meanwhile
             slept = waiting.sleep(self._secret.scrub(reason))
@@ -340,7 +336,7 @@ class TinkerBackend:
         """
         sampler_job = self._sampler_job()
         types = self._tinker.types
-        stop = sorted(_stop_ids(self.tokenizer))
+        stop = sorted(stop_ids(self.tokenizer))
 
         def one(i: int, prompt: TokenIds) -> list[Completion]:
             sp = types.SamplingParams(
@@ -350,7 +346,7 @@ class TinkerBackend:
             sampler = sampler_job.result()  # its save may still be landing: wait here, not above
             res = self._call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
-            return [_completion(s, set(stop)) for s in res.sequences]
+            return [completion_of(s, set(stop)) for s in res.sequences]
 
         return SampleJob([self._sample_pool.submit(one, i, p) for i, p in enumerate(prompts)])
 
@@ -360,7 +356,7 @@ class TinkerBackend:
         if not datums:
             raise BackendError("forward_backward needs at least one datum")
         scale = advantage_scale(datums)
-        data = [_tinker_datum(self._tinker.types, d, scale) for d in datums]
+        data = [wire_datum(self._tinker.types, d, scale) for d in datums]
         config = None
         if loss.name == "ppo":
             config = {"clip_low_threshold": 1.0 - loss.clip_eps,
@@ -489,83 +485,6 @@ class TinkerBackend:
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sample_pool.shutdown(wait=False, cancel_futures=True)
-
-
-class _RateLimited(Exception):
-    """The service answered 429 (too many sessions or requests): wait, then send again."""
-
-
-def _rate_limited(exc: BaseException) -> bool:
-    return getattr(exc, "status_code", None) == 429
-
-
-class _RateLimitWait:
-    """Exponential backoff with jitter for one request that keeps getting 429.
-
-    The jitter comes from the OS, not the seeded `random`, so campaign workers that share a
-    seed do not retry in lockstep. A warning goes out on the first 429 and once a minute.
-    """
-
-    def __init__(self, what: str):
-        self.what = what
-        self.attempts = 0
-        self.total_s = 0.0
-        self._warned_at = -math.inf
-        self._rng = random.SystemRandom()
-
-    def sleep(self, reason: str) -> float:
-        if self.total_s - self._warned_at >= RATE_LIMIT_WARN_EVERY_S:
-            self._warned_at = self.total_s
-            log.warning("tinker %s: rate-limited (HTTP 429), waiting and retrying "
-                        "(%.0f s so far): %s", self.what, self.total_s, reason)
-        delay = min(RATE_LIMIT_CAP_S, RATE_LIMIT_FIRST_S * 2 ** self.attempts)
-        delay *= self._rng.uniform(0.5, 1.0)
-        self.attempts += 1
-        start = time.monotonic()
-        time.sleep(delay)
-        slept = time.monotonic() - start
-        self.total_s += slept
-        return slept
-
-
-def advantage_scale(datums: list[Datum]) -> float:
-    """Tinker's losses are sums over tokens, the local backend's a mean over the call's
-    completion tokens: scaling the advantages by 1 / that count makes them the same loss."""
-    tokens = sum(1 for d in datums for m in d.mask if m > 0)
-    return 1.0 / tokens if tokens else 0.0
-
-
-def _tinker_datum(types: Any, d: Datum, scale: float) -> Any:
-    """The shifted datum on the wire: model_input = input tokens, inputs aligned to targets."""
-    adv = np.asarray(d.advantages, dtype=np.float32) * np.asarray(d.mask, dtype=np.float32)
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(list(d.input_tokens)),
-        loss_fn_inputs={
-            "target_tokens": np.asarray(d.target_tokens, dtype=np.int64),
-            "logprobs": np.asarray(d.logprobs, dtype=np.float32),
-            "advantages": adv * np.float32(scale),
-        })
-
-
-def _stop_ids(tokenizer: Any) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos, int):
-        return {eos}
-    return {int(e) for e in eos or []}
-
-
-def _completion(seq: Any, stop: set[int]) -> Completion:
-    """Tokens up to and including the first stop token; nothing after it."""
-    tokens = [int(t) for t in seq.tokens]
-    logprobs = [float(x) for x in (seq.logprobs or [])]
-    if len(logprobs) != len(tokens):
-        raise BackendError(f"tinker sample returned {len(logprobs)} log-probs for "
-                           f"{len(tokens)} tokens; the sampler must report every token's")
-    for i, t in enumerate(tokens):
-        if t in stop:
-            return Completion(tokens[:i + 1], logprobs[:i + 1], "stop")
-    reason = "stop" if seq.stop_reason == "stop" else "length"
-    return Completion(tokens, logprobs, reason)
 
 
 def _step_of(name: str) -> int | None:

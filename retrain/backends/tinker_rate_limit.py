@@ -1,0 +1,51 @@
+"""HTTP 429 from a Tinker service: queue, don't fail (backoff with jitter per request)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+
+log = logging.getLogger("retrain.tinker")  # the same logger as the backend's
+
+RATE_LIMIT_FIRST_S = 0.5   # backoff on HTTP 429: 0.5 s doubling to 15 s, times 0.5-1 jitter
+RATE_LIMIT_CAP_S = 15.0
+RATE_LIMIT_WARN_EVERY_S = 60.0
+
+
+class RateLimited(Exception):
+    """The service answered 429 (too many sessions or requests): wait, then send again."""
+
+
+def is_rate_limited(exc: BaseException) -> bool:
+    return getattr(exc, "status_code", None) == 429
+
+
+class RateLimitWait:
+    """Exponential backoff with jitter for one request that keeps getting 429.
+
+    The jitter comes from the OS, not the seeded `random`, so campaign workers that share a
+    seed do not retry in lockstep. A warning goes out on the first 429 and once a minute.
+    """
+
+    def __init__(self, what: str):
+        self.what = what
+        self.attempts = 0
+        self.total_s = 0.0
+        self._warned_at = -math.inf
+        self._rng = random.SystemRandom()
+
+    def sleep(self, reason: str) -> float:
+        if self.total_s - self._warned_at >= RATE_LIMIT_WARN_EVERY_S:
+            self._warned_at = self.total_s
+            log.warning("tinker %s: rate-limited (HTTP 429), waiting and retrying "
+                        "(%.0f s so far): %s", self.what, self.total_s, reason)
+        delay = min(RATE_LIMIT_CAP_S, RATE_LIMIT_FIRST_S * 2 ** self.attempts)
+        delay *= self._rng.uniform(0.5, 1.0)
+        self.attempts += 1
+        start = time.monotonic()
+        time.sleep(delay)
+        slept = time.monotonic() - start
+        self.total_s += slept
+        return slept

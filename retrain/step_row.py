@@ -1,0 +1,45 @@
+"""One step's metrics row: the promised keys in a fixed order, and the numbers derived for it."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+from retrain.backends.base import Datum
+
+ROW_ORDER = ("step", "batch_size", "group_size", "num_completions", "mean_reward", "reward_std",
+             "correct_rate", "max_token_hit_rate", "mean_completion_tokens", "loss",
+             "grad_norm", "lr", "step_time_s", "sample_time_s", "reward_time_s", "train_time_s",
+             "tokens_per_second", "reward_uniform_group_rate", "sampler_trainer_logprob_diff",
+             "process_max_rss_mb", "api_wait_s", "reward_failures", "oom_retries")
+
+
+def ordered(row: dict, bp: dict) -> dict:
+    """The promised keys first, in a fixed order; then extras, time and the bp_* metrics."""
+    out = {k: row[k] for k in ROW_ORDER}
+    out.update((k, v) for k, v in row.items() if k not in out)
+    out["time"] = time.time()
+    out.update(bp)
+    return out
+
+
+def groups_of(values: list[float], size: int) -> list[list[float]]:
+    return [values[i:i + size] for i in range(0, len(values), size)]
+
+
+def logprob_diff(datums: list[Datum], trainer_logprobs: list[list[float]]) -> float | None:
+    """Mean |trainer - sampler| log-prob over the completion tokens (~0 means same policy)."""
+    total, count = 0.0, 0
+    for d, lps in zip(datums, trainer_logprobs, strict=True):
+        for old, new, m in zip(d.logprobs, lps, d.mask, strict=True):
+            if m:
+                total += abs(new - old)
+                count += 1
+    return total / count if count else None
+
+
+def max_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
