@@ -23,7 +23,6 @@ import contextlib
 import importlib.metadata
 import logging
 import os
-import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from retrain import runlog
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -43,6 +43,7 @@ from retrain.backends.base import (
     TokenIds,
     finished,
 )
+from retrain.backends.tinker_pending import PendingLoss, SampleJob
 from retrain.backends.tinker_rate_limit import RateLimited, RateLimitWait, is_rate_limited
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
 from retrain.errors import UserError
@@ -84,43 +85,6 @@ class _Secret:
         return "_Secret(***)"
 
 
-class _PendingLoss(LossOutput):
-    """A submitted forward_backward; its numbers are fetched on first access."""
-
-    def __init__(self, resolve: Callable[[], LossOutput], submitted: threading.Event):
-        self._resolve = resolve
-        self.submitted = submitted  # set once the request is on its way
-        self._value: LossOutput | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> LossOutput:
-        with self._lock:
-            if self._value is None:
-                self._value = self._resolve()
-            return self._value
-
-    loss = property(lambda self: self.get().loss)                # type: ignore[assignment]
-    logprobs = property(lambda self: self.get().logprobs)        # type: ignore[assignment]
-    metrics = property(lambda self: self.get().metrics)          # type: ignore[assignment]
-
-
-class SampleJob:
-    """Sampling requests in flight; `result()` waits for all of them (prompt order kept)."""
-
-    def __init__(self, futures: list[concurrent.futures.Future]):
-        self._futures = futures
-
-    def done(self) -> bool:
-        return all(f.done() for f in self._futures)
-
-    def result(self) -> list[list[Completion]]:
-        return [f.result() for f in self._futures]
-
-    def cancel(self) -> None:
-        for f in self._futures:
-            f.cancel()
-
-
 class TinkerBackend:
     """Sampling and LoRA training on a Tinker service (hosted, or `retrain serve`)."""
 
@@ -148,7 +112,7 @@ class TinkerBackend:
         self._sampler: Any = None
         self._next_sampler: tuple[concurrent.futures.Future, threading.Event] | None = None
         self._tokenizer: Any = None
-        self._pending: _PendingLoss | None = None
+        self._pending: PendingLoss | None = None
         self._broken: str | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(SAMPLE_THREADS,
                                                            thread_name_prefix="tinker-call")
@@ -388,7 +352,7 @@ class TinkerBackend:
             return LossOutput(loss=metrics.get("loss:sum", float("nan")),
                               logprobs=logprobs, metrics=metrics)
 
-        self._pending = _PendingLoss(resolve, submitted)
+        self._pending = PendingLoss(resolve, submitted)
         return self._pending
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
@@ -445,7 +409,7 @@ class TinkerBackend:
         if self._final_step is None:  # not told the run's plan: keep everything
             return
         for entry in self._saved[:-2]:
-            step = _step_of(entry[0])
+            step = runlog.checkpoint_step(entry[0])
             if step is not None and not self._keeps(step):
                 self._saved.remove(entry)
                 self._deletions.append(self._pool.submit(self._delete, entry[1]))
@@ -485,12 +449,6 @@ class TinkerBackend:
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sample_pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _step_of(name: str) -> int | None:
-    """The step number at the end of a checkpoint name ('step-000012' -> 12)."""
-    match = re.search(r"(\d+)$", name)
-    return int(match.group(1)) if match else None
 
 
 def _grad_norm(metrics: dict[str, float]) -> float:

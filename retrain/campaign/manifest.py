@@ -19,6 +19,10 @@ from retrain.errors import UserError
 
 RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
 CAMPAIGN_STATUSES = ("running", "completed", "failed", "interrupted")
+# The campaign folder: <campaign>/slots/ holds the API semaphore; <campaign>/<run>/worker.log
+# is each worker's output.
+SLOTS_DIR = "slots"
+WORKER_LOG = "worker.log"
 
 
 @dataclass
@@ -61,7 +65,7 @@ class Manifest:
     max_workers: int = 0
     stagger_seconds: float = 0.0
     max_concurrent: int = 1
-    slots_dir: str = "slots"
+    slots_dir: str = SLOTS_DIR
     executor: str = "local"
     slots_actor: str = ""   # the Ray slot actor's name (executor = "ray")
     ray_address: str = ""
