@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from retrain.errors import UserError
+from retrain.slot_semaphore import SlotSemaphore
 
 ENV_VAR = "RETRAIN_API_SLOTS"
 QUEUE_FILE = "queue.lock"
@@ -79,7 +80,7 @@ class NoSlots:
 
 
 
-class CountingSemaphore:
+class CountingSemaphore(SlotSemaphore):
     """At most `max_concurrent` holders across every process using `folder`.
 
     `with sem:` acquires (raising TimeoutError after `timeout` seconds, when set) and releases;
@@ -101,10 +102,8 @@ class CountingSemaphore:
         self._bell = _open_doorbell(self.folder / DOORBELL_FILE)
 
     def acquire(self, timeout: float | None = None) -> bool:
-        """Take a slot; False if `timeout` seconds pass first (None waits for ever)."""
         if getattr(self._held, "fd", None) is not None:
-            raise RuntimeError(f"this thread already holds a slot of {self.folder}; "
-                               "release it first (the semaphore is not reentrant)")
+            raise self.not_reentrant()
         start = time.monotonic()
         deadline = None if timeout is None else start + max(0.0, timeout)
         try:
@@ -120,10 +119,9 @@ class CountingSemaphore:
                 self.wait_s += time.monotonic() - start
 
     def release(self) -> None:
-        """Give back this thread's slot."""
         fd = getattr(self._held, "fd", None)
         if fd is None:
-            raise RuntimeError(f"this thread holds no slot of {self.folder}")
+            raise self.not_held()
         self._held.fd = None
         os.close(fd)
         if self._bell is not None:
@@ -142,13 +140,9 @@ class CountingSemaphore:
         if bell is not None:
             os.close(bell)
 
-    def __enter__(self) -> CountingSemaphore:
-        if not self.acquire(self.timeout):
-            raise TimeoutError(f"no API slot free in {self.folder} after {self.timeout}s")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    @property
+    def where(self) -> str:
+        return str(self.folder)
 
     def _take_slot(self, deadline: float | None) -> bool:
         """As head of the line: poll every slot in random order until one is ours."""

@@ -26,6 +26,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from retrain.slot_semaphore import SlotSemaphore
+
 NAMESPACE = "retrain"
 HEARTBEAT_S = 0.5
 LEASE_S = 5.0
@@ -212,7 +214,7 @@ def _reachable(address: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-class RaySlots:
+class RaySlots(SlotSemaphore):
     """A worker's handle on the broker: the `ApiSlots` of a Ray campaign.
 
     Several threads may share it, each holding at most one slot at a time (like the file
@@ -232,12 +234,10 @@ class RaySlots:
         self._beat: threading.Thread | None = None
 
     def acquire(self, timeout: float | None = None) -> bool:
-        """Take a slot; False if `timeout` seconds pass first (None waits for ever)."""
         import ray
 
         if getattr(self._mine, "holder", None) is not None:
-            raise RuntimeError(f"this thread already holds a slot of {self.name}; "
-                               "release it first (the semaphore is not reentrant)")
+            raise self.not_reentrant()
         broker = self._connect()
         holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         start = time.monotonic()
@@ -259,19 +259,15 @@ class RaySlots:
 
         holder = getattr(self._mine, "holder", None)
         if holder is None:
-            raise RuntimeError(f"this thread holds no slot of {self.name}")
+            raise self.not_held()
         self._mine.holder = None
         with self._lock:
             self._held.discard(holder)
         ray.get(self._broker.release.remote(holder))
 
-    def __enter__(self) -> RaySlots:
-        if not self.acquire(self.timeout):
-            raise TimeoutError(f"no API slot free in Ray actor {self.name} after {self.timeout}s")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    @property
+    def where(self) -> str:
+        return f"Ray actor {self.name}"
 
     def _connect(self) -> Any:
         with self._lock:

@@ -18,6 +18,7 @@ FLOORS = {
         "backends.local_checkpoint", "backends.local_device", "backends.local_lora",
         "backends.local_loss", "backends.tinker", "backends.tinker_wire",
         "backends.tinker_rate_limit", "backends.tinker_pending", "slots", "slots_ray",
+        "slot_semaphore",
         "tasks", "rewards", "scorer", "models", "cpu", "runlog", "safejson"],
     3: ["trainer", "step_row", "stop_request", "offpolicy", "checkpoint", "eval", "trackers",
         "progress"],

@@ -106,14 +106,21 @@ def test_waiters_are_served_in_arrival_order(cluster):
     assert slots.wait_s > 0
 
 
-def test_timeout_leaves_the_line(cluster):
+def test_timeout_leaves_the_line_and_misuse_raises(cluster):
     name = "slots:test-timeout"
     slots_ray.ensure_broker(name, 1)
     holder, waiter = slots_ray.RaySlots(name, 1), slots_ray.RaySlots(name, 1)
     assert holder.acquire()
     assert waiter.acquire(timeout=0.3) is False
     assert _stats(name)["waiting"] == 0
+    waiter.timeout = 0.2
+    with pytest.raises(TimeoutError, match=f"no API slot free in Ray actor {name}"), waiter:
+        pass
+    with pytest.raises(RuntimeError, match="not reentrant"):
+        holder.acquire()
     holder.release()
+    with pytest.raises(RuntimeError, match="holds no slot"):
+        holder.release()
     assert waiter.acquire(timeout=5) is True
     waiter.release()
 
