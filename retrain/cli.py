@@ -23,6 +23,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+ConfigArg = Annotated[Path, typer.Argument(help="The TOML file: a single run or a campaign.",
+                                           metavar="FILE")]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a key: section.key=value (repeatable).",
     metavar="SECTION.KEY=VALUE")]
@@ -31,6 +33,7 @@ StepsOpt = Annotated[int | None, typer.Option(help="Shortcut for --set training.
 LogDirOpt = Annotated[str | None, typer.Option(help="Shortcut for --set logging.log_dir=DIR.")]
 ExecutorOpt = Annotated[str | None, typer.Option(
     help="Shortcut for --set campaign.executor=NAME (local or ray).", metavar="NAME")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def _version(value: bool) -> None:
@@ -56,13 +59,8 @@ def _overrides(sets: list[str] | None, seed: int | None = None, max_steps: int |
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="The TOML file: a single run or a campaign.",
-                                           metavar="FILE")],
-    set_: SetOpt = None,
-    seed: SeedOpt = None,
-    max_steps: StepsOpt = None,
-    log_dir: LogDirOpt = None,
-    executor: ExecutorOpt = None,
+    config: ConfigArg, set_: SetOpt = None, seed: SeedOpt = None, max_steps: StepsOpt = None,
+    log_dir: LogDirOpt = None, executor: ExecutorOpt = None,
     new: Annotated[bool, typer.Option("--new", help="Start fresh instead of resuming.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Resume a campaign even if its matrix "
                                         "changed.")] = False,
@@ -99,18 +97,15 @@ def init(
 
 @app.command()
 def explain(
-    config: Annotated[Path, typer.Argument(help="The TOML file to dry-run.",
-                                           metavar="FILE")],
-    set_: SetOpt = None,
-    seed: SeedOpt = None,
-    max_steps: StepsOpt = None,
-    log_dir: LogDirOpt = None,
-    json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    config: ConfigArg, set_: SetOpt = None, seed: SeedOpt = None, max_steps: StepsOpt = None,
+    log_dir: LogDirOpt = None, executor: ExecutorOpt = None, json_: JsonOpt = False,
 ) -> None:
-    """Dry run: settings, run matrix, completions per step, total steps, wall-time estimate."""
+    """Dry run: settings, run matrix, completions per step, total steps, wall-time estimate.
+    Takes the same overrides as `run`, so it shows exactly what that command would do."""
     from retrain import explain as explain_mod
 
-    report = explain_mod.build_report(config, _overrides(set_, seed, max_steps, log_dir))
+    overrides = _overrides(set_, seed, max_steps, log_dir, executor)
+    report = explain_mod.build_report(config, overrides)
     explain_mod.show(report, as_json=json_)
 
 
@@ -118,7 +113,7 @@ def explain(
 def status(
     logdir: Annotated[Path, typer.Argument(help="Folder to scan.", metavar="LOGDIR")]
     = Path("logs"),
-    json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    json_: JsonOpt = False,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw live until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.",
                                             min=0.1)] = 2.0,
