@@ -31,25 +31,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from retrain import runlog
-from retrain.backends.base import (
-    AdamParams,
-    BackendError,
-    Completion,
-    Datum,
-    LossConfig,
-    LossOutput,
-    OptimOutput,
-    SamplingParams,
-    TokenIds,
-    finished,
-)
+from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
 from retrain.backends.tinker_pending import PendingLoss, SampleJob
 from retrain.backends.tinker_rate_limit import RateLimited, RateLimitWait, is_rate_limited
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
 from retrain.errors import UserError
 from retrain.slots import ApiSlots, NoSlots
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the contract's datatypes this backend only names in signatures
+    from retrain.backends.base import (
+        AdamParams,
+        Completion,
+        Datum,
+        LossConfig,
+        SamplingParams,
+        TokenIds,
+    )
     from retrain.config import Config
 
 log = logging.getLogger("retrain.tinker")
