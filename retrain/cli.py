@@ -49,8 +49,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """TOML-first RL fine-tuning for language models."""
 
 
-def _overrides(sets: list[str] | None, seed: int | None = None, max_steps: int | None = None,
-               log_dir: str | None = None, executor: str | None = None) -> dict:
+def _overrides(sets: list[str] | None, seed: int | None, max_steps: int | None,
+               log_dir: str | None, executor: str | None) -> dict:
     from retrain.overrides import command_line_overrides
 
     return command_line_overrides(sets or [], {"--seed": seed, "--max-steps": max_steps,
