@@ -24,7 +24,7 @@ def _data_config(spec: dict):
 
 def bench_problems(spec: dict) -> list[BenchProblem]:
     """The arithmetic prompts both tools train on, in the same order."""
-    from retrain.tasks import load_task, prompt_text
+    from retrain.environments.tasks import load_task, prompt_text
 
     data = _data_config(spec)
     splits = load_task(data, spec["seed"], Path("."))
@@ -37,7 +37,7 @@ def dense_reward(completion: str, answer: str) -> float:
     Both tools then train on every completion: retrain skips groups whose rewards are all
     equal (they carry no gradient), which would otherwise make it do less work than TRL.
     """
-    from retrain.answers import match_reward
+    from retrain.environments.answers import match_reward
 
     digits = sum(ch.isdigit() for ch in completion) / max(1, len(completion))
     return match_reward(completion, answer) + 0.1 * digits

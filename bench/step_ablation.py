@@ -78,8 +78,8 @@ def main() -> None:
     from retrain.backends.local import LocalModel
     from retrain.backends.local_sampling import sample_batch
     from retrain.config import DataConfig
+    from retrain.environments.tasks import load_task, render_prompt
     from retrain.models import resolve_model
-    from retrain.tasks import load_task, render_prompt
 
     hf_logging.disable_progress_bar()
     model = LocalModel.load(resolve_model(args.model), args.dtype, "cpu", auto_threads())

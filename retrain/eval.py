@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from retrain.answers import Problem
 from retrain.backends.base import Backend, SamplingParams, TokenIds
+from retrain.environments.answers import Problem
 
 
 @dataclass

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import capacity, config, config_file, render, runlog, toml_io
+from retrain import config, config_file, render, runlog, toml_io
 from retrain.campaign.plan import CampaignPlan
 from retrain.config import Config
+from retrain.control import capacity
 from retrain.explain_warnings import warnings
 
 UNKNOWN_TIME = "unknown: run a pilot"

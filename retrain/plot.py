@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from retrain import toml_io
-from retrain.backpressure import usl_throughput
 from retrain.config import BackpressureConfig
+from retrain.control.backpressure import usl_throughput
 from retrain.errors import UserError
 from retrain.runlog import CONFIG_FILE, METRICS_FILE, PLOT_FILE, read_metrics
 

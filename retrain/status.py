@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import capacity, runlog, safejson, toml_io
+from retrain import runlog, safejson, toml_io
+from retrain.control import capacity
 from retrain.errors import UserError
 
 # A run that says "running" but whose process cannot be checked (another host) is stale

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from retrain import capacity, render
+from retrain import render
+from retrain.control import capacity
 from retrain.errors import UserError
 from retrain.status import CampaignStatus, RunStatus, StatusReport, scan
 

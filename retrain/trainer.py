@@ -44,17 +44,17 @@ from retrain.backends.base import (
     make_datum,
 )
 from retrain.config import Config, run_config
+from retrain.control.gradnoise import GradStats, NoiseScale
+from retrain.control.stepcost import step_cost
+from retrain.environments.scorer import build_scorer
+from retrain.environments.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.errors import UserError
 from retrain.eval import evaluate
-from retrain.gradnoise import GradStats, NoiseScale
 from retrain.offpolicy import Overlap
 from retrain.progress import Progress
-from retrain.scorer import build_scorer
 from retrain.slots import slots_from_env
 from retrain.step_row import groups_of, logprob_diff, max_rss_mb, ordered
-from retrain.stepcost import step_cost
 from retrain.stop_request import StopRequest
-from retrain.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.trackers import Trackers
 
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
@@ -103,7 +103,7 @@ class _Sampled:
     row: dict
     tokens: int
     errors: list[str] = field(default_factory=list)
-    flops: float | None = None           # estimates for the roofline (retrain.stepcost)
+    flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
     bytes_moved: float | None = None
     noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
 
@@ -113,7 +113,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
                  backend: Backend, slots: Any, config_path: Path):
-        from retrain.backpressure import BackpressureController
+        from retrain.control.backpressure import BackpressureController
 
         self.cfg = cfg
         self.training = cfg.training

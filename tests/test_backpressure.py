@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from retrain.backpressure import (
+from retrain.config import BackpressureConfig
+from retrain.control.backpressure import (
     METRIC_KEYS,
     BackpressureController,
     UslSums,
@@ -21,9 +22,8 @@ from retrain.backpressure import (
     usl_p_star,
     usl_throughput,
 )
-from retrain.config import BackpressureConfig
-from retrain.goodput import goodput_batch
-from retrain.usl import UslFit
+from retrain.control.goodput import goodput_batch
+from retrain.control.usl import UslFit
 
 G = 16
 TOKENS = 300  # tokens per sequence in the simulated steps

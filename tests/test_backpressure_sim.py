@@ -9,8 +9,8 @@ import statistics
 import pytest
 
 from bench import backpressure_sim as sim
-from retrain.backpressure import UslSums, usl_throughput
 from retrain.config import BackpressureConfig
+from retrain.control.backpressure import UslSums, usl_throughput
 
 MACHINE_C = (0.30, 1e-4, 1200.0)          # p* = 84: steep, well identified
 

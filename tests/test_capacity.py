@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrain import capacity
+from retrain.control import capacity
 
 
 def test_profiles():

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.goodput import goodput_batch, statistical_efficiency
-from retrain.gradnoise import GradStats, NoiseScale, two_batch_estimates
-from retrain.stepcost import ModelCost, step_cost
-from retrain.usl import UslFit
+from retrain.control.goodput import goodput_batch, statistical_efficiency
+from retrain.control.gradnoise import GradStats, NoiseScale, two_batch_estimates
+from retrain.control.stepcost import ModelCost, step_cost
+from retrain.control.usl import UslFit
 
 FAST = settings(max_examples=200, deadline=None)
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from retrain.backpressure import BackpressureController, usl_throughput
 from retrain.config import BackpressureConfig
+from retrain.control.backpressure import BackpressureController, usl_throughput
 from retrain.errors import UserError
 from retrain.runlog import MetricsWriter
 

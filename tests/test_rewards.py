@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.answers import (
+from retrain.config import RewardConfig
+from retrain.environments.answers import (
     CHECKERS,
     answers_match,
     check_countdown,
@@ -19,10 +20,9 @@ from retrain.answers import (
     match_reward,
     math_reward,
 )
-from retrain.config import RewardConfig
+from retrain.environments.scorer import build_scorer
+from retrain.environments.tasks import Problem
 from retrain.errors import UserError
-from retrain.scorer import build_scorer
-from retrain.tasks import Problem
 
 P5 = Problem(prompt="What is 2 + 3?", answer="5", meta={})
 
@@ -134,7 +134,7 @@ def test_math_reward_needs_a_box():
 
 
 def test_math_fallback_without_math_verify(monkeypatch):
-    import retrain.answers as rw
+    import retrain.environments.answers as rw
 
     monkeypatch.setattr(rw, "_MV", [None])
     assert math_reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0

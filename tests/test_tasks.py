@@ -10,10 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.answers import check_countdown
 from retrain.config import DataConfig
+from retrain.environments.answers import check_countdown
+from retrain.environments.tasks import (
+    DataCursor,
+    Problem,
+    countdown_problem,
+    load_task,
+    render_prompt,
+)
 from retrain.errors import UserError
-from retrain.tasks import DataCursor, Problem, countdown_problem, load_task, render_prompt
 
 
 def data(**kw) -> DataConfig:

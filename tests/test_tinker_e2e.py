@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.trainer")
-pytest.importorskip("retrain.backpressure")
+pytest.importorskip("retrain.control.backpressure")
 pytest.importorskip("retrain.campaign.runner")
 
 from retrain.serve.guard import FaultPlan  # noqa: E402

@@ -163,8 +163,8 @@ def test_a_resume_point_with_the_old_oom_cap_keeps_its_ceiling(workdir):
 
 
 def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch):
-    from retrain import backpressure
     from retrain.backends.local import LocalBackend
+    from retrain.control import backpressure
 
     real, calls = LocalBackend.sample, []
 
@@ -191,8 +191,8 @@ def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch)
 def test_the_controller_is_not_charged_for_failed_attempts(workdir, monkeypatch):
     import time
 
-    from retrain import backpressure
     from retrain.backends.local import LocalBackend
+    from retrain.control import backpressure
 
     real, seen = LocalBackend.sample, []
     real_observe = backpressure.BackpressureController.observe
@@ -280,7 +280,7 @@ def test_back_pressure_drives_the_batch_size_and_survives_resume(workdir):
 
 
 def test_back_pressure_moves_are_explained_on_the_console(workdir, capsys, monkeypatch):
-    from retrain import backpressure
+    from retrain.control import backpressure
 
     def observe(self, batch_size, tokens, step_time_s, **kw):
         nxt = 1 if batch_size > 1 else 2

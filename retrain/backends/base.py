@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from retrain.stepcost import ModelCost
+from retrain.control.stepcost import ModelCost
 
 T = TypeVar("T")
 

@@ -38,9 +38,9 @@ from retrain.backends.base import (
 )
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
 from retrain.backends.local_sampling import sample_batch, token_logprobs
+from retrain.control.stepcost import ModelCost
 from retrain.cpu import auto_threads
 from retrain.errors import UserError
-from retrain.stepcost import ModelCost
 
 if TYPE_CHECKING:
     from retrain.config import Config
@@ -227,7 +227,7 @@ class LocalBackend:
 
     @property
     def cost_model(self) -> ModelCost:
-        """What the trainer's FLOPs and bytes estimates need (retrain.stepcost)."""
+        """What the trainer's FLOPs and bytes estimates need (retrain.control.stepcost)."""
         if self._cost is None:
             self._cost = self.model.cost_model()
         return self._cost

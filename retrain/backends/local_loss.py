@@ -173,7 +173,7 @@ class GradDiagnostics:
         self.last = g
 
     def metrics(self) -> dict[str, float]:
-        """Raw measurements for retrain.gradnoise.GradStats (only the count with one batch)."""
+        """Raw measurements for control.gradnoise.GradStats (only the count with one batch)."""
         k = len(self.tokens)
         if k < 2:
             return {"grad_micro_batches": float(k)}

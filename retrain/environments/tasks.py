@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from retrain import safejson
-from retrain.answers import CHECKERS, Problem
 from retrain.config import DataConfig
+from retrain.environments.answers import CHECKERS, Problem
 from retrain.errors import UserError
 
 # Rejection sampling gives up after this many duplicates in a row (the space is exhausted).

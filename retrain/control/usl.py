@@ -10,7 +10,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from retrain.roofline import is_positive
+from retrain.control.roofline import is_positive
 
 WINDOW = 100               # observations the fit sees (the oldest leaves when a new one arrives)
 LAMBDA_MAX = 1e15          # a fit claiming more tokens/s at p = 1 than this is rejected

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain.answers import Problem
 from retrain.config import RewardConfig
+from retrain.environments.answers import Problem
+from retrain.environments.rewards import clip_message, reward_function, score_one
 from retrain.errors import UserError
-from retrain.rewards import clip_message, reward_function, score_one
 
 MAX_ERRORS_KEPT = 5
 STARTUP_TIMEOUT_S = 120.0  # importing math-verify or a custom module on a busy machine
-_CHILD = "from retrain.scorer import main; main()"
+_CHILD = "from retrain.environments.scorer import main; main()"
 
 
 @dataclass

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from retrain.usl import UslFit, throughput_ratio
+from retrain.control.usl import UslFit, throughput_ratio
 
 CUSUM_SLACK = 1.0          # drift check: two one-sided CUSUMs on standardized log residuals
 CUSUM_LIMIT = 4.0          # alarm threshold (false-alarm rate: bench/RESULTS.md)

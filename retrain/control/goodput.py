@@ -1,12 +1,12 @@
 """Goodput (Pollux, OSDI 2021): throughput x statistical efficiency of the batch size.
 
 Pure: no torch, no I/O. The efficiency comes from the gradient noise scale (McCandlish et
-al. 2018), measured by `retrain.gradnoise`.
+al. 2018), measured by `retrain.control.gradnoise`.
 """
 
 from __future__ import annotations
 
-from retrain.usl import UslFit
+from retrain.control.usl import UslFit
 
 
 def statistical_efficiency(noise_scale: float, batch_size: float, base_batch_size: float) -> float:

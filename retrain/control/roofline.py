@@ -1,6 +1,7 @@
 """Roofline placement of one step: is it limited by arithmetic or by memory traffic?
 
-Pure: no torch, no I/O. The FLOPs and bytes estimates of a step come from `retrain.stepcost`.
+Pure: no torch, no I/O. The FLOPs and bytes estimates of a step come from
+`retrain.control.stepcost`.
 """
 
 from __future__ import annotations

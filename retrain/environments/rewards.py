@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from retrain.answers import (
+from retrain.config import RewardConfig
+from retrain.environments.answers import (
     CORRECT_AT,
     Problem,
     is_correct,
@@ -28,7 +29,6 @@ from retrain.answers import (
     math_reward,
     task_reward,
 )
-from retrain.config import RewardConfig
 from retrain.errors import UserError
 
 # ---------------------------------------------------------------------------- custom rewards

@@ -12,11 +12,11 @@ import math
 import operator
 from dataclasses import dataclass
 
-from retrain import drift
-from retrain.goodput import goodput_batch, statistical_efficiency
-from retrain.oom_ceiling import OomCeiling
-from retrain.roofline import Roofline, is_positive, regime_from_fit, roofline
-from retrain.usl import (
+from retrain.control import drift
+from retrain.control.goodput import goodput_batch, statistical_efficiency
+from retrain.control.oom_ceiling import OomCeiling
+from retrain.control.roofline import Roofline, is_positive, regime_from_fit, roofline
+from retrain.control.usl import (
     WINDOW,
     UslFit,
     UslSums,
