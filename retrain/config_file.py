@@ -142,6 +142,11 @@ def diff(before: dict, after: dict) -> dict[str, tuple[Any, Any]]:
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
+def flat_defaults() -> dict[str, Any]:
+    """Every key a file may hold at its default, as dotted key -> value."""
+    return flatten(to_dict(Config()), FILE_SECTIONS)
+
+
 def describe_keys() -> list[tuple[str, str, Any, str]]:
     """(section, key, default, meaning) for every key a file may hold: the README's table."""
     rows = []

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from retrain import runlog
+from retrain import runlog, toml_io
 from retrain.campaign import executor as ex
-from retrain.campaign.manifest import load_manifest
+from retrain.campaign.manifest import load_manifest, save_manifest
 from retrain.campaign.runner import locate_campaign, log_tail, run_campaign
 from retrain.config import ConfigError
 from retrain.config_file import load, load_config, loads_config
@@ -256,6 +256,27 @@ def test_same_toml_again_skips_completed_runs(env):
     assert _events(env) == []
     changed_scheduling = _write(env, max_workers=4, stagger=0.0)
     assert _run(env, changed_scheduling) == 0  # scheduling keys are not part of the matrix
+
+
+def test_keys_a_newer_retrain_added_at_their_defaults_are_no_change(env):
+    """A campaign written before a key existed resumes after the upgrade: its config.toml
+    files lack the key and the manifest's hash covered the old key set."""
+    path = _write(env)
+    assert _run(env, path) == 0
+    campaign = env / "logs" / "exp"
+    for toml in campaign.glob("*_s*/config.toml"):
+        raw = toml_io.loads(toml.read_text())
+        del raw["environment"]  # the section this retrain added
+        toml.write_text(toml_io.dumps(raw))
+    m = load_manifest(campaign)
+    m.config_hash = "written-by-an-older-retrain"
+    save_manifest(campaign, m)
+    (env / "events.jsonl").unlink()
+    assert _run(env, path) == 0
+    assert _events(env) == []
+    path.write_text(path.read_text().replace("max_steps = 3", "max_steps = 4"))
+    with pytest.raises(UserError, match=r"training.max_steps: 3 -> 4"):
+        _run(env, path)  # a real change is still refused
 
 
 def test_changed_matrix_is_refused_then_forced_or_new(env, capsys):

@@ -128,26 +128,34 @@ def describe_changes(old: Manifest, plans: list[PlannedRun], new_hash: str) -> l
         if entry is not None and entry.overrides != p.spec.overrides:
             lines.append(f"{p.spec.name}: overrides {entry.overrides} -> {p.spec.overrides}")
     if old.config_hash != new_hash:
-        key_lines = _key_changes(plans)
-        lines += key_lines or [f"the resolved run configs changed (hash {old.config_hash} -> "
-                               f"{new_hash})"]
+        key_lines, all_read = _key_changes(plans)
+        if not key_lines and not all_read:
+            key_lines = [f"the resolved run configs changed (hash {old.config_hash} -> "
+                         f"{new_hash})"]
+        lines += key_lines
     return lines
 
 
-def _key_changes(plans: list[PlannedRun]) -> list[str]:
-    """Key-by-key differences between each run's config.toml on disk and its new config."""
+def _key_changes(plans: list[PlannedRun]) -> tuple[list[str], bool]:
+    """Key-by-key differences between each run's config.toml on disk and its new config, and
+    whether every config.toml could be read. A key that a newer retrain added at its default
+    is no change: upgrading retrain must not make a campaign's matrix look changed."""
     diffs: dict[tuple[str, str, str], int] = {}
+    defaults = config_file.flat_defaults()
+    all_read = True
     for p in plans:
         try:
             before = toml_io.loads(p.config_path.read_text())
         except (OSError, ValueError):
+            all_read = False
             continue
         for key, (old, new) in config_file.diff(before, config_file.to_dict(p.config)).items():
-            if key != "logging.log_dir":
+            added_at_default = old is None and key in defaults and new == defaults[key]
+            if key != "logging.log_dir" and not added_at_default:
                 change = (key, _show(old), _show(new))
                 diffs[change] = diffs.get(change, 0) + 1
     return [f"{k}: {a} -> {b} ({n} run{'s' if n > 1 else ''})"
-            for (k, a, b), n in diffs.items()]
+            for (k, a, b), n in diffs.items()], all_read
 
 
 def _show(value: object) -> str:
