@@ -26,6 +26,7 @@ from retrain.schema import (
     MAX_STEPS,
     MAX_THREADS,
     MAX_TOKENS,
+    MAX_TURNS,
     MAX_WAIT_S,
     MAX_WORKERS,
     ConfigError,
@@ -88,6 +89,51 @@ class RewardConfig:
     timeout_s: float = opt(5.0, "per-completion limit; a slow or failing scorer gives 0",
                            lo=0, lo_open=True, hi=MAX_WAIT_S)
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
+
+
+ENVIRONMENT_KINDS = ("task", "python", "reasoning_gym", "verifiers", "textarena")
+
+
+@dataclass
+class EnvironmentConfig:
+    kind: str = opt("task", "what the model is asked: task = [data] + [reward] (one turn); "
+                    "python = your own Environment class; or an adapted library",
+                    choices=ENVIRONMENT_KINDS)
+    factory: str = opt("", "python: 'file.py:Class' or 'module:function' that builds one "
+                       "episode's Environment from [environment.params]")
+    task: str = opt("", "reasoning_gym: the task name (e.g. 'basic_arithmetic')")
+    tasks: dict = opt({}, "reasoning_gym: a weighted mix instead of task, "
+                      "e.g. {basic_arithmetic = 2, chain_sum = 1}", factory=True)
+    id: str = opt("", "verifiers: the installed environment module; textarena: the game id "
+                  "(e.g. 'GuessTheNumber-v0')")
+    params: dict = opt({}, "keyword arguments for the environment (python: the factory; "
+                       "reasoning_gym: the task's config; verifiers: load_environment)",
+                       factory=True)
+    size: int = opt(5000, "reasoning_gym: training items generated (lazily, by index)", lo=1,
+                    hi=MAX_PROBLEMS)
+    max_turns: int = opt(0, "model turns per episode; 0 = 1 for task, 8 otherwise", lo=0,
+                         hi=MAX_TURNS)
+    max_episode_tokens: int = opt(0, "token budget of one episode (prompt, replies and "
+                                  "environment messages); checked before each turn is sampled; "
+                                  "0 = no limit beyond max_turns x training.max_tokens", lo=0,
+                                  hi=MAX_TOKENS)
+    on_length: str = opt("end", "a reply cut at training.max_tokens: end the episode, or "
+                         "hand the cut reply to the environment and continue",
+                         choices=("end", "continue"))
+    length_reward: float = opt(0.0, "reward added to an episode that ended on a cut reply "
+                               "(on_length = 'end') or on max_episode_tokens")
+    step_timeout_s: float = opt(30.0, "limit on one reset, step or tool call; a hung "
+                                "environment is killed and its episode ends",
+                                lo=0, lo_open=True, hi=MAX_WAIT_S)
+    on_env_error: str = opt("zero_reward", "an environment that raises or hangs: its episode "
+                            "ends with reward 0 (zero_reward), or its whole group is left out "
+                            "of training (drop_group)", choices=("zero_reward", "drop_group"))
+    tools: list[str] = opt([], "tools the model may call: built-in names ('calculator') or "
+                           "'file.py:function' / 'module:function'", factory=True)
+    tool_max_chars: int = opt(2000, "a tool's output is cut to this many characters", lo=1,
+                              hi=MAX_TOKENS)
+    binary: bool = opt(False, "reasoning_gym: reward 1 only for a fully correct answer "
+                       "(no partial credit)")
 
 
 @dataclass
@@ -175,6 +221,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)

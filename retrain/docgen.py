@@ -22,6 +22,9 @@ SECTION_INTROS = {
     "model": "The base model and the LoRA adapter that training learns.",
     "data": "Where prompts come from: a built-in task or a JSONL file.",
     "reward": "How each completion is scored.",
+    "environment": "What the model is asked and how an episode is scored: today's one-turn "
+                   "task ([data] + [reward]), your own multi-turn Environment, or an adapted "
+                   "library. See docs/environments.md.",
     "algorithm": "How rewards become advantages, and the policy loss.",
     "training": "Step sizes, optimizer, sampling and checkpoints. "
                 "`batch_size` = prompts per step, `group_size` = completions per prompt.",

@@ -29,6 +29,7 @@ MAX_BATCH = 65_536                # prompts per step
 MAX_GROUP = 4_096                 # completions per prompt
 MAX_COMPLETIONS = 1_048_576       # batch_size x group_size: completions sampled per step
 MAX_TOKENS = 1_048_576            # new tokens per completion
+MAX_TURNS = 10_000                # model turns in one episode
 MAX_STEPS = 100_000_000
 MAX_PROBLEMS = 10_000_000         # generated problems held in memory
 MAX_THREADS = 4_096

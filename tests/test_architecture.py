@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[1] / "retrain"
 # The floors of docs/architecture.md; a module may import its own floor or a lower one.
 FLOORS = {
     1: ["config", "config_paths", "config_file", "schema", "overrides", "toml_io", "errors",
-        "environments.answers", "advantages", "control", "control.backpressure", "control.usl",
-        "control.drift", "control.oom_ceiling", "control.roofline", "control.goodput",
+        "environments.answers", "environments.protocol", "advantages", "control",
+        "control.backpressure", "control.usl", "control.drift", "control.oom_ceiling",
+        "control.roofline", "control.goodput",
         "control.gradnoise", "control.stepcost", "control.capacity", "campaign.matrix",
         "campaign.plan"],
     2: ["backends", "backends.base", "backends.local", "backends.local_sampling",
