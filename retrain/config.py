@@ -172,6 +172,9 @@ class TrainingConfig:
                           lo=0, hi=MAX_STEPS)
     eval_every: int = opt(0, "greedy eval on the held-out split every N steps (0 = start and end)",
                           lo=0, hi=MAX_STEPS)
+    max_nonfinite_steps: int = opt(3, "stop the run after this many steps in a row whose loss "
+                                   "or gradient norm was not finite (such steps are never "
+                                   "applied)", lo=1, hi=MAX_STEPS)
     max_steps_off_policy: int = opt(
         0, "tinker: 1 = sample the next step while this one trains (samples one update old); "
         "0 = on-policy", lo=0, hi=1)

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from retrain import checkpoint, runlog
-from retrain.advantages import compute_advantages, mean_and_std, uniform_group_rate
+from retrain.advantages import (
+    bounded_for_loss,
+    compute_advantages,
+    mean_and_std,
+    uniform_group_rate,
+)
 from retrain.backends import create_backend
 from retrain.backends.base import (
     AdamParams,
@@ -39,9 +44,11 @@ from retrain.backends.base import (
     BackendError,
     BackendOOMError,
     Datum,
+    DivergedError,
     LossConfig,
     SamplingParams,
     make_datum,
+    skipped_nonfinite,
 )
 from retrain.config import Config, run_config
 from retrain.control.gradnoise import GradStats, NoiseScale
@@ -58,6 +65,7 @@ from retrain.stop_request import StopRequest
 from retrain.trackers import Trackers
 
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
+ADVANTAGE_NOTE = "+-65536"  # retrain.advantages.LOSS_LIMIT, as the note shows it
 
 
 def derive_seed(seed: int, step: int, purpose: str) -> int:
@@ -137,6 +145,8 @@ class Trainer:
         self._eval_prompts: list[list[int]] | None = None
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
+        self.nonfinite_streak = 0      # steps in a row not applied for a non-finite loss/grad
+        self._scaled_noted = False     # advantages were scaled down for the loss (said once)
 
     # ------------------------------------------------------------------ the run
 
@@ -188,6 +198,8 @@ class Trainer:
                 self.cursor.load_state_dict(saved.data_cursor)
                 self.controller.load_state_dict(saved.controller)
                 self.noise.load_state_dict(saved.extra.get("grad_noise"))
+                streak = saved.extra.get("nonfinite_streak", 0)
+                self.nonfinite_streak = streak if isinstance(streak, int) and streak > 0 else 0
                 break
             except (BackendError, ValueError, TypeError, KeyError, AttributeError) as exc:
                 failures.append(f"{saved.checkpoint!r} ({type(exc).__name__}: {exc})"[:300])
@@ -223,16 +235,21 @@ class Trainer:
         self.progress.start(self.training.max_steps, first - 1)
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
             for step in range(first, self.training.max_steps + 1):
-                row = self._step(step)
+                row = self._guarded(step, self._step, step)
                 if initial is not None:
                     row["initial_eval_accuracy"] = initial.accuracy
                     initial = None
-                self._maybe_evaluate(step, row)
+                self._guarded(step, self._maybe_evaluate, step, row, saved=False)
+                self.nonfinite_streak = self.nonfinite_streak + 1 if row["skipped_nonfinite"] \
+                    else 0
+                stop = self.nonfinite_streak >= self.training.max_nonfinite_steps
                 writer.write(row)
                 trackers.log(row)
                 self.progress.step(row)
                 self._commit(step, wait=step == self.training.max_steps
-                             or self.stop.signum is not None)
+                             or self.stop.signum is not None or stop)
+                if stop:
+                    raise self._too_many_nonfinite(step)
                 if self.progress.output_closed and self.stop.signum is None:
                     self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
                 if self.stop.signum is not None and step < self.training.max_steps:
@@ -313,6 +330,12 @@ class Trainer:
         rewards = groups_of(scores.rewards, training.group_size)
         advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
                                         self.cfg.algorithm.std_scale)
+        advantages, divisor = bounded_for_loss(advantages)  # float32-safe, order kept
+        if divisor != 1.0 and not self._scaled_noted:
+            self._scaled_noted = True
+            self.progress.say(f"step {step}: advantages beyond {ADVANTAGE_NOTE} were divided "
+                              f"by {divisor:.3g} before the loss (rewards in large units; "
+                              "said once)")
         t2 = time.perf_counter()
         datums = [make_datum(prompts[g], c, a)
                   for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
@@ -369,7 +392,8 @@ class Trainer:
         self._train_metrics = {}
         if not datums:  # every group uniform: nothing to learn from this step
             self._land_commit()
-            return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None,
+            return {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": False,
+                    "sampler_trainer_logprob_diff": None,
                     "grad_noise_scale": None, "grad_coherence": None}
         training, alg = self.training, self.cfg.algorithm
         loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
@@ -384,8 +408,10 @@ class Trainer:
                           grad_clip_norm=training.grad_clip_norm)
         opt = self.backend.optim_step(adam)
         self._land_commit()  # the last step's save landed while this step's update ran
-        self.overlap.updated()
-        return {"loss": out.loss, "grad_norm": opt.grad_norm,
+        skipped = skipped_nonfinite(out.loss, opt.grad_norm, opt.metrics)
+        if not skipped:  # a skipped update leaves the weights (and the staleness) as they were
+            self.overlap.updated()
+        return {"loss": out.loss, "grad_norm": opt.grad_norm, "skipped_nonfinite": skipped,
                 "sampler_trainer_logprob_diff": logprob_diff(datums, out.logprobs),
                 "grad_noise_scale": self.noise.update(stats),
                 "grad_coherence": stats.coherence if stats else None,
@@ -445,6 +471,7 @@ class Trainer:
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra["grad_noise"] = self.noise.state_dict()
+        s.extra["nonfinite_streak"] = self.nonfinite_streak
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         self._in_flight = checkpoint.PendingCommit(s, saved)
         if wait or not self.overlap.enabled:
@@ -471,6 +498,45 @@ class Trainer:
               f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
               file=sys.stderr, flush=True)
         return self.stop.exit_code
+
+    def _guarded(self, step: int, call: Any, *args: Any, saved: bool = True) -> Any:
+        """`call(*args)` for `step`; a DivergedError becomes the one-line "weights diverged"
+        error. `saved`: the weights it samples from are the last checkpoint's (not so for the
+        evaluation after an update, which is saved only after it)."""
+        try:
+            return call(*args)
+        except DivergedError as exc:
+            raise self._diverged(step, exc, saved) from None
+
+    def _diverged(self, step: int, exc: DivergedError, saved: bool) -> DivergedError:
+        """Name the last sound checkpoint. An update that diverged was undone and never
+        saved; weights that sample NaN/inf were saved as the last checkpoint, which is moved
+        aside (to `diverged-step-N`) so that a resume starts from the one before."""
+        with contextlib.suppress(BackendError):
+            self._land_commit()
+        fix = ("Lower training.lr or training.weight_decay and start over with --new "
+               "(resuming as is repeats the divergence)")
+        bad = self.state.step
+        if not (exc.sampling and saved) or bad < 1:
+            return DivergedError(f"weights diverged at step {step}: {exc}. Nothing non-finite "
+                                 f"was saved; the last checkpoint is step {bad}'s. {fix}")
+        moved = checkpoint.set_aside(self.run_dir, bad)
+        points = checkpoint.resume_points(self.run_dir, None)
+        self.state = copy.deepcopy(points[0]) if points else runlog.RunState()
+        back = f"step {self.state.step}" if points else "the start"
+        return DivergedError(f"weights diverged at step {bad}: sampling step {step} met "
+                             f"non-finite probabilities. Its checkpoint was moved to {moved}; "
+                             f"the run now resumes from {back}, the last checkpoint whose "
+                             f"sampling was finite. {fix}")
+
+    def _too_many_nonfinite(self, step: int) -> DivergedError:
+        n = self.nonfinite_streak
+        return DivergedError(
+            f"{n} steps in a row (steps {step - n + 1}-{step}) had a non-finite loss or "
+            f"gradient norm and were not applied (training.max_nonfinite_steps = "
+            f"{self.training.max_nonfinite_steps}); stopped. The weights are unchanged since "
+            f"step {step - n}; checkpoint {self.state.checkpoint} holds them. Check the reward "
+            "and lower training.lr, then start over with --new")
 
     def _fail(self, exc: BaseException) -> None:
         with contextlib.suppress(BackendError):

@@ -11,6 +11,7 @@ see `local_sampling` for top_p and `local_loss` for the token aggregation.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -29,6 +30,7 @@ from retrain.backends.base import (
     BackendOOMError,
     Completion,
     Datum,
+    DivergedError,
     LossConfig,
     LossOutput,
     OptimOutput,
@@ -197,6 +199,7 @@ class LocalBackend:
         self.generator = torch.Generator(model.device).manual_seed(seed)
         self._snapshots = 0
         self._cost: ModelCost | None = None
+        self._loss_finite = True  # the gradient waiting for optim_step came from a finite loss
 
     @classmethod
     def from_config(cls, cfg: Config, config_dir: Path | None = None,
@@ -295,7 +298,9 @@ class LocalBackend:
         while True:
             try:
                 with self.model.lock, oom_as_backend_error("forward_backward"):
-                    return self._forward_backward(datums, loss, size)
+                    out = self._forward_backward(datums, loss, size)
+                    self._loss_finite = self._loss_finite and math.isfinite(out.loss)
+                    return out
             except BackendOOMError:
                 self._zero_grad()
                 largest = max((len(u.index) for u in self._plan(datums, size)), default=1)
@@ -386,24 +391,36 @@ class LocalBackend:
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.
 
-        A non-finite gradient skips the update (and says so in the metrics) instead of
-        poisoning the weights and the optimizer state.
+        A non-finite loss or gradient skips the update (metrics `skipped` and
+        `skipped_nonfinite` = 1) instead of poisoning the weights and the optimizer state. An
+        update that leaves non-finite weights is undone and raises DivergedError.
         """
         with self.model.lock:
+            loss_finite, self._loss_finite = self._loss_finite, True
             params = [p for p in self.params.values() if p.grad is not None]
             if not params:
-                return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0})
+                return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0,
+                                                           "skipped_nonfinite": 0.0})
             clip = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
             norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-            if not torch.isfinite(torch.tensor(norm)):
+            if not (math.isfinite(norm) and loss_finite):
                 self._zero_grad()
-                return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0})
+                return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0,
+                                                            "skipped_nonfinite": 1.0})
             for group in self.optimizer.param_groups:
                 group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2),
                              eps=adam.eps, weight_decay=adam.weight_decay)
+            before = [p.detach().clone() for p in params]
             self.optimizer.step()
             self._zero_grad()
-            return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0})
+            if not local_checkpoint.all_finite(params):
+                with torch.no_grad():  # put the last finite weights back
+                    for p, old in zip(params, before, strict=True):
+                        p.copy_(old)
+                raise DivergedError("the AdamW update made the adapter weights non-finite "
+                                    "(overflow); lower training.lr or training.weight_decay")
+            return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0,
+                                                        "skipped_nonfinite": 0.0})
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

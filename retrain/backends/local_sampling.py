@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from retrain.backends.base import Completion, SamplingParams, TokenIds
+from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
 
 
 @dataclass
@@ -95,6 +95,9 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     eos = torch.tensor(sorted(eos_ids), device=device)
     for step in range(params.max_tokens):
         lp = token_logprobs(logits, params.temperature)
+        if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
+            raise DivergedError("sampling: the next-token probabilities are not finite (NaN "
+                                "or infinite logits): the weights diverged", sampling=True)
         ids_now = active.tolist()
         gen = generator if isinstance(generator, torch.Generator) else \
             [generator[row // n] for row in ids_now]
