@@ -26,6 +26,7 @@ from retrain.control.usl import (
     usl_p_star,
     usl_throughput,
 )
+from retrain.control.work import StepWork, WorkModel
 
 # Re-exported for the tests, `plot` and the bench; the fit itself lives in `usl`.
 __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roofline",
@@ -123,6 +124,7 @@ class BackpressureController:
         self._land = False                 # at the last refit, go to its target (after a drift)
         self._approaching = False          # the last increase was cut short by the bisection
         self._watch = drift.DriftWatch()   # smoothed throughput at this p, drift check
+        self._work = WorkModel()           # step time from the step's work: throughput in work
         self._noise_scale: float | None = None  # gradient noise scale, in prompts
         self._regime = "warmup"
         self._next: int | None = None      # the last proposed batch size
@@ -140,10 +142,12 @@ class BackpressureController:
 
     def observe(self, batch_size: int, tokens: float, step_time_s: float, *, oom: bool = False,
                 flops: float | None = None, bytes_moved: float | None = None,
-                noise_scale: float | None = None) -> Decision:
+                noise_scale: float | None = None, work: StepWork | None = None) -> Decision:
         """Record one step (or an out-of-memory failure) and decide the next batch size.
 
-        `noise_scale`: the gradient noise scale in prompts (goodput); None = not measured."""
+        `noise_scale`: the gradient noise scale in prompts (goodput); None = not measured.
+        `work`: what the step did; with it, throughput is counted in work (retrain.control.work)
+        rather than in `tokens`."""
         if not self.enabled:
             return self._disabled(batch_size, oom)
         if is_positive(noise_scale):
@@ -153,8 +157,8 @@ class BackpressureController:
             return self._reject(self.lo, 0, f"batch_size={batch_size!r} is not usable")
         if oom:
             return self._out_of_memory(b)
-        x = observed_throughput(tokens, step_time_s)
         p = b * self.group_size
+        x = observed_throughput(self._work_tokens(p, tokens, work, step_time_s), step_time_s)
         if isinstance(x, str):
             return self._reject(b, p, x)
         roof = roofline(flops, bytes_moved, step_time_s, self.config.peak_gflops,
@@ -167,6 +171,14 @@ class BackpressureController:
         if self._exploring:
             return self._explore(b, p, roof)
         return self._track(b, p, x, predicted, roof)
+
+    def _work_tokens(self, p: int, tokens: float, work: StepWork | None,
+                     step_time_s: float) -> float:
+        """The step's work in tokens of the reference mix (`tokens` without a usable `work`)."""
+        if work is None or not work.usable() or not is_positive(step_time_s):
+            return tokens
+        self._work.add(p, work, float(step_time_s))
+        return self._work.equivalent_tokens(p, work)
 
     def state_dict(self) -> dict:
         """Everything needed to continue with the same fit and decisions (JSON-able); when
@@ -183,7 +195,8 @@ class BackpressureController:
                 "explore_len": self._explore_len, "retries": self._retries,
                 "probes": list(self._probes), "refit_left": self._refit_left, "land": self._land,
                 "approaching": self._approaching, **self._watch.state_dict(),
-                "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next}
+                "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next,
+                "work": self._work.state_dict()}
 
     def load_state_dict(self, d: dict) -> bool:
         """Continue from `state_dict()`; a missing, foreign or broken state starts fresh.
@@ -222,6 +235,7 @@ class BackpressureController:
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
         self._watch = drift.DriftWatch.from_state(d)
+        self._work = WorkModel.from_state(d.get("work"))
         scale = d.get("noise_scale")
         self._noise_scale = float(scale) if is_positive(scale) else None
         self._regime = str(d["regime"])
