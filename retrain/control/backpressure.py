@@ -20,6 +20,7 @@ from retrain.control.usl import (
     WINDOW,
     UslFit,
     UslSums,
+    doubling_sizes,
     observed_throughput,
     sweep_sizes,
     throughput_ratio,
@@ -33,6 +34,7 @@ __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roof
            "sweep_sizes", "usl_p_star", "usl_throughput"]
 
 P_MAX = 10**7              # largest concurrency accepted as an observation
+TRANSIENT = 2.0            # an exploring sample this far off the others at its size: a transient
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
                "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency")
@@ -117,9 +119,10 @@ class BackpressureController:
         self.oom_ceiling = OomCeiling()    # the run's one out-of-memory ceiling
         self._exploring = True
         self._explore_n = 0                # observations in the current exploration
-        self._explore_len = self.config.warmup_steps + 1
+        self._planned = self._warmup_plan()   # the exploration's batch sizes, in order
+        self._explore_len = len(self._planned)
         self._retries = 0                  # out-of-memory retries in this exploration
-        self._probes: list[int] = []       # empty = the warm-up sweep
+        self._checked = False              # the exploration's samples were checked for transients
         self._refit_left = 0               # refits left before the fit is frozen
         self._land = False                 # at the last refit, go to its target (after a drift)
         self._approaching = False          # the last increase was cut short by the bisection
@@ -193,7 +196,8 @@ class BackpressureController:
                 "ceiling": ceiling.failed, "ok_max": ceiling.ok_max,
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
-                "probes": list(self._probes), "refit_left": self._refit_left, "land": self._land,
+                "probes": list(self._planned), "checked": self._checked,
+                "refit_left": self._refit_left, "land": self._land,
                 "approaching": self._approaching, **self._watch.state_dict(),
                 "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next,
                 "work": self._work.state_dict()}
@@ -230,7 +234,9 @@ class BackpressureController:
         self._exploring = bool(d["exploring"])
         self._explore_n, self._explore_len = int(d["explore_n"]), int(d["explore_len"])
         self._retries = int(d["retries"])
-        self._probes = [int(v) for v in d["probes"]]
+        # States saved before the warm-up plan was kept have [] there: the warm-up sweep.
+        self._planned = [int(v) for v in d["probes"]] or self._warmup_plan()
+        self._checked = bool(d.get("checked", False))
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
@@ -257,13 +263,22 @@ class BackpressureController:
         """b within the bounds; untested sizes under an out-of-memory ceiling by bisection."""
         return self.oom_ceiling.bound(b, self.lo, self.hi)
 
+    def _warmup_plan(self) -> list[int]:
+        """The sweep's first k sizes, twice over and interleaved (a transient in one sample
+        shows against the other): k is at least the doubling sizes and (warmup_steps + 1) / 2."""
+        sizes = sweep_sizes(self.lo, self.hi)
+        half = math.ceil((self.config.warmup_steps + 1) / 2)
+        k = min(len(sizes), max(len(doubling_sizes(self.lo, self.hi)), half))
+        return sizes[:k] * 2
+
     def _plan(self) -> int:
         """The next exploration size (an out-of-memory retry does not use up a planned size)."""
-        n = self._explore_n - self._retries
-        if self._probes:
-            return self._bound(self._probes[min(n, len(self._probes) - 1)])
-        sizes = sweep_sizes(self.lo, self.largest)
-        return self._bound(sizes[n % len(sizes)])
+        n = max(0, self._explore_n - self._retries)
+        return self._bound(self._planned[min(n, len(self._planned) - 1)])
+
+    def _plan_more(self, sizes: list[int]) -> None:
+        self._planned += sizes
+        self._explore_len += len(sizes)
 
     def _goal(self, fit: UslFit) -> tuple[int, float, str]:
         """(target batch size, target concurrency, which bound set it).
@@ -335,20 +350,30 @@ class BackpressureController:
         if self._explore_n < self._explore_len:
             return self._decision("hold", "warmup", self._plan(), p,
                                   f"exploring ({self._explore_n}/{self._explore_len - 1})")
+        if not self._checked:
+            self._checked = True
+            again = self._sums.disagreeing(self._explore_n, TRANSIENT)
+            if again:
+                self._plan_more([q // self.group_size for q in again])
+                return self._decision("hold", "warmup", self._plan(), p,
+                                      f"repeating {len(again)} size(s) whose two samples "
+                                      f"disagree by more than {TRANSIENT:g}x")
+        dropped = self._sums.drop_transients(self._explore_n, TRANSIENT)
         fit = self._sums.fit()
         if isinstance(fit, str):
             if self.largest - self.lo < 2:
                 return self._decision("hold", "warmup", self._bound(b), p,
                                       f"batch size range allows fewer than 3 sizes: {fit}")
-            self._probes = []        # keep sweeping until the data support a fit
-            self._explore_len += 1
+            sweep = sweep_sizes(self.lo, self.largest)      # keep sweeping until a fit
+            self._plan_more([sweep[len(self._planned) % len(sweep)]])
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
-        self._fit, self._exploring, self._probes = fit, False, []
+        self._fit, self._exploring = fit, False
+        note = f"; {dropped} transient sample(s) left out" if dropped else ""
         self._refit_left = self._sums.window - len(self._sums)
         self._watch.cusum = drift.NO_DRIFT
         if self._watch.noise2 is None:
             self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
-        return self._decide(b, p, roof, "first fit after exploring", rule="first")
+        return self._decide(b, p, roof, "first fit after exploring" + note, rule="first")
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
                roof: Roofline | None) -> Decision:
@@ -438,12 +463,13 @@ class BackpressureController:
 
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
         """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
-        self._probes = drift.probe_sizes(b, direction, self._bound)
+        self._planned = drift.probe_sizes(b, direction, self._bound)
+        self._checked = False
         self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
-        self._explore_n, self._explore_len, self._retries = 0, len(self._probes), 0
+        self._explore_n, self._explore_len, self._retries = 0, len(self._planned), 0
         self._watch.cusum = drift.NO_DRIFT
         word = "faster" if direction > 0 else "slower"
-        nxt = self._plan() if self._probes else b
+        nxt = self._plan() if self._planned else b
         return self._decision("hold", "warmup", nxt, p,
                               f"throughput drifted {word} than the fit at p={p}: re-exploring")
