@@ -183,7 +183,7 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
     rng = random.Random(seed)
     ctl = BackpressureController(cfg, GROUP)
     b = ctl.first_batch_size(8)
-    batches, ooms, spent, calls, alarms = [], 0, 0.0, 0, []
+    batches, ooms, spent, calls, alarms, warm = [], 0, 0.0, 0, [], None
     for step in range(sc.steps):
         usl = sc.after if sc.after is not None and step >= sc.change_at else sc.usl
         while sc.oom_at is not None and b >= sc.oom_at:
@@ -201,7 +201,8 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
         b = d.batch_size
         if "drifted" in d.reason:
             alarms.append(step)
-    warm = cfg.warmup_steps + 1                   # steps that ran at warm-up sizes
+        if warm is None and d.regime != "warmup":
+            warm = step + 1                       # steps that ran at warm-up sizes
     end1 = sc.change_at if sc.after is not None else sc.steps
     phase1 = batches[warm:end1]
     s = settle_index(phase1)

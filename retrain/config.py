@@ -194,7 +194,8 @@ class BackendConfig:
 @dataclass
 class BackpressureConfig:
     enabled: bool = opt(False, "let the USL controller pick the batch size")
-    warmup_steps: int = opt(10, "steps to collect before fitting", lo=0, hi=MAX_STEPS)
+    warmup_steps: int = opt(10, "steps to collect before fitting (at least two per doubling size)",
+                            lo=0, hi=MAX_STEPS)
     ema_decay: float = opt(0.9, "EMA decay for throughput smoothing", lo=0, hi=0.999999)
     throttle_margin: float = opt(0.85, "target fraction of p* (safe operating point)",
                                  lo=0, hi=1, lo_open=True)

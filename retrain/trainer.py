@@ -53,6 +53,7 @@ from retrain.backends.base import (
 from retrain.config import Config, run_config
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
+from retrain.control.work import StepWork
 from retrain.environments.scorer import build_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.errors import UserError
@@ -60,7 +61,7 @@ from retrain.eval import evaluate
 from retrain.offpolicy import Overlap
 from retrain.progress import Progress
 from retrain.slots import slots_from_env
-from retrain.step_row import groups_of, logprob_diff, max_rss_mb, ordered
+from retrain.step_row import groups_of, logprob_diff, max_rss_mb, ordered, step_work
 from retrain.stop_request import StopRequest
 from retrain.trackers import Trackers
 
@@ -114,6 +115,7 @@ class _Sampled:
     flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
     bytes_moved: float | None = None
     noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
+    work: StepWork | None = None         # what the step did, for the back-pressure controller
 
 
 class Trainer:
@@ -299,7 +301,7 @@ class Trainer:
         # The controller measures the batch size that ran: failed attempts are not its time.
         decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start,
                                            flops=sampled.flops, bytes_moved=sampled.bytes_moved,
-                                           noise_scale=sampled.noise_scale)
+                                           noise_scale=sampled.noise_scale, work=sampled.work)
         self.batch_size = max(1, decision.batch_size)
         if decision.action != "hold" or "rejected" in decision.reason:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
@@ -358,9 +360,9 @@ class Trainer:
             "reward_failures": scores.failures, "trained_completions": len(datums),
             "sample_staleness": ahead.staleness if ahead is not None else 0,
         }
-        tokens = sum(len(prompts[g]) + len(c.tokens) for g, group in enumerate(groups)
-                     for c in group)
-        sampled = _Sampled(row=row, tokens=tokens, errors=getattr(scores, "errors", []))
+        work = step_work(prompts, groups, advantages)
+        sampled = _Sampled(row=row, tokens=work.sampled_tokens, work=work,
+                           errors=getattr(scores, "errors", []))
         self._add_estimates(sampled, prompts, groups, batch_size)
         return sampled
 

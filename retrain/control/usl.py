@@ -7,6 +7,7 @@ Pure: no torch, no numpy, no I/O. p is concurrency (sequences in flight), X toke
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -48,13 +49,18 @@ def observed_throughput(tokens: object, step_time_s: object) -> float | str:
     return x
 
 
-def sweep_sizes(lo: int, hi: int) -> list[int]:
-    """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
+def doubling_sizes(lo: int, hi: int) -> list[int]:
+    """lo, 2lo, 4lo, ... up to hi (hi itself last)."""
     first, b = [], lo
     while b < hi:
         first.append(b)
         b *= 2
-    first.append(hi)
+    return first + [hi]
+
+
+def sweep_sizes(lo: int, hi: int) -> list[int]:
+    """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
+    first = doubling_sizes(lo, hi)
     mids = {round(math.sqrt(x * y)) for x, y in zip(first, first[1:], strict=False)}
     return first + sorted(mids - set(first))
 
@@ -104,6 +110,32 @@ class UslSums:
         """Forget all but the newest k observations (after the machine changed)."""
         newest = list(self.points)[-k:] if k > 0 else []
         self.points = deque(newest, maxlen=self.window)
+
+    def _newest_by_p(self, newest: int) -> dict[int, list[tuple[int, float]]]:
+        """The newest `newest` points as {p: [(index in the window, y), ...]}."""
+        by_p: dict[int, list[tuple[int, float]]] = {}
+        start = max(0, len(self.points) - newest)
+        for i, (p, y) in enumerate(list(self.points)[start:], start):
+            by_p.setdefault(p, []).append((i, y))
+        return by_p
+
+    def disagreeing(self, newest: int, factor: float) -> list[int]:
+        """The p's with exactly two of the newest points, one more than `factor` times the
+        other (which one is the transient takes a third sample to tell)."""
+        return [p for p, pts in self._newest_by_p(newest).items() if len(pts) == 2
+                and max(y for _, y in pts) > factor * min(y for _, y in pts)]
+
+    def drop_transients(self, newest: int, factor: float) -> int:
+        """Among the newest points, drop those more than `factor` off the median of their p
+        (for p's with three or more of them); returns how many were dropped."""
+        drop = set()
+        for pts in self._newest_by_p(newest).values():
+            if len(pts) >= 3:
+                med = statistics.median(y for _, y in pts)
+                drop |= {i for i, y in pts if not med / factor <= y <= med * factor}
+        kept = [pt for i, pt in enumerate(self.points) if i not in drop]
+        self.points = deque(kept, maxlen=self.window)
+        return len(drop)
 
     def sums(self) -> tuple[list[float], list[float]]:
         """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/y²."""

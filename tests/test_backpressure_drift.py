@@ -1,0 +1,132 @@
+"""RL's drift must not fool the run controller: throughput counted in work (control/work.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from retrain.config import BackpressureConfig
+from retrain.control.backpressure import BackpressureController
+from retrain.control.work import StepWork, WorkModel, fit_costs
+from retrain.step_row import step_work
+
+G = 8
+ON = BackpressureConfig(enabled=True, max_batch_size=32)
+PROMPT = 40                 # prompt tokens per sequence
+
+
+def contention(p: int) -> float:
+    """The machine's USL slowdown of the per-token work at concurrency p (p* = 221)."""
+    return (1 + 0.02 * (p - 1) + 2e-5 * p * (p - 1)) / p
+
+
+def rl_step(b: int, completion: float, trained: float, rng: random.Random,
+            noise: float = 0.03, slower: float = 1.0) -> tuple[StepWork, float]:
+    """One step on a machine with a fixed per-step cost (1 s) and per-token costs that
+    contend: `completion` tokens per sequence on average, `trained` the share of groups
+    that are not uniform."""
+    p = b * G
+    c = max(1, round(p * completion * math.exp(0.15 * rng.gauss(0, 1))))
+    groups = sum(rng.random() < trained for _ in range(b))
+    t_tokens = groups * G * (PROMPT + c / p)
+    work = StepWork(p * PROMPT, c, round(t_tokens), groups)
+    per_token = 0.0005 * p * PROMPT + 0.004 * c + 0.002 * t_tokens + 0.02 * groups
+    t = (1.0 + per_token * contention(p) * 16) * slower * math.exp(noise * rng.gauss(0, 1))
+    return work, t
+
+
+def run(ctl: BackpressureController, phases, seed: int = 0, with_work: bool = True):
+    """Run (steps, completion, trained share, slower) phases; return per-step decisions."""
+    rng, b, out = random.Random(seed), ctl.first_batch_size(8), []
+    for steps, completion, trained, slower in phases:
+        for _ in range(steps):
+            work, t = rl_step(b, completion, trained, rng, slower=slower)
+            d = ctl.observe(b, work.sampled_tokens, t, work=work if with_work else None)
+            out.append((b, d))
+            b = d.batch_size
+    return out
+
+
+def after(decisions, k: int):
+    return decisions[k:]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_completions_halving_on_an_unchanged_machine_is_no_throttle(seed):
+    ctl = BackpressureController(ON, G)
+    got = run(ctl, [(80, 40.0, 0.8, 1.0), (120, 20.0, 0.8, 1.0)], seed)
+    settled = got[79][1].batch_size
+    later = after(got, 80)
+    assert not any("drifted" in d.reason for _, d in later), [d.reason for _, d in later
+                                                              if "drifted" in d.reason]
+    assert min(b for b, _ in later) >= settled
+    assert all(d.action != "throttle" for _, d in later)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_groups_going_uniform_is_no_change_either(seed):
+    """Most groups all correct: the steps train little and get faster; no re-exploration."""
+    ctl = BackpressureController(ON, G)
+    got = run(ctl, [(80, 40.0, 0.9, 1.0), (120, 30.0, 0.2, 1.0)], seed)
+    settled = got[79][1].batch_size
+    assert not any("drifted" in d.reason for _, d in after(got, 80))
+    assert min(b for b, _ in after(got, 80)) >= settled
+
+
+def test_a_machine_that_really_slows_down_is_still_seen():
+    """The work model explains the mix, never a uniform slowdown: that still alarms."""
+    ctl = BackpressureController(ON, G)
+    got = run(ctl, [(80, 40.0, 0.8, 1.0), (30, 40.0, 0.8, 2.0)])
+    assert any("drifted slower" in d.reason for _, d in after(got, 80))
+
+
+def test_the_ratio_is_blind_to_a_uniform_change_of_costs():
+    rng, model, scaled = random.Random(1), WorkModel(), WorkModel()
+    for i in range(30):
+        b = 1 + i % 8
+        work, t = rl_step(b, 30.0, 0.7, rng)
+        model.add(b * G, work, t)
+        scaled.add(b * G, work, 3.0 * t)
+    work, _ = rl_step(4, 15.0, 0.3, rng)
+    assert model.equivalent_tokens(32, work) == pytest.approx(scaled.equivalent_tokens(32, work))
+    assert model.equivalent_tokens(32, work) != work.sampled_tokens
+
+
+def test_costs_are_recovered_and_never_negative():
+    rng = random.Random(2)
+    rows, times = [], []
+    for _ in range(60):
+        f = (1.0, rng.uniform(100, 1000), rng.uniform(50, 2000), rng.uniform(0, 3000),
+             float(rng.randint(0, 8)))
+        rows.append(f)
+        times.append(0.5 + 0.001 * f[1] + 0.004 * f[2] + 0.0 * f[3] + 0.05 * f[4])
+    coef = fit_costs(rows, times)
+    assert coef == pytest.approx([0.5, 0.001, 0.004, 0.0, 0.05], rel=0.02, abs=2e-4)
+    falling = [max(0.01, 1.0 - 0.0003 * r[3]) for r in rows]   # time falls with work
+    coef = fit_costs(rows, falling)
+    assert coef is not None and min(coef) >= 0.0
+
+
+def test_the_work_model_survives_a_resume():
+    ctl = BackpressureController(ON, G)
+    run(ctl, [(40, 40.0, 0.8, 1.0)])
+    resumed = BackpressureController(ON, G)
+    assert resumed.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    a = run(ctl, [(30, 20.0, 0.8, 1.0)], seed=9)
+    b = run(resumed, [(30, 20.0, 0.8, 1.0)], seed=9)
+    assert [d for _, d in a] == [d for _, d in b]
+
+
+def test_the_trainer_counts_the_work_of_a_step():
+    class Completion:
+        def __init__(self, n: int):
+            self.tokens = [0] * n
+
+    prompts = [[1, 2, 3], [4, 5]]
+    groups = [[Completion(4), Completion(6)], [Completion(1), Completion(1)]]
+    work = step_work(prompts, groups, [[0.5, -0.5], [0.0, 0.0]])    # group 2 is uniform
+    assert work == StepWork(prompt_tokens=3 + 3 + 2 + 2, completion_tokens=12,
+                            trained_tokens=(3 + 4) + (3 + 6), groups_trained=1)
