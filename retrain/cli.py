@@ -125,6 +125,27 @@ def status(
 
 
 @app.command()
+def compare(
+    campaign_dir: Annotated[Path, typer.Argument(help="A campaign folder (logs/<campaign>).",
+                                                 metavar="CAMPAIGN_DIR")],
+    baseline: Annotated[str | None, typer.Option(
+        help="The condition the others are compared with (default: the first).",
+        metavar="NAME")] = None,
+    last: Annotated[int | None, typer.Option(
+        help="Final reward = mean over a run's last N steps (default: 10% of its steps).",
+        metavar="N")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        help="Reward whose first crossing is timed (default: median final reward).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Compare a campaign's conditions across seeds: means, 95% intervals, verdicts."""
+    from retrain.results import compare_view
+
+    compare_view.show(campaign_dir, as_json=json_, baseline=baseline, last=last,
+                      threshold=threshold)
+
+
+@app.command()
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
                                             metavar="RUN_DIR")],
@@ -163,7 +184,7 @@ def serve(
                   delay_ms=delay_ms, max_sessions=max_sessions)
 
 
-COMMANDS = ("run", "init", "explain", "status", "plot", "serve")
+COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "serve")
 
 
 def _route(argv: list[str]) -> list[str]:
