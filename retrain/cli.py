@@ -147,15 +147,16 @@ def compare(
 
 @app.command()
 def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
-                                            metavar="RUN_DIR")],
-    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png).")]
-    = None,
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>) or a campaign "
+                                            "folder (logs/<campaign>).", metavar="DIR")],
+    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png, "
+                                             "CAMPAIGN_DIR/curves.png).")] = None,
 ) -> None:
-    """Draw the back-pressure picture: observations, fitted USL curve, p*, reward, step time."""
-    from retrain.plot import plot_run
+    """Draw a run's back-pressure picture (observations, fitted USL curve, p*, reward, step
+    time), or a campaign's reward and eval curves per condition (mean over seeds, 95% band)."""
+    from retrain.plot import plot
 
-    typer.echo(f"wrote {plot_run(run_dir, out)}")
+    typer.echo(f"wrote {plot(run_dir, out)}")
 
 
 @app.command()

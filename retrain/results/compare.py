@@ -15,6 +15,7 @@ from typing import Any
 
 from retrain import runlog
 from retrain.errors import UserError
+from retrain.results.run_rows import number, read_rows, series
 from retrain.results.stats import Difference, Estimate, estimate, welch
 from retrain.status import RunStatus, scan_campaign
 
@@ -108,7 +109,7 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
         finals = [r.final_reward for r in runs if r.included and r.final_reward is not None]
         report.threshold = statistics.median(finals) if finals else None
         report.threshold_source = "median final reward of all completed runs"
-    rows_of = {r.path: _rows(Path(r.path)) for r in runs if r.included}
+    rows_of = {r.path: read_rows(Path(r.path)) for r in runs if r.included}
     for r in runs:
         if r.included and report.threshold is not None:
             _reach(r, rows_of[r.path], report.threshold, last)
@@ -134,43 +135,24 @@ def _check_folder(folder: Path) -> None:
                         "compare takes the folder a campaign writes, e.g. logs/<campaign>")
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    """Metrics rows by step (a repeated step keeps its last row), in step order."""
-    by_step: dict[int, dict] = {}
-    for row in runlog.read_metrics(run_dir / runlog.METRICS_FILE).rows:
-        step = row.get("step")
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            by_step[step] = row
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def _num(v: Any) -> float | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    return float(v) if ok else None
-
-
-def _series(rows: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(r["step"], x) for r in rows if (x := _num(r.get(key))) is not None]
-
-
 def _window(n_steps: int, last: int | None) -> int:
     return max(1, last if last is not None else int(n_steps * LAST_FRACTION))
 
 
 def _figures(status: RunStatus, last: int | None) -> RunFigures:
-    rows = _rows(Path(status.path))
+    rows = read_rows(Path(status.path))
     fig = RunFigures(name=status.name, path=status.path, condition=status.condition or "-",
                      seed=status.seed, state=status.state, steps=status.step,
                      bad_lines=status.bad_lines, error=status.error)
-    rewards = [x for _, x in _series(rows, "mean_reward")]
+    rewards = [x for _, x in series(rows, "mean_reward")]
     if rewards:
         fig.last_k = min(_window(len(rewards), last), len(rewards))
         fig.final_reward = math.fsum(rewards[-fig.last_k:]) / fig.last_k
-    evals = _series(rows, "eval_accuracy")
+    evals = series(rows, "eval_accuracy")
     if evals:
         fig.eval_step, fig.eval_accuracy = evals[-1]
         fig.best_eval_step, fig.best_eval = max(evals, key=lambda e: (e[1], -e[0]))
-    speeds = [x for _, x in _series(rows, "tokens_per_second")]
+    speeds = [x for _, x in series(rows, "tokens_per_second")]
     fig.tokens_per_second = math.fsum(speeds) / len(speeds) if speeds else None
     return fig
 
@@ -178,12 +160,12 @@ def _figures(status: RunStatus, last: int | None) -> RunFigures:
 def _reach(fig: RunFigures, rows: list[dict], threshold: float, last: int | None) -> None:
     """The first step whose trailing mean reward (over the final-reward window) reaches the
     threshold, and the summed step_time_s up to it."""
-    rewards = _series(rows, "mean_reward")
+    rewards = series(rows, "mean_reward")
     k = _window(len(rewards), last)
     seconds = {}
     total = 0.0
     for r in rows:
-        total += _num(r.get("step_time_s")) or 0.0
+        total += number(r.get("step_time_s")) or 0.0
         seconds[r["step"]] = total
     for i, (step, _) in enumerate(rewards):
         window = [x for _, x in rewards[max(0, i - k + 1):i + 1]]
