@@ -125,16 +125,38 @@ def status(
 
 
 @app.command()
-def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
-                                            metavar="RUN_DIR")],
-    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png).")]
-    = None,
+def compare(
+    campaign_dir: Annotated[Path, typer.Argument(help="A campaign folder (logs/<campaign>).",
+                                                 metavar="CAMPAIGN_DIR")],
+    baseline: Annotated[str | None, typer.Option(
+        help="The condition the others are compared with (default: the first).",
+        metavar="NAME")] = None,
+    last: Annotated[int | None, typer.Option(
+        help="Final reward = mean over a run's last N steps (default: 10% of its steps).",
+        metavar="N")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        help="Reward whose first crossing is timed (default: median final reward).")] = None,
+    json_: JsonOpt = False,
 ) -> None:
-    """Draw the back-pressure picture: observations, fitted USL curve, p*, reward, step time."""
-    from retrain.plot import plot_run
+    """Compare a campaign's conditions across seeds: means, 95% intervals, verdicts."""
+    from retrain.results import compare_view
 
-    typer.echo(f"wrote {plot_run(run_dir, out)}")
+    compare_view.show(campaign_dir, as_json=json_, baseline=baseline, last=last,
+                      threshold=threshold)
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>) or a campaign "
+                                            "folder (logs/<campaign>).", metavar="DIR")],
+    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png, "
+                                             "CAMPAIGN_DIR/curves.png).")] = None,
+) -> None:
+    """Draw a run's back-pressure picture (observations, fitted USL curve, p*, reward, step
+    time), or a campaign's reward and eval curves per condition (mean over seeds, 95% band)."""
+    from retrain.plot import plot
+
+    typer.echo(f"wrote {plot(run_dir, out)}")
 
 
 @app.command()
@@ -163,7 +185,7 @@ def serve(
                   delay_ms=delay_ms, max_sessions=max_sessions)
 
 
-COMMANDS = ("run", "init", "explain", "status", "plot", "serve")
+COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "serve")
 
 
 def _route(argv: list[str]) -> list[str]:
