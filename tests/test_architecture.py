@@ -14,7 +14,7 @@ FLOORS = {
     1: ["config", "config_paths", "config_file", "schema", "overrides", "toml_io", "errors",
         "environments.answers", "environments.protocol", "advantages", "control",
         "control.backpressure", "control.usl", "control.drift", "control.oom_ceiling",
-        "control.roofline", "control.goodput",
+        "control.roofline", "control.goodput", "control.concurrency",
         "control.gradnoise", "control.stepcost", "control.capacity", "campaign.matrix",
         "campaign.plan"],
     2: ["backends", "backends.base", "backends.local", "backends.local_sampling",
