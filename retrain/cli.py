@@ -174,15 +174,27 @@ def serve(
     delay_ms: Annotated[float, typer.Option(
         help="Added latency before every API request, in ms (tests and benchmarks: a "
              "stand-in for a network round trip).", min=0)] = 0.0,
+    load_model: Annotated[str, typer.Option(
+        help="Simulate a hosted endpoint's capacity curve: 'base_ms=B,sigma=S,kappa=K,"
+             "fail_above=F'. With N API requests in flight each waits "
+             "B*(1+S*(N-1)+K*N*(N-1)) ms on top of the real work, and one arriving while "
+             "more than F are in flight gets HTTP 502 (tests and benchmarks of "
+             "max_concurrent = \"auto\").")] = "",
     max_sessions: Annotated[int, typer.Option(
         help="Training clients alive at once (0 = no limit); one more gets HTTP 429 until "
              "a session finishes or stops heart-beating.", min=0)] = 0,
 ) -> None:
     """Serve the Tinker API over the local backend (for the official tinker SDK)."""
     from retrain.serve import serve_forever
+    from retrain.serve.guard import LoadModel
 
+    try:
+        load = LoadModel.parse(load_model) if load_model.strip() else None
+    except ValueError as exc:
+        raise UserError(f"--load-model {load_model!r}: {exc}; expected e.g. "
+                        "'base_ms=50,sigma=0.05,kappa=0.005,fail_above=24'") from None
     serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype,
-                  delay_ms=delay_ms, max_sessions=max_sessions)
+                  delay_ms=delay_ms, max_sessions=max_sessions, load=load)
 
 
 COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "serve")

@@ -15,6 +15,7 @@ FLOORS = {
         "environments.answers", "environments.protocol", "advantages", "control",
         "control.backpressure", "control.usl", "control.drift", "control.oom_ceiling",
         "control.roofline", "control.goodput", "control.bound", "control.work",
+        "control.concurrency",
         "control.gradnoise", "control.stepcost", "control.capacity", "campaign.matrix",
         "campaign.plan"],
     2: ["backends", "backends.base", "backends.local", "backends.local_sampling",
