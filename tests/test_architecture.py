@@ -23,6 +23,8 @@ FLOORS = {
         "backends.tinker_rate_limit", "backends.tinker_pending", "slots", "slots_ray",
         "slot_semaphore",
         "environments", "environments.tasks", "environments.rewards", "environments.scorer",
+        "environments.kinds", "environments.task_kind", "environments.python_kind",
+        "environments.guess_number",
         "models", "cpu", "runlog", "safejson"],
     3: ["trainer", "step_row", "stop_request", "offpolicy", "checkpoint", "eval", "trackers",
         "progress"],
