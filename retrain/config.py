@@ -91,7 +91,8 @@ class RewardConfig:
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
 
 
-ENVIRONMENT_KINDS = ("task", "python", "reasoning_gym", "verifiers", "textarena")
+ENVIRONMENT_KINDS = ("task", "python", "guess_number", "lookup", "reasoning_gym", "verifiers",
+                     "textarena")
 
 
 @dataclass
