@@ -25,6 +25,8 @@ FLOORS = {
         "environments", "environments.tasks", "environments.rewards", "environments.scorer",
         "environments.kinds", "environments.task_kind", "environments.python_kind",
         "environments.guess_number",
+        "environments.tools", "environments.tools.*", "environments.adapters",
+        "environments.adapters.*",
         "models", "cpu", "runlog", "safejson"],
     3: ["trainer", "step_row", "stop_request", "offpolicy", "checkpoint", "eval", "trackers",
         "progress"],
