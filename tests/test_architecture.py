@@ -26,6 +26,8 @@ FLOORS = {
         "environments", "environments.tasks", "environments.rewards", "environments.scorer",
         "environments.kinds", "environments.task_kind", "environments.python_kind",
         "environments.guess_number", "environments.ledger", "environments.host",
+        "environments.tools", "environments.tools.*", "environments.adapters",
+        "environments.adapters.*",
         "models", "cpu", "machine", "machine.measure", "machine.peaks", "runlog",
         "safejson"],
     3: ["trainer", "step_row", "stop_request", "offpolicy", "checkpoint", "eval", "trackers",
