@@ -45,11 +45,13 @@ def max_rss_mb() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
-def step_work(prompts: list[list[int]], groups: list, advantages: list[list[float]]) -> StepWork:
-    """Tokens sampled and trained, and groups trained (a uniform group has no advantage)."""
-    sampled = [(len(prompts[g]), len(c.tokens), a != 0.0)
-               for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
-               for c, a in zip(group, adv, strict=True)]
+def step_work(sizes: list[list[tuple[int, int]]], advantages: list[list[float]]) -> StepWork:
+    """Tokens sampled and trained, and groups trained (a uniform group has no advantage).
+    `sizes` holds, per group and episode, (context tokens, sampled tokens): the context is the
+    prompt and everything the environment wrote."""
+    sampled = [(p, c, a != 0.0)
+               for group, adv in zip(sizes, advantages, strict=True)
+               for (p, c), a in zip(group, adv, strict=True)]
     return StepWork(prompt_tokens=sum(p for p, _, _ in sampled),
                     completion_tokens=sum(c for _, c, _ in sampled),
                     trained_tokens=sum(p + c for p, c, trained in sampled if trained),

@@ -121,12 +121,7 @@ def test_the_work_model_survives_a_resume():
 
 
 def test_the_trainer_counts_the_work_of_a_step():
-    class Completion:
-        def __init__(self, n: int):
-            self.tokens = [0] * n
-
-    prompts = [[1, 2, 3], [4, 5]]
-    groups = [[Completion(4), Completion(6)], [Completion(1), Completion(1)]]
-    work = step_work(prompts, groups, [[0.5, -0.5], [0.0, 0.0]])    # group 2 is uniform
+    sizes = [[(3, 4), (3, 6)], [(2, 1), (2, 1)]]     # (context, sampled) per episode
+    work = step_work(sizes, [[0.5, -0.5], [0.0, 0.0]])    # group 2 is uniform
     assert work == StepWork(prompt_tokens=3 + 3 + 2 + 2, completion_tokens=12,
                             trained_tokens=(3 + 4) + (3 + 6), groups_trained=1)
