@@ -21,12 +21,16 @@ import dataclasses
 import hashlib
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from retrain.backends.base import Backend, Completion, Datum, SamplingParams
-from retrain.config import EnvironmentConfig
-from retrain.environments.answers import CORRECT_AT
-from retrain.environments.host import EnvError, Host, Opened
+from retrain.config import DataConfig, EnvironmentConfig, RewardConfig
+from retrain.environments.answers import CORRECT_AT, Problem
+from retrain.environments.host import EnvError, Host, Opened, TaskHost, WorkerHost
+from retrain.environments.kinds import KindContext, default_max_turns
 from retrain.environments.ledger import Ledger, Renderer
 from retrain.environments.protocol import Message, Step
 
@@ -49,6 +53,7 @@ class Episode:
     error: str = ""
     correct: bool | None = None
     tool_calls: int = 0
+    cut_replies: int = 0       # replies that hit max_tokens
     metrics: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     last: Completion | None = None
 
@@ -237,6 +242,7 @@ class Rollout:
     def _take(self, e: Episode, c: Completion) -> None:
         e.last = c
         e.turns += 1
+        e.cut_replies += c.finish_reason == "length"
         e.ledger.add_sampled(list(c.tokens), list(c.logprobs))
 
     def _text(self, e: Episode) -> str:
@@ -290,3 +296,53 @@ def episode_datum(e: Episode, advantage: float) -> Datum:
     adv = float(advantage)
     return Datum(input_tokens=tokens[:-1], target_tokens=tokens[1:], logprobs=lps[1:],
                  advantages=[adv if m else 0.0 for m in mask[1:]], mask=mask[1:])
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+@dataclass
+class Rollouts:
+    """The train split's rollout, and the held-out split's (built on first use)."""
+
+    train: Rollout
+    make_eval: Callable[[], Rollout] | None   # None: the task kind evaluates with the scorer
+    _eval: Rollout | None = None
+
+    @property
+    def eval(self) -> Rollout:
+        if self._eval is None:
+            assert self.make_eval is not None
+            self._eval = self.make_eval()
+        return self._eval
+
+    def close(self) -> None:
+        for r in (self.train, self._eval):
+            if r is not None:
+                r.host.close()
+
+
+def uses_scorer(cfg: EnvironmentConfig) -> bool:
+    """The task kind without tools: its replies are scored by the [reward] scorer process."""
+    return cfg.kind == "task" and not cfg.tools
+
+
+def build_rollouts(cfg: EnvironmentConfig, data: DataConfig, reward: RewardConfig, seed: int,
+                   config_dir: Path, backend: Backend, scorer: Any,
+                   problems: list[Problem]) -> Rollouts:
+    """The rollouts of a run: `task` on the scorer, every other kind in a worker process."""
+    turns = default_max_turns(cfg)
+    if uses_scorer(cfg):
+        host: Host = TaskHost(problems, data, scorer)
+        train = Rollout(backend, host, Renderer(backend.tokenizer, data.chat_template), cfg,
+                        turns)
+        return Rollouts(train, None)
+    chat = data.chat_template if cfg.kind == "task" else True
+
+    def rollout(split: Literal["train", "eval"]) -> Rollout:
+        ctx = KindContext(split=split, config_dir=config_dir, seed=seed, data=data,
+                          reward=reward)
+        return Rollout(backend, WorkerHost(cfg, ctx), Renderer(backend.tokenizer, chat), cfg,
+                       turns)
+
+    return Rollouts(rollout("train"), lambda: rollout("eval"))
