@@ -110,6 +110,30 @@ def test_lookup_tool_call_then_answer(tok):
     assert_ledger(tok, e, sampler)
 
 
+def test_a_template_that_declares_tools_renders_them_itself(tiny_model):
+    from transformers import AutoTokenizer
+
+    from retrain.environments.tools.lookup import LookupTask
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = (DATA / "templates" / "chatml_tools.jinja").read_text()
+    task = LookupTask()
+    task.reset(4)
+    code = task.table[task.target]
+    e, sampler, result = roll(tok, [call("lookup", key=task.target), f"<answer>{code}</answer>"],
+                              seed=4, kind="lookup")
+    assert (e.ended, e.reward, e.tool_calls) == ("done", 1.0, 1)
+    prompt = tok.decode(sampler.prompts[0])
+    assert "# Tools\n<tools>\n" + json.dumps(e.tools[0]) in prompt  # the template's format
+    assert "You can call tools" not in prompt  # not the text protocol
+    full = tok.apply_chat_template(e.history, tools=e.tools, tokenize=True)
+    full = full if isinstance(full, list) else full["input_ids"]
+    assert e.ledger.tokens == list(full)[:-1] and result.bridges == 0
+    assert "<tool_response>\n" + code in tok.decode(e.ledger.tokens)
+    sampled = [t for t, m in zip(e.ledger.tokens, e.ledger.mask, strict=True) if m]
+    assert sampled == [t for ids in sampler.sampled for t in ids]
+
+
 def test_tools_for_any_environment_and_their_faults_are_counted(tok):
     e, sampler, _ = roll(tok, [call("chatty", megabytes=10), call("calculator", expression="6*7"),
                                "done"], seed=1, config_dir=DATA / "tools", kind="lookup",
