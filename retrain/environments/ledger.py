@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retrain.environments.protocol import Message
+from retrain.environments.tools.render import for_template
 
 _DUMMY: list[Message] = [{"role": "user", "content": "Hello"},
                          {"role": "assistant", "content": "World!"}]
@@ -40,6 +41,7 @@ class Renderer:
 
     def render(self, messages: list[Message], generation: bool,
                tools: list[dict] | None = None) -> list[int]:
+        messages, tools = for_template(messages, tools, self.template_has_tools)
         if not self.chat:
             return _ids(self.tokenizer("\n".join(m["content"] for m in messages)))
         extra = {"tools": tools} if tools and self.template_has_tools else {}

@@ -70,7 +70,7 @@ class LookupTask(Environment):
         found = _ANSWER.findall(reply)
         numbers = _NUMBER.findall(found[-1] if found else reply)
         solved = bool(numbers) and numbers[-1] == self.table.get(self.target)
-        return Step(reward=float(solved), done=True, metrics={"solved": float(solved)})
+        return Step(reward=float(solved), done=True, metrics={"correct": float(solved)})
 
 
 def build(cfg: EnvironmentConfig, ctx: KindContext) -> Callable[[], Environment]:
