@@ -259,6 +259,11 @@ class BackpressureController:
         """Largest batch size the controller may propose (bounds and out-of-memory ceiling)."""
         return self.oom_ceiling.largest(self.lo, self.hi)
 
+    @property
+    def target_batch_size(self) -> int | None:
+        """The current fit's target batch size (None before the first fit)."""
+        return self._goal(self._fit)[0] if self._fit is not None else None
+
     def _bound(self, b: int) -> int:
         """b within the bounds; untested sizes under an out-of-memory ceiling by bisection."""
         return self.oom_ceiling.bound(b, self.lo, self.hi)

@@ -115,21 +115,22 @@ def fit_costs(steps: list[Step]) -> list[float] | None:
     rows, ys, ws = _deviations(steps)
     if not rows:
         return None
-    k = 4
-    scale = [math.sqrt(sum(w * r[i] ** 2 for r, w in zip(rows, ws, strict=True))) for i in range(k)]
-    free = [i for i in range(k) if scale[i] > 0]
+    a, b = _normal_equations(rows, ys, ws)
+    scale = [math.sqrt(a[i][i]) for i in range(4)]      # each column to unit weighted norm
+    free = [i for i in range(4) if scale[i] > 0]
     while free:
-        sol = _weighted_ls([[r[i] / scale[i] for i in free] for r in rows], ys, ws)
+        sol = _solve([[a[i][j] / (scale[i] * scale[j]) * (1 + RIDGE * (i == j)) for j in free]
+                      for i in free], [b[i] / scale[i] for i in free])
         if sol is None:
             return None
         worst = min(range(len(free)), key=lambda j: sol[j])
         if sol[worst] >= 0:
-            costs = [0.0] * k
+            costs = [0.0] * 4
             for j, i in enumerate(free):
                 costs[i] = sol[j] / scale[i]
             return costs
-        free.pop(worst)
-    return [0.0] * k
+        free.pop(worst)        # the normal equations of the other columns: a sub-matrix
+    return [0.0] * 4
 
 
 def _deviations(steps: list[Step]) -> tuple[list[list[float]], list[float], list[float]]:
@@ -150,16 +151,15 @@ def _deviations(steps: list[Step]) -> tuple[list[list[float]], list[float], list
     return rows, ys, ws
 
 
-def _weighted_ls(rows: list[list[float]], ys: list[float],
-                 ws: list[float]) -> list[float] | None:
-    """Solve the ridge-regularised normal equations of Σ w (r·c − y)²."""
-    k = len(rows[0])
+def _normal_equations(rows: list[list[float]], ys: list[float],
+                      ws: list[float]) -> tuple[list[list[float]], list[float]]:
+    """(Σ w r rᵀ, Σ w r y): the normal equations of Σ w (r·c − y)²."""
     data = list(zip(rows, ys, ws, strict=True))
-    a = [[math.fsum(w * r[i] * r[j] for r, _, w in data) for j in range(k)] for i in range(k)]
-    b = [math.fsum(w * r[i] * y for r, y, w in data) for i in range(k)]
-    for i in range(k):
-        a[i][i] += RIDGE * a[i][i] + 1e-12
-    return _solve(a, b)
+    a = [[0.0] * 4 for _ in range(4)]
+    for i in range(4):
+        for j in range(i, 4):      # symmetric
+            a[i][j] = a[j][i] = math.fsum(w * r[i] * r[j] for r, _, w in data)
+    return a, [math.fsum(w * r[i] * y for r, y, w in data) for i in range(4)]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
