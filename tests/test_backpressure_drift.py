@@ -7,6 +7,8 @@ import math
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from retrain.config import BackpressureConfig
 from retrain.control.backpressure import BackpressureController
@@ -129,3 +131,19 @@ def test_the_trainer_counts_the_work_of_a_step():
     work = step_work(prompts, groups, [[0.5, -0.5], [0.0, 0.0]])    # group 2 is uniform
     assert work == StepWork(prompt_tokens=3 + 3 + 2 + 2, completion_tokens=12,
                             trained_tokens=(3 + 4) + (3 + 6), groups_trained=1)
+
+
+counts = st.integers(0, 10**7)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 40), counts, counts, counts, counts,
+                          st.floats(1e-4, 1e4)), max_size=60))
+def test_any_work_gives_clean_decisions_and_a_json_state(obs):
+    ctl = BackpressureController(ON, G)
+    for b, prompt, completion, trained, groups, t in obs:
+        work = StepWork(prompt, completion, trained, groups)
+        d = ctl.observe(b, work.sampled_tokens, t, work=work)
+        assert ON.min_batch_size <= d.batch_size <= ON.max_batch_size
+        assert d.throughput is None or math.isfinite(d.throughput)
+    json.dumps(ctl.state_dict(), allow_nan=False)
