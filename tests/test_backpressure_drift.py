@@ -7,6 +7,8 @@ import math
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from retrain.config import BackpressureConfig
 from retrain.control.backpressure import BackpressureController
@@ -96,18 +98,17 @@ def test_the_ratio_is_blind_to_a_uniform_change_of_costs():
 
 
 def test_costs_are_recovered_and_never_negative():
-    rng = random.Random(2)
-    rows, times = [], []
-    for _ in range(60):
-        f = (1.0, rng.uniform(100, 1000), rng.uniform(50, 2000), rng.uniform(0, 3000),
+    """Each p has its own constant (contention); the costs of the work are shared."""
+    rng, steps, falling = random.Random(2), [], []
+    for _ in range(120):
+        p = rng.choice([8, 16, 64])
+        f = (rng.uniform(100, 1000), rng.uniform(50, 2000), rng.uniform(0, 3000),
              float(rng.randint(0, 8)))
-        rows.append(f)
-        times.append(0.5 + 0.001 * f[1] + 0.004 * f[2] + 0.0 * f[3] + 0.05 * f[4])
-    coef = fit_costs(rows, times)
-    assert coef == pytest.approx([0.5, 0.001, 0.004, 0.0, 0.05], rel=0.02, abs=2e-4)
-    falling = [max(0.01, 1.0 - 0.0003 * r[3]) for r in rows]   # time falls with work
-    coef = fit_costs(rows, falling)
-    assert coef is not None and min(coef) >= 0.0
+        steps.append((p, f, 0.01 * p + 0.001 * f[0] + 0.004 * f[1] + 0.05 * f[3]))
+        falling.append((p, f, max(0.01, 1.0 - 0.0003 * f[2])))     # time falls with work
+    assert fit_costs(steps) == pytest.approx([0.001, 0.004, 0.0, 0.05], rel=0.02, abs=2e-5)
+    costs = fit_costs(falling)
+    assert costs is not None and min(costs) >= 0.0
 
 
 def test_the_work_model_survives_a_resume():
@@ -125,3 +126,19 @@ def test_the_trainer_counts_the_work_of_a_step():
     work = step_work(sizes, [[0.5, -0.5], [0.0, 0.0]])    # group 2 is uniform
     assert work == StepWork(prompt_tokens=3 + 3 + 2 + 2, completion_tokens=12,
                             trained_tokens=(3 + 4) + (3 + 6), groups_trained=1)
+
+
+counts = st.integers(0, 10**7)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 40), counts, counts, counts, counts,
+                          st.floats(1e-4, 1e4)), max_size=60))
+def test_any_work_gives_clean_decisions_and_a_json_state(obs):
+    ctl = BackpressureController(ON, G)
+    for b, prompt, completion, trained, groups, t in obs:
+        work = StepWork(prompt, completion, trained, groups)
+        d = ctl.observe(b, work.sampled_tokens, t, work=work)
+        assert ON.min_batch_size <= d.batch_size <= ON.max_batch_size
+        assert d.throughput is None or math.isfinite(d.throughput)
+    json.dumps(ctl.state_dict(), allow_nan=False)

@@ -124,7 +124,7 @@ class BackpressureController:
         self._retries = 0                  # out-of-memory retries in this exploration
         self._checked = False              # the exploration's samples were checked for transients
         self._refit_left = 0               # refits left before the fit is frozen
-        self._land = False                 # at the last refit, go to its target (after a drift)
+        self._land = False                 # at the last refit, go to its target
         self._approaching = False          # the last increase was cut short by the bisection
         self._watch = drift.DriftWatch()   # smoothed throughput at this p, drift check
         self._work = WorkModel()           # step time from the step's work: throughput in work
@@ -259,6 +259,11 @@ class BackpressureController:
         """Largest batch size the controller may propose (bounds and out-of-memory ceiling)."""
         return self.oom_ceiling.largest(self.lo, self.hi)
 
+    @property
+    def target_batch_size(self) -> int | None:
+        """The current fit's target batch size (None before the first fit)."""
+        return self._goal(self._fit)[0] if self._fit is not None else None
+
     def _bound(self, b: int) -> int:
         """b within the bounds; untested sizes under an out-of-memory ceiling by bisection."""
         return self.oom_ceiling.bound(b, self.lo, self.hi)
@@ -367,7 +372,7 @@ class BackpressureController:
             sweep = sweep_sizes(self.lo, self.largest)      # keep sweeping until a fit
             self._plan_more([sweep[len(self._planned) % len(sweep)]])
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
-        self._fit, self._exploring = fit, False
+        self._fit, self._exploring, self._land = fit, False, True
         note = f"; {dropped} transient sample(s) left out" if dropped else ""
         self._refit_left = self._sums.window - len(self._sums)
         self._watch.cusum = drift.NO_DRIFT
@@ -388,7 +393,7 @@ class BackpressureController:
             else:
                 self._fit = fit
             if self._refit_left == 0 and self._land:
-                rule, self._land = "landing", False   # the re-exploration's last refit
+                rule, self._land = "landing", False   # the exploration's last refit
         if predicted:
             direction, since = self._watch.check(math.log(throughput_ratio(x, predicted)))
             if direction:
@@ -463,7 +468,7 @@ class BackpressureController:
 
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
         """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
-        self._planned = drift.probe_sizes(b, direction, self._bound)
+        self._planned = drift.probe_sizes(b, direction, self._bound) * 2
         self._checked = False
         self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True

@@ -3,22 +3,28 @@ measured in work, not in raw sampled tokens.
 
 Pure: no torch, no I/O. An RL step's work drifts as the policy learns: completions get
 shorter and more groups are uniform (nothing to train), while per-step costs stay. Counted
-in sampled tokens that looks like the machine slowing down. Here the step time is modelled as
+in sampled tokens that looks like the machine changing. Here the step time at concurrency p
+is modelled as
 
-    t = c0 + cP * prompt tokens + cC * completion tokens + cT * trained tokens + cG * groups
+    t = a_p + cP * prompt tokens + cC * completion tokens + cT * trained tokens + cG * groups
 
-(all c >= 0, weighted least squares over a sliding window, weights 1/t²: relative error).
+The constant a_p is p's own (the per-step cost, and what contention adds at that p); the
+costs c >= 0 are shared by all p and come from how the step time varies with the work among
+steps at the same p (weighted least squares on the deviations from each p's mean, weights
+1/t̄_p²: relative error), over a sliding window of WINDOW steps. Shared costs learn from the
+whole window, so the mix of a long-gone phase of the run still anchors them.
+
 A step's work, in tokens of a fixed reference mix, is then
 
     equivalent tokens = p * ref_tokens * t̂(this step) / t̂(the reference mix at p)
 
-where the reference mix (tokens and groups per sequence) is the mean of the steps seen when
-the model is first fitted. Before that the equivalent tokens are the sampled tokens. The ratio
-t̂(step) / t̂(reference) does not change when every cost scales by the same factor, so a
-machine that gets slower or faster (the thing the controller must see) is never explained
-away by the model; only a change of the work's mix is. It is a weighted mean of the
-features' own ratios (the constant counting as 1), so it never goes beyond the most-changed
-feature, however poorly the model is determined.
+where the reference mix (tokens and groups per sequence) is the mean of the first MIN_STEPS
+steps. Before that the equivalent tokens are the sampled tokens. The ratio t̂(step) /
+t̂(reference) does not change when every cost scales by the same factor, so a machine that
+gets slower or faster (the thing the controller must see) is not explained away by the model;
+only a change of the work's mix is. It is a weighted mean of the features' own ratios (the
+constant counting as 1), so it never goes beyond the most-changed feature, however poorly the
+model is determined.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-WINDOW = 100        # steps the cost model sees
-MIN_STEPS = 8       # steps before the first fit (5 coefficients, some spread)
-RIDGE = 1e-3        # relative ridge on the feature coefficients (collinear features)
-OTHER_P_WEIGHT = 0.05   # weight of a step at another concurrency in the fit for p
+WINDOW = 200        # steps the cost model sees
+MIN_STEPS = 8       # steps before the reference mix is fixed and the model is used
+RIDGE = 1e-3        # relative ridge on the costs (collinear features)
+
+Step = tuple[int, tuple[float, ...], float]      # (p, the four features, step time)
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class StepWork:
         return self.prompt_tokens + self.completion_tokens
 
     def features(self) -> tuple[float, ...]:
-        return (1.0, float(self.prompt_tokens), float(self.completion_tokens),
+        return (float(self.prompt_tokens), float(self.completion_tokens),
                 float(self.trained_tokens), float(self.groups_trained))
 
     def usable(self) -> bool:
@@ -55,14 +62,10 @@ class StepWork:
 
 
 class WorkModel:
-    """Step time as a non-negative linear function of the step's work, fitted online.
-
-    Contention makes the cost of a token depend on the concurrency p, which a linear model
-    cannot follow across batch sizes, so each fit is for one p: the window's steps at that p
-    count fully, the others by OTHER_P_WEIGHT (they decide while that p has few steps)."""
+    """Step time as a per-p constant plus shared non-negative costs of the work."""
 
     def __init__(self) -> None:
-        self.steps: deque[tuple[int, tuple[float, ...], float]] = deque(maxlen=WINDOW)
+        self.steps: deque[Step] = deque(maxlen=WINDOW)
         self.ref: list[float] | None = None       # reference mix per sequence (P, C, T, G)
 
     def add(self, p: int, work: StepWork, step_time_s: float) -> None:
@@ -70,24 +73,19 @@ class WorkModel:
         self.steps.append((p, work.features(), float(step_time_s)))
         if self.ref is None and len(self.steps) >= MIN_STEPS:
             n = len(self.steps)
-            self.ref = [sum(f[i] / q for q, f, _ in self.steps) / n for i in range(1, 5)]
-
-    def costs(self, p: int) -> list[float] | None:
-        """(c0, cP, cC, cT, cG) at concurrency p; None before the reference mix is fixed."""
-        if self.ref is None:
-            return None
-        rows = [f for _, f, _ in self.steps]
-        times = [t for _, _, t in self.steps]
-        weights = [1.0 if q == p else OTHER_P_WEIGHT for q, _, _ in self.steps]
-        return fit_costs(rows, times, weights)
+            self.ref = [sum(f[i] / q for q, f, _ in self.steps) / n for i in range(4)]
 
     def equivalent_tokens(self, p: int, work: StepWork) -> float:
-        """The step's work in tokens of the reference mix (its sampled tokens before a fit)."""
-        coef = self.costs(p)
-        if coef is None or self.ref is None:
+        """The step's work in tokens of the reference mix (its sampled tokens before a fit
+        or without steps at p)."""
+        at_p = [(f, t) for q, f, t in self.steps if q == p]
+        costs = fit_costs(list(self.steps)) if self.ref is not None and at_p else None
+        if costs is None or self.ref is None:
             return float(work.sampled_tokens)
-        predicted = _dot(coef, work.features())
-        reference = _dot(coef, [1.0] + [r * p for r in self.ref])
+        mean_f = [sum(f[i] for f, _ in at_p) / len(at_p) for i in range(4)]
+        a_p = max(0.0, sum(t for _, t in at_p) / len(at_p) - _dot(costs, mean_f))
+        predicted = a_p + _dot(costs, work.features())
+        reference = a_p + _dot(costs, [r * p for r in self.ref])
         if not (predicted > 0 and reference > 0):
             return float(work.sampled_tokens)
         return p * (self.ref[0] + self.ref[1]) * predicted / reference
@@ -101,8 +99,8 @@ class WorkModel:
         if not d:
             return model
         for p, f, t in d["steps"][-WINDOW:]:
-            if len(f) != 5:
-                raise ValueError("a work step needs 5 features")
+            if len(f) != 4:
+                raise ValueError("a work step needs 4 features")
             model.steps.append((int(p), tuple(map(float, f)), float(t)))
         model.ref = None if d["ref"] is None else [float(v) for v in d["ref"]]
         if model.ref is not None and len(model.ref) != 4:
@@ -110,40 +108,58 @@ class WorkModel:
         return model
 
 
-def fit_costs(rows: list[tuple[float, ...]], times: list[float],
-              weights: list[float] | None = None) -> list[float] | None:
-    """Non-negative weighted least squares of times on rows (weights w/t²), columns scaled to
-    mean 1 with a small ridge; a coefficient that comes out negative is fixed at 0 and the
-    rest refitted. None when nothing fits."""
-    k = len(rows[0])
-    scale = [sum(r[i] for r in rows) / len(rows) for i in range(k)]
-    free = [i for i in range(k) if scale[i] > 0]
+def fit_costs(steps: list[Step]) -> list[float] | None:
+    """The shared costs (cP, cC, cT, cG) >= 0: least squares of each step's deviation from
+    its p's mean time on its deviation from its p's mean work, weighted 1/t̄_p²; a cost that
+    comes out negative is fixed at 0 and the rest refitted. None when nothing varies."""
+    rows, ys, ws = _deviations(steps)
+    if not rows:
+        return None
+    a, b = _normal_equations(rows, ys, ws)
+    scale = [math.sqrt(a[i][i]) for i in range(4)]      # each column to unit weighted norm
+    free = [i for i in range(4) if scale[i] > 0]
     while free:
-        sol = _weighted_ls([[r[i] / scale[i] for i in free] for r in rows], times,
-                           weights or [1.0] * len(rows))
+        sol = _solve([[a[i][j] / (scale[i] * scale[j]) * (1 + RIDGE * (i == j)) for j in free]
+                      for i in free], [b[i] / scale[i] for i in free])
         if sol is None:
             return None
         worst = min(range(len(free)), key=lambda j: sol[j])
         if sol[worst] >= 0:
-            coef = [0.0] * k
+            costs = [0.0] * 4
             for j, i in enumerate(free):
-                coef[i] = sol[j] / scale[i]
-            return coef
-        free.pop(worst)
-    return None
+                costs[i] = sol[j] / scale[i]
+            return costs
+        free.pop(worst)        # the normal equations of the other columns: a sub-matrix
+    return [0.0] * 4
 
 
-def _weighted_ls(rows: list[list[float]], times: list[float],
-                 weights: list[float]) -> list[float] | None:
-    """Solve the ridge-regularised normal equations of Σ w ((r·c − t) / t)²."""
-    k = len(rows[0])
-    data = list(zip(rows, times, weights, strict=True))
-    a = [[math.fsum(w * r[i] * r[j] / (t * t) for r, t, w in data) for j in range(k)]
-         for i in range(k)]
-    b = [math.fsum(w * r[i] / t for r, t, w in data) for i in range(k)]
-    for i in range(k):
-        a[i][i] += RIDGE * a[i][i] + 1e-12
-    return _solve(a, b)
+def _deviations(steps: list[Step]) -> tuple[list[list[float]], list[float], list[float]]:
+    """Each step's (work - its p's mean work, time - its p's mean time, 1 / mean time²)."""
+    by_p: dict[int, list[tuple[tuple[float, ...], float]]] = {}
+    for p, f, t in steps:
+        by_p.setdefault(p, []).append((f, t))
+    rows, ys, ws = [], [], []
+    for pts in by_p.values():
+        if len(pts) < 2:
+            continue
+        mean_t = sum(t for _, t in pts) / len(pts)
+        mean_f = [sum(f[i] for f, _ in pts) / len(pts) for i in range(4)]
+        for f, t in pts:
+            rows.append([f[i] - mean_f[i] for i in range(4)])
+            ys.append(t - mean_t)
+            ws.append(1.0 / (mean_t * mean_t))
+    return rows, ys, ws
+
+
+def _normal_equations(rows: list[list[float]], ys: list[float],
+                      ws: list[float]) -> tuple[list[list[float]], list[float]]:
+    """(Σ w r rᵀ, Σ w r y): the normal equations of Σ w (r·c − y)²."""
+    data = list(zip(rows, ys, ws, strict=True))
+    a = [[0.0] * 4 for _ in range(4)]
+    for i in range(4):
+        for j in range(i, 4):      # symmetric
+            a[i][j] = a[j][i] = math.fsum(w * r[i] * r[j] for r, _, w in data)
+    return a, [math.fsum(w * r[i] * y for r, y, w in data) for i in range(4)]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
