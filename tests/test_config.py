@@ -389,6 +389,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         t.max_steps_off_policy = 0
+    if t.lr * t.weight_decay >= 1:
+        t.weight_decay = 0.5 / t.lr
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

@@ -260,3 +260,43 @@ def test_tinker_run_reports_a_skipped_step_and_its_staleness(tiny_server, tmp_pa
     got = rows(tmp_path / "logs" / "run")
     assert [r["skipped_nonfinite"] for r in got] == [False, True, True, True]
     assert [r["sample_staleness"] for r in got] == [0, 1, 0, 0]
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("training.weight_decay=1e12", ["training.weight_decay", "1 / lr"]),  # S2
+    ("training.lr=1e30", ["training.lr", "must be <= 1"]),                # S2
+    ("training.temperature=1e-300", ["training.temperature", ">= 0.01"]),  # S3
+])
+def test_settings_that_make_adamw_or_sampling_overflow_fail_fast(tmp_path, monkeypatch, capsys,
+                                                                 setting, words):
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path)
+    for command in (["run.toml"], ["explain", "run.toml"]):
+        code, _, err = cli(capsys, *command, "--set", setting)
+        assert code == 2
+        line = one_error_line(err)
+        assert all(w in line for w in words), line
+    assert not (tmp_path / "logs").exists()
+
+
+def test_explain_warns_about_an_absurd_learning_rate(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, training={"lr": 0.5})
+    code, out, _ = cli(capsys, "explain", "run.toml")
+    assert code == 0 and "training.lr = 0.5 is far above" in out, out
+
+
+def test_a_tiny_temperature_samples_greedily_instead_of_overflowing(tiny_model):
+    """S3 in the sampler (serve clients may send any temperature > 0): logits / 1e-300
+    overflowed float32 and torch.multinomial died."""
+    from retrain.backends.base import SamplingParams
+    from retrain.backends.local import LocalModel
+
+    model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    backend = model.new_backend("t", lora_rank=2)
+    prompt = [[1, 5, 9, 13]]
+    greedy = backend.sample(prompt, 1, SamplingParams(max_tokens=6, temperature=0.0))[0][0]
+    cold = backend.sample(prompt, 2, SamplingParams(max_tokens=6, temperature=1e-300,
+                                                    seed=4))[0]
+    for c in cold:
+        assert c.tokens == greedy.tokens and all(lp == 0.0 for lp in c.logprobs)

@@ -46,11 +46,18 @@ def left_pad(prompts: list[TokenIds], pad_id: int, device: torch.device):
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+MIN_DIVISOR = 1e-30  # a float32 number: 1e-300 would round to 0 and give 0 / 0
+
+
 def token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature."""
+    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature.
+    The largest logit is subtracted before dividing (the same distribution), so a tiny
+    temperature sends the others to -inf (probability 0) instead of overflowing to inf."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+        if temperature < 1.0:
+            logits = logits - logits.amax(dim=-1, keepdim=True)
+        logits = logits / max(temperature, MIN_DIVISOR)
     return torch.log_softmax(logits, dim=-1)
 
 
