@@ -300,3 +300,28 @@ def test_a_tiny_temperature_samples_greedily_instead_of_overflowing(tiny_model):
                                                     seed=4))[0]
     for c in cold:
         assert c.tokens == greedy.tokens and all(lp == 0.0 for lp in c.logprobs)
+
+
+# ---------------------------------------------------------------------------- TOML syntax (item 8)
+
+TOML_KEY_CASES = [
+    ("[training]\nlr = 1e-4\n\nlr = 2e-4\n", "run.toml:4:1:", ["duplicate key 'training.lr'",
+                                                                "first set on line 2"]),
+    ('[training]\nbatch_size = 2\n  "batch_size" = 3\n', "run.toml:3:3:",
+     ["duplicate key 'training.batch_size'"]),
+    ("[training]\nlr = 1e-4\n[training]\n", "run.toml:3:", ["table [training]"]),
+    ("[training]\nlé = 1\n", "run.toml:2:2:", ["bare key 'lé'", "non-ASCII", '"lé"']),
+    ("[trainïng]\nlr = 1\n", "run.toml:1:7:", ["bare key 'trainïng'", "non-ASCII"]),
+]
+
+
+@pytest.mark.parametrize("text, where, words", TOML_KEY_CASES)
+def test_toml_syntax_errors_name_the_key_and_the_place(tmp_path, monkeypatch, capsys, text,
+                                                       where, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(text, encoding="utf-8")
+    code, _, err = cli(capsys, "explain", "run.toml")
+    assert code == 2
+    line = one_error_line(err)
+    assert line.startswith(f"error: {where}"), line
+    assert all(w in line for w in words), line
