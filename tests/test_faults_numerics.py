@@ -302,7 +302,7 @@ def test_a_tiny_temperature_samples_greedily_instead_of_overflowing(tiny_model):
         assert c.tokens == greedy.tokens and all(lp == 0.0 for lp in c.logprobs)
 
 
-# ---------------------------------------------------------------------------- TOML syntax (item 8)
+# ----------------------------------------------------------------------- TOML syntax (item 8)
 
 TOML_KEY_CASES = [
     ("[training]\nlr = 1e-4\n\nlr = 2e-4\n", "run.toml:4:1:", ["duplicate key 'training.lr'",
@@ -325,3 +325,20 @@ def test_toml_syntax_errors_name_the_key_and_the_place(tmp_path, monkeypatch, ca
     line = one_error_line(err)
     assert line.startswith(f"error: {where}"), line
     assert all(w in line for w in words), line
+
+
+# ------------------------------------------------------------------ library warnings (item 9)
+
+
+def test_a_short_run_prints_no_library_warning(tmp_path, cli_env, python, tiny_model):
+    """`make demo` printed transformers' FutureWarning (`past_key_values` is deprecated): the
+    KV cache is now passed under the name the installed transformers takes. Warnings are
+    turned on in the subprocess (-W default) so that a hidden one would show too."""
+    import subprocess
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 2}, data={"eval_size": 4})
+    done = subprocess.run([python, "-W", "default", "-m", "retrain", "run.toml"], cwd=tmp_path,
+                          env=cli_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for text in (done.stdout, done.stderr):
+        assert "Warning" not in text, text
