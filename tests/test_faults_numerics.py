@@ -342,3 +342,27 @@ def test_a_short_run_prints_no_library_warning(tmp_path, cli_env, python, tiny_m
     assert done.returncode == 0, done.stderr
     for text in (done.stdout, done.stderr):
         assert "Warning" not in text, text
+
+
+# ---------------------------------------------------------------------- Ctrl-C at start-up (S6)
+
+
+def test_ctrl_c_at_any_moment_of_start_up_exits_130_quietly(tmp_path, cli_env, python,
+                                                             tiny_model):
+    """S6: Ctrl-C about 1 s in, while transformers imports, printed a 123-line chained
+    traceback and exited 1 (or aborted in C++). Several delays cover the imports, the model
+    load and the first step."""
+    import signal
+    import subprocess
+    import time
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 50}, data={"eval_size": 0})
+    for delay in (0.3, 0.7, 1.0, 1.3, 1.6, 2.0, 2.5, 3.5):
+        proc = subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path,
+                                env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, (delay, proc.returncode, err[-2000:])
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 3, (delay, err)
