@@ -96,7 +96,7 @@ def main() -> None:
     def no_eos():  # sample_batch runs under inference_mode itself
         return sample_batch(model.net, prompts, n, params, eos_ids=set(), pad_id=model.pad_id,
                             generator=torch.Generator().manual_seed(1),
-                            make_cache=backend._make_cache)
+                            make_cache=backend._make_cache, cache_key=model.cache_key)
 
     rows = []
     t_sample, groups = timed(lambda: backend.sample(prompts, n, params), r)

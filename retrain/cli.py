@@ -240,6 +240,9 @@ def run_app(argv: list[str]) -> int:
 
 def main() -> None:
     """Console entry point."""
+    from retrain.stop_request import exit_quietly_on_interrupt
+
+    exit_quietly_on_interrupt()  # Ctrl-C while torch/transformers import: 130, one line
     try:
         code = run_app(sys.argv[1:])
         sys.stdout.flush()

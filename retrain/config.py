@@ -157,14 +157,17 @@ class TrainingConfig:
     max_tokens: int = opt(10240, "upper bound on new tokens per completion", lo=1,
                           hi=MAX_TOKENS)
     max_steps: int = opt(100, "training steps per run", lo=1, hi=MAX_STEPS)
-    lr: float = opt(5e-5, "AdamW learning rate", lo=0, lo_open=True)
+    lr: float = opt(5e-5, "AdamW learning rate (AdamW moves every weight by about lr per "
+                    "step: above 1 it diverges)", lo=0, hi=1, lo_open=True)
     beta1: float = opt(0.9, "AdamW beta1", lo=0, hi=0.999999)
     beta2: float = opt(0.95, "AdamW beta2", lo=0, hi=0.999999)
     adam_eps: float = opt(1e-8, "AdamW epsilon", lo=0, lo_open=True)
-    weight_decay: float = opt(0.0, "AdamW decoupled weight decay", lo=0)
+    weight_decay: float = opt(0.0, "AdamW decoupled weight decay (lr x weight_decay must stay "
+                              "below 1)", lo=0)
     grad_clip_norm: float = opt(1.0, "clip the gradient norm to this (0 = off)", lo=0)
-    temperature: float = opt(1.0, "sampling temperature (also used for the trainer's log-probs)",
-                             lo=0, lo_open=True)
+    temperature: float = opt(1.0, "sampling temperature (also used for the trainer's log-probs); "
+                             "at least 0.01: below, sampling is greedy in all but name",
+                             lo=0.01)
     top_p: float = opt(1.0, "nucleus sampling; < 1 biases the importance ratio (see README)",
                        lo=0, hi=1, lo_open=True)
     micro_batch_size: int = opt(0, "sequences per forward/backward chunk (0 = automatic)", lo=0,
@@ -358,6 +361,12 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
                                   f"{t.batch_size * t.group_size:_} completions per step, more "
                                   f"than {MAX_COMPLETIONS:_}; lower batch_size or group_size"))
+    if t.lr * t.weight_decay >= 1:
+        issues.append(ConfigIssue("training.weight_decay", f"x training.lr = "
+                                  f"{t.lr * t.weight_decay:.3g}: AdamW multiplies every weight "
+                                  "by 1 - lr x weight_decay each step, which then flips its sign "
+                                  "and grows it until the weights diverge; keep weight_decay "
+                                  f"below 1 / lr = {1 / t.lr:.3g} (0.0 to 0.1 is usual)"))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
                                   "the local backend samples and trains on the same device, one "

@@ -38,6 +38,10 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
     if t.group_size == 1:
         out.append("training.group_size = 1: every group advantage is 0, so nothing is learned; "
                    "use 2 or more")
+    if t.lr > LARGE_LR:
+        out.append(f"training.lr = {t.lr:g} is far above the usual LoRA range (1e-5 to 1e-3): "
+                   "AdamW moves every weight by about lr per step, so the weights are likely "
+                   "to diverge (the run then stops with 'weights diverged')")
     if t.top_p < 1:
         out.append(f"training.top_p = {t.top_p}: sampling from a truncated distribution biases "
                    "the importance ratio; keep 1.0 unless you know you need it")
@@ -51,6 +55,7 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
     return out
 
 
+LARGE_LR = 0.01                    # AdamW steps this large blow LoRA weights up
 # Beyond these a configuration is legal but almost surely a typo or a memory problem.
 LARGE_STEP_TOKENS = 50_000_000     # tokens one step may sample
 LARGE_PROBLEMS = 1_000_000         # generated problems held in memory

@@ -393,6 +393,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         t.max_steps_off_policy = 0
     be = cfg.backend
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
+    if t.lr * t.weight_decay >= 1:
+        t.weight_decay = 0.5 / t.lr
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

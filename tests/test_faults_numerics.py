@@ -260,3 +260,109 @@ def test_tinker_run_reports_a_skipped_step_and_its_staleness(tiny_server, tmp_pa
     got = rows(tmp_path / "logs" / "run")
     assert [r["skipped_nonfinite"] for r in got] == [False, True, True, True]
     assert [r["sample_staleness"] for r in got] == [0, 1, 0, 0]
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("training.weight_decay=1e12", ["training.weight_decay", "1 / lr"]),  # S2
+    ("training.lr=1e30", ["training.lr", "must be <= 1"]),                # S2
+    ("training.temperature=1e-300", ["training.temperature", ">= 0.01"]),  # S3
+])
+def test_settings_that_make_adamw_or_sampling_overflow_fail_fast(tmp_path, monkeypatch, capsys,
+                                                                 setting, words):
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path)
+    for command in (["run.toml"], ["explain", "run.toml"]):
+        code, _, err = cli(capsys, *command, "--set", setting)
+        assert code == 2
+        line = one_error_line(err)
+        assert all(w in line for w in words), line
+    assert not (tmp_path / "logs").exists()
+
+
+def test_explain_warns_about_an_absurd_learning_rate(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, training={"lr": 0.5})
+    code, out, _ = cli(capsys, "explain", "run.toml")
+    assert code == 0 and "training.lr = 0.5 is far above" in out, out
+
+
+def test_a_tiny_temperature_samples_greedily_instead_of_overflowing(tiny_model):
+    """S3 in the sampler (serve clients may send any temperature > 0): logits / 1e-300
+    overflowed float32 and torch.multinomial died."""
+    from retrain.backends.base import SamplingParams
+    from retrain.backends.local import LocalModel
+
+    model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    backend = model.new_backend("t", lora_rank=2)
+    prompt = [[1, 5, 9, 13]]
+    greedy = backend.sample(prompt, 1, SamplingParams(max_tokens=6, temperature=0.0))[0][0]
+    cold = backend.sample(prompt, 2, SamplingParams(max_tokens=6, temperature=1e-300,
+                                                    seed=4))[0]
+    for c in cold:
+        assert c.tokens == greedy.tokens and all(lp == 0.0 for lp in c.logprobs)
+
+
+# ----------------------------------------------------------------------- TOML syntax (item 8)
+
+TOML_KEY_CASES = [
+    ("[training]\nlr = 1e-4\n\nlr = 2e-4\n", "run.toml:4:1:", ["duplicate key 'training.lr'",
+                                                                "first set on line 2"]),
+    ('[training]\nbatch_size = 2\n  "batch_size" = 3\n', "run.toml:3:3:",
+     ["duplicate key 'training.batch_size'"]),
+    ("[training]\nlr = 1e-4\n[training]\n", "run.toml:3:", ["table [training]"]),
+    ("[training]\nlé = 1\n", "run.toml:2:2:", ["bare key 'lé'", "non-ASCII", '"lé"']),
+    ("[trainïng]\nlr = 1\n", "run.toml:1:7:", ["bare key 'trainïng'", "non-ASCII"]),
+]
+
+
+@pytest.mark.parametrize("text, where, words", TOML_KEY_CASES)
+def test_toml_syntax_errors_name_the_key_and_the_place(tmp_path, monkeypatch, capsys, text,
+                                                       where, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(text, encoding="utf-8")
+    code, _, err = cli(capsys, "explain", "run.toml")
+    assert code == 2
+    line = one_error_line(err)
+    assert line.startswith(f"error: {where}"), line
+    assert all(w in line for w in words), line
+
+
+# ------------------------------------------------------------------ library warnings (item 9)
+
+
+def test_a_short_run_prints_no_library_warning(tmp_path, cli_env, python, tiny_model):
+    """`make demo` printed transformers' FutureWarning (`past_key_values` is deprecated): the
+    KV cache is now passed under the name the installed transformers takes. Warnings are
+    turned on in the subprocess (-W default) so that a hidden one would show too."""
+    import subprocess
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 2}, data={"eval_size": 4})
+    done = subprocess.run([python, "-W", "default", "-m", "retrain", "run.toml"], cwd=tmp_path,
+                          env=cli_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for text in (done.stdout, done.stderr):
+        assert "Warning" not in text, text
+
+
+# ---------------------------------------------------------------------- Ctrl-C at start-up (S6)
+
+
+def test_ctrl_c_at_any_moment_of_start_up_exits_130_quietly(tmp_path, cli_env, python,
+                                                             tiny_model):
+    """S6: Ctrl-C about 1 s in, while transformers imports, printed a 123-line chained
+    traceback and exited 1 (or aborted in C++). Several delays cover the imports, the model
+    load and the first step."""
+    import signal
+    import subprocess
+    import time
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 50}, data={"eval_size": 0})
+    for delay in (0.3, 0.7, 1.0, 1.3, 1.6, 2.0, 2.5, 3.5):
+        proc = subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path,
+                                env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, (delay, proc.returncode, err[-2000:])
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 3, (delay, err)

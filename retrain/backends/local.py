@@ -39,7 +39,7 @@ from retrain.backends.base import (
     finished,
 )
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
-from retrain.backends.local_sampling import sample_batch, token_logprobs
+from retrain.backends.local_sampling import cache_keyword, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
 from retrain.cpu import auto_threads
 from retrain.errors import UserError
@@ -61,6 +61,7 @@ class LocalModel:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.cache_key = cache_keyword(model)  # `cache` or `past_key_values`, by version
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
         self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
@@ -270,7 +271,7 @@ class LocalBackend:
             net.eval()
             return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
                                 pad_id=self.model.pad_id, generator=gen,
-                                make_cache=self._make_cache)
+                                make_cache=self._make_cache, cache_key=self.model.cache_key)
 
     def _make_cache(self) -> Any:
         from transformers import DynamicCache
@@ -363,16 +364,16 @@ class LocalBackend:
         else:
             cache = self._make_cache()
             positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+            key = self.model.cache_key
             net(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
-                position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+                position_ids=positions, **{key: cache}, use_cache=True, logits_to_keep=1)
             rows = batch.row_prefix
             if rows.numel() != batch.prefix_ids.shape[0] or bool((rows != torch.arange(
                     rows.numel(), device=rows.device)).any()):
                 cache.batch_select_indices(rows)
             mask = torch.cat([batch.prefix_mask[rows], batch.suffix_mask], dim=1)
             logits = net(input_ids=batch.input_ids, attention_mask=mask,
-                         position_ids=batch.positions, past_key_values=cache, use_cache=True,
+                         position_ids=batch.positions, **{key: cache}, use_cache=True,
                          logits_to_keep=batch.keep).logits
         lp = token_logprobs(logits, temperature)
         return lp.gather(-1, batch.targets[:, None]).squeeze(-1)

@@ -33,6 +33,15 @@ class _Rows:
     finished: list[bool]
 
 
+def cache_keyword(model) -> str:
+    """The name a model's forward takes its KV cache under: `cache` in transformers >= 5.2x
+    (which deprecates `past_key_values`), `past_key_values` before."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def left_pad(prompts: list[TokenIds], pad_id: int, device: torch.device):
     """Left-padded ids, attention mask and position ids (counting real tokens only)."""
     width = max(len(p) for p in prompts)
@@ -46,11 +55,18 @@ def left_pad(prompts: list[TokenIds], pad_id: int, device: torch.device):
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+MIN_DIVISOR = 1e-30  # a float32 number: 1e-300 would round to 0 and give 0 / 0
+
+
 def token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature."""
+    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature.
+    The largest logit is subtracted before dividing (the same distribution), so a tiny
+    temperature sends the others to -inf (probability 0) instead of overflowing to inf."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+        if temperature < 1.0:
+            logits = logits - logits.amax(dim=-1, keepdim=True)
+        logits = logits / max(temperature, MIN_DIVISOR)
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -76,14 +92,15 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
 def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams, *,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
-                 make_cache) -> list[list[Completion]]:
+                 make_cache, cache_key: str = "past_key_values") -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
-    `generator`: one for the whole batch, or one per prompt (for its `n` rows)."""
+    `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
+    see `cache_keyword`."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = make_cache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                **{cache_key: cache}, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
     if n > 1:
         cache.batch_repeat_interleave(n)
@@ -114,7 +131,7 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         positions = mask.sum(dim=1, keepdim=True) - 1
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length")
             for t, lp, f in zip(rows.tokens, rows.logprobs, rows.finished, strict=True)]

@@ -184,8 +184,11 @@ def main() -> None:
     sys.stdout = sys.stderr
 
     def reply(obj: Any) -> None:
-        replies.write(json.dumps(obj) + "\n")
-        replies.flush()
+        try:
+            replies.write(json.dumps(obj) + "\n")
+            replies.flush()
+        except OSError:  # the parent is gone (Ctrl-C during its start-up): nobody to answer
+            os._exit(0)
 
     first = sys.stdin.readline()
     if not first:  # the parent went away before asking anything
