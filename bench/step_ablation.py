@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import platform
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 from bench.timing import timed
 from retrain.cpu import auto_threads

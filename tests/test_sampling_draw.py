@@ -29,7 +29,8 @@ def test_draws_follow_the_distribution():
 
 def test_top_p_draws_only_from_the_nucleus():
     lp = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).expand(4000, -1).contiguous()
-    tok = draw(lp, SamplingParams(max_tokens=1, temperature=1.0, top_p=0.7), torch.Generator().manual_seed(1))
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.7)
+    tok = draw(lp, params, torch.Generator().manual_seed(1))
     assert set(tok.tolist()) == {0, 1}
 
 
