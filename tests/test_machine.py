@@ -67,3 +67,31 @@ def test_local_cost_model_splits_body_and_lm_head(tiny_model):
     tied = embed.data_ptr() == head.data_ptr()
     assert cost.head_parameters == head.numel()
     assert cost.body_parameters == cost.parameters - embed.numel() - (0 if tied else head.numel())
+
+
+def test_explain_offers_the_measured_peaks_for_backpressure_on_a_cpu(tmp_path, monkeypatch):
+    from retrain import explain
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))
+    plan = tmp_path / "bp.toml"
+    plan.write_text('[model]\ndevice = "cpu"\ndtype = "float32"\nthreads = 2\n'
+                    "[backpressure]\nenabled = true\n")
+    text = " ".join(explain.build_report(plan).warnings)
+    assert "python -m retrain.machine --dtype float32 --threads 2" in text
+    save_peaks(MachinePeaks(123.4, 21.6, "float32", 2, "2026-11-25"))
+    text = " ".join(explain.build_report(plan).warnings)
+    assert "set peak_gflops = 123 and peak_bw_gb_s = 22" in text
+    plan.write_text(plan.read_text() + "peak_gflops = 100.0\npeak_bw_gb_s = 20.0\n")
+    assert "peak_gflops" not in " ".join(explain.build_report(plan).warnings)
+
+
+def test_python_m_retrain_machine_measures_and_caches(tmp_path, cli_env, python):
+    import subprocess
+
+    env = {**cli_env, "RETRAIN_CACHE": str(tmp_path)}
+    out = subprocess.run([python, "-m", "retrain.machine", "--threads", "1"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "peak_gflops = " in out.stdout
+    assert load_peaks("float32", 1, tmp_path / "machine.json").gflops > 0
