@@ -184,3 +184,101 @@ def test_bad_sample_input(run_dir, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
     assert snapshot(run_dir) == before
+
+
+# ---------------------------------------------------------------------------- export
+
+# Runs in a fresh interpreter where importing retrain fails: what a user without retrain has.
+LOAD_AND_SCORE = r"""
+import json, sys
+sys.modules["retrain"] = None  # any import of retrain now raises ImportError
+import torch
+loader, folder, out = sys.argv[1:4]
+if loader == "transformers":
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+else:
+    from peft import AutoPeftModelForCausalLM
+    model = AutoPeftModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+from transformers import AutoTokenizer
+ids = AutoTokenizer.from_pretrained(folder)("What is 3 + 4?")["input_ids"]
+with torch.no_grad():
+    logits = model.eval()(input_ids=torch.tensor([ids])).logits[0]
+json.dump({"ids": ids, "logits": logits.tolist()}, open(out, "w"))
+"""
+
+
+def _peft_logits(run, step, ids):
+    """Logits of the checkpoint as peft builds it from the run's files, float32."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.loads((run / "checkpoints" / f"step-{step:06d}" /
+                      "adapter_config.json").read_text())
+    base = AutoModelForCausalLM.from_pretrained(cfg["base_model_name_or_path"],
+                                                dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = base(input_ids=torch.tensor([ids])).logits[0]
+        model = PeftModel.from_pretrained(base, str(run / "checkpoints" / f"step-{step:06d}"))
+        return model.eval()(input_ids=torch.tensor([ids])).logits[0], base_logits
+
+
+def _fresh_logits(loader, folder, tmp_path, cli_env):
+    env = {k: v for k, v in cli_env.items() if k != "PYTHONPATH"}
+    out = tmp_path / f"{loader}.json"
+    done = subprocess.run([sys.executable, "-c", LOAD_AND_SCORE, loader, str(folder), str(out)],
+                          env=env, cwd=tmp_path, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("kind, loader", [("merged", "transformers"), ("adapter", "peft"),
+                                          ("adapter", "transformers")])
+def test_export_round_trip_in_a_fresh_process(run_dir, tmp_path, cli_env, capsys, kind,
+                                              loader):
+    import torch
+
+    out = tmp_path / f"export-{kind}"
+    before = snapshot(run_dir)
+    args = ["export", str(run_dir), str(out), "--step", "4"] + (["--merged"] if kind ==
+                                                                 "merged" else [])
+    assert run_app(args) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert snapshot(run_dir) == before
+    names = {p.name for p in out.iterdir()}
+    assert {"README.md", "tokenizer_config.json"} <= names
+    assert ({"config.json", "model.safetensors", "generation_config.json"} if kind == "merged"
+            else {"adapter_model.safetensors", "adapter_config.json"}) <= names
+    assert "optimizer.pt" not in names
+    got = _fresh_logits(loader, out, tmp_path, cli_env)
+    want, base = _peft_logits(run_dir, 4, got["ids"])
+    assert not torch.allclose(want, base, atol=1e-4)  # the adapter changes the logits
+    torch.testing.assert_close(torch.tensor(got["logits"]), want, atol=1e-4, rtol=0)
+
+
+def test_model_card_says_what_was_trained(run_dir, tmp_path):
+    assert run_app(["eval", str(run_dir), "--step", "2"]) == 0
+    out = tmp_path / "card"
+    assert run_app(["export", str(run_dir), str(out), "--step", "2"]) == 0
+    card = (out / "README.md").read_text()
+    assert "library_name: peft" in card and "step 2 of 4" in card
+    assert "AutoPeftModelForCausalLM" in card and "[training]" in card
+    assert "- `eval_accuracy`: 0 (step 2)" in card and "`heldout-step2`: 0/8 correct" in card
+    assert "step 4)" not in card  # metrics after the exported step are not its metrics
+
+
+def test_bad_export_input_changes_nothing(run_dir, tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("keep")
+    before = snapshot(run_dir)
+    for args, message in (([str(taken)], "already exists"),
+                          ([str(run_dir / "inside")], "inside the run folder"),
+                          ([str(tmp_path / "x"), "--step", "99"], "--step 99")):
+        assert run_app(["export", str(run_dir), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert snapshot(run_dir) == before and (taken / "mine.txt").read_text() == "keep"
+    assert not (tmp_path / "x").exists() and not (tmp_path / ".x.tmp").exists()
