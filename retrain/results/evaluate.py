@@ -125,11 +125,12 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     temperature = 0.0 if req.temperature is None and req.samples == 1 else \
         req.temperature if req.temperature is not None else cfg.training.temperature
     scorer = build_scorer(cfg.reward, run_dir)
+    policy = None
     try:
         policy = load_policy(cfg, ckpt, run_dir)
         prompts = [render_prompt(policy.tokenizer, p, cfg.data) for p in problems]
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
-                                seed=cfg.training.seed)
+                                seed=cfg.training.seed if temperature > 0 else None)
         chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
         groups = policy.sample(prompts, req.samples, params, chunk=chunk)
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
@@ -138,6 +139,8 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
         scores = scorer.score([t for g in texts for t in g], flat_problems)
     finally:
         scorer.close()
+        if policy is not None:
+            policy.close()
     label = f"{name}-step{ckpt.step}" + (f"-k{req.samples}-t{temperature:g}"
                                          if temperature > 0 else "")
     records = [{"prompt": prompt_text(p, cfg.data), "completion": t, "answer": p.answer,

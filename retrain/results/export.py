@@ -47,17 +47,19 @@ def export(run_dir: Path, out: Path, *, step: int | None = None,
     _check_out(out, run_dir)
     cfg = run_checkpoint.run_config(run_dir)
     ckpt = run_checkpoint.pick(run_dir, step)
-    if ckpt.is_tinker:
-        from retrain.results.tinker_export import download
-
-        download(ckpt, out)
-        return ExportReport(str(out), ckpt.step, cfg.model.name, merged=False)
-    base = resolve_model(cfg.model.name, run_dir)
+    if ckpt.is_tinker and merged:
+        raise UserError(f"--merged: step {ckpt.step} is a tinker checkpoint ({ckpt.ref}); "
+                        "export the adapter (without --merged) and merge it with peft")
+    base = cfg.model.name if ckpt.is_tinker else resolve_model(cfg.model.name, run_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        if merged:
+        if ckpt.is_tinker:
+            from retrain.results.tinker_export import download
+
+            download(cfg, ckpt, tmp)
+        elif merged:
             _write_merged(cfg, ckpt, run_dir, tmp)
         else:
             _write_adapter(ckpt, base, tmp)

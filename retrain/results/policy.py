@@ -76,6 +76,9 @@ class LocalPolicy:
         model.eval()
         return cls(model, tokenizer, device)
 
+    def close(self) -> None:
+        """Nothing to release: the weights go with the process."""
+
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                chunk: int = 64) -> list[list[Completion]]:
         """`n` completions per prompt, `chunk` prompts per batched decode (as the trainer's

@@ -69,7 +69,6 @@ def reply(policy: Any, ids: list[int], params: Any, out: TextIO) -> str:
 
 def run(run_dir: Path, req: SampleRequest, out: TextIO | None = None,
         read: Any = input) -> None:
-    from retrain.backends.base import SamplingParams
     from retrain.results.policy import LocalPolicy
 
     out = out or sys.stdout
@@ -77,10 +76,22 @@ def run(run_dir: Path, req: SampleRequest, out: TextIO | None = None,
     _check(req)
     cfg = run_checkpoint.run_config(run_dir)
     ckpt = run_checkpoint.pick(run_dir, req.step)
-    if ckpt.is_tinker:
-        raise UserError(f"{run_dir}: step {ckpt.step} is a tinker checkpoint ({ckpt.ref}); "
-                        "sample it with `retrain eval --data FILE.jsonl` or the tinker SDK")
-    policy = LocalPolicy.load(cfg, ckpt, run_dir)
+    if ckpt.is_tinker:  # sampled through the SDK; the service answers whole completions
+        from retrain.results.tinker_policy import TinkerPolicy
+
+        policy: Any = TinkerPolicy.load(cfg, ckpt)
+    else:
+        policy = LocalPolicy.load(cfg, ckpt, run_dir)
+    try:
+        _converse(policy, cfg, ckpt, run_dir, req, out, read)
+    finally:
+        policy.close()
+
+
+def _converse(policy: Any, cfg: Any, ckpt: Any, run_dir: Path, req: SampleRequest,
+              out: TextIO, read: Any) -> None:
+    from retrain.backends.base import SamplingParams
+
     params = SamplingParams(
         max_tokens=req.max_tokens or cfg.training.max_tokens,
         temperature=cfg.training.temperature if req.temperature is None else req.temperature,
