@@ -205,3 +205,21 @@ def test_status_shows_the_comparison_when_a_condition_has_two_seeds(tmp_path, ca
     assert run_app(["status", str(single.parent), "--json"]) == 0
     (camp,) = json.loads(capsys.readouterr().out)["campaigns"]
     assert "comparison" not in camp
+
+
+def test_hostile_or_empty_manifests_are_not_fatal(tmp_path, capsys):
+    camp = tmp_path / "camp"
+    camp.mkdir()
+    (camp / "manifest.json").write_text("{}")
+    assert run_app(["compare", str(camp)]) == 2
+    assert "has no runs yet" in capsys.readouterr().err
+    write_run(camp / "a_s1", [0.1, 0.2])
+    write_run(camp / "b_s1", [0.3], state="failed")
+    for text in ('{"campaign": "camp", "runs": [{"name": "a_', json.dumps({
+            "campaign": ["x"], "conditions": [{"a": 1}, "a", 3], "seeds": [[1], 1],
+            "runs": [{"name": ["a_s1"], "log_dir": "../../..", "condition": {"x": 1},
+                      "overrides": [1], "seed": "x"}, 5, None]})):
+        (camp / "manifest.json").write_text(text)
+        assert run_app(["compare", str(camp), "--json"]) == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert {r["name"] for r in report["runs"]} >= {"a_s1", "b_s1"}

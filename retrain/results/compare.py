@@ -98,6 +98,9 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
         raise UserError(f"--threshold {threshold}: give a finite reward")
     camp = scan_campaign(folder)
     names = [str(c) for c in camp.conditions] or sorted({r.condition or "-" for r in camp.runs})
+    if not names:
+        raise UserError(f"{folder}: the campaign has no runs yet (start it with "
+                        "`retrain CAMPAIGN.toml`)")
     if baseline is not None and baseline not in names:
         raise UserError(f"--baseline {baseline!r} is not a condition of {folder}; its "
                         f"conditions are {', '.join(names)}")
