@@ -113,10 +113,6 @@ def _problems(cfg: Config, req: EvalRequest, run_dir: Path) -> tuple[str, list[P
 
 def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     """Run the evaluation described by `req` and write its evals/ file."""
-    from retrain.backends.base import SamplingParams
-    from retrain.environments.scorer import build_scorer
-    from retrain.environments.tasks import prompt_text, render_prompt
-
     run_dir = run_checkpoint.check_run_dir(run_dir)
     _check(req)
     cfg = _eval_config(run_checkpoint.run_config(run_dir), req)
@@ -124,6 +120,34 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     name, problems = _problems(cfg, req, run_dir)
     temperature = 0.0 if req.temperature is None and req.samples == 1 else \
         req.temperature if req.temperature is not None else cfg.training.temperature
+    texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, req.samples, temperature)
+    label = f"{name}-step{ckpt.step}" + (f"-k{req.samples}-t{temperature:g}"
+                                         if temperature > 0 else "")
+    out = run_dir / EVALS_DIR / f"{label}.jsonl"
+    _write(out, _records(cfg, problems, texts, scores))
+    k = req.samples
+    per_problem = [sum(scores.correct[i * k:(i + 1) * k]) for i in range(len(problems))]
+    n = len(problems)
+    if k == 1:
+        accuracy, pass1 = binomial(sum(per_problem), n), None
+    else:
+        accuracy = binomial(sum(1 for c in per_problem if c), n)
+        pass1 = estimate([c / k for c in per_problem])
+    return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
+                      samples=k, temperature=temperature, reward=cfg.reward.type,
+                      accuracy=accuracy,
+                      mean_reward=math.fsum(scores.rewards) / len(scores.rewards),
+                      pass_at_1=pass1, file=str(out))
+
+
+def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
+                        problems: list[Problem], k: int, temperature: float):
+    """(k completion texts per problem, their Scores, flat in problem order), sampled as the
+    trainer's evaluation samples: same prompts, max_tokens and batches."""
+    from retrain.backends.base import SamplingParams
+    from retrain.environments.scorer import build_scorer
+    from retrain.environments.tasks import render_prompt
+
     scorer = build_scorer(cfg.reward, run_dir)
     policy = None
     try:
@@ -132,38 +156,29 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
                                 seed=cfg.training.seed if temperature > 0 else None)
         chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
-        groups = policy.sample(prompts, req.samples, params, chunk=chunk)
+        groups = policy.sample(prompts, k, params, chunk=chunk)
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
                  for g in groups]
-        flat_problems = [p for p in problems for _ in range(req.samples)]
-        scores = scorer.score([t for g in texts for t in g], flat_problems)
+        scores = scorer.score([t for g in texts for t in g], [p for p in problems
+                                                              for _ in range(k)])
+        return texts, scores
     finally:
         scorer.close()
         if policy is not None:
             policy.close()
-    label = f"{name}-step{ckpt.step}" + (f"-k{req.samples}-t{temperature:g}"
-                                         if temperature > 0 else "")
-    records = [{"prompt": prompt_text(p, cfg.data), "completion": t, "answer": p.answer,
-                "reward": scores.rewards[i * req.samples + j],
-                "correct": scores.correct[i * req.samples + j],
-                **({"sample": j} if req.samples > 1 else {})}
-               for i, (p, g) in enumerate(zip(problems, texts, strict=True))
-               for j, t in enumerate(g)]
-    out = run_dir / EVALS_DIR / f"{label}.jsonl"
-    _write(out, records)
-    per_problem = [sum(scores.correct[i * req.samples:(i + 1) * req.samples])
-                   for i in range(len(problems))]
-    n = len(problems)
-    if req.samples == 1:
-        accuracy, pass1 = binomial(sum(per_problem), n), None
-    else:
-        accuracy = binomial(sum(1 for c in per_problem if c), n)
-        pass1 = estimate([c / req.samples for c in per_problem])
-    return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
-                      samples=req.samples, temperature=temperature, reward=cfg.reward.type,
-                      accuracy=accuracy,
-                      mean_reward=math.fsum(scores.rewards) / len(scores.rewards),
-                      pass_at_1=pass1, file=str(out))
+
+
+def _records(cfg: Config, problems: list[Problem], texts: list[list[str]],
+             scores) -> list[dict]:
+    """One evals/ line per completion."""
+    from retrain.environments.tasks import prompt_text
+
+    k = len(texts[0]) if texts else 1
+    return [{"prompt": prompt_text(p, cfg.data), "completion": t, "answer": p.answer,
+             "reward": scores.rewards[i * k + j], "correct": scores.correct[i * k + j],
+             **({"sample": j} if k > 1 else {})}
+            for i, (p, g) in enumerate(zip(problems, texts, strict=True))
+            for j, t in enumerate(g)]
 
 
 def load_policy(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path):
