@@ -223,3 +223,14 @@ def test_hostile_or_empty_manifests_are_not_fatal(tmp_path, capsys):
         assert run_app(["compare", str(camp), "--json"]) == 0, capsys.readouterr().err
         report = json.loads(capsys.readouterr().out)
         assert {r["name"] for r in report["runs"]} >= {"a_s1", "b_s1"}
+
+
+def test_rich_output_on_a_terminal_says_the_same(tmp_path, capsys, monkeypatch):
+    from retrain import render
+
+    camp = _campaign(tmp_path)
+    monkeypatch.setattr(render, "stdout_is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "250")
+    assert run_app(["compare", str(camp), "--baseline", "slow"]) == 0
+    out = capsys.readouterr().out
+    assert "good vs slow: final reward" in out and "good is higher than slow" in out

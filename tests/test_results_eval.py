@@ -282,3 +282,16 @@ def test_bad_export_input_changes_nothing(run_dir, tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1
     assert snapshot(run_dir) == before and (taken / "mine.txt").read_text() == "keep"
     assert not (tmp_path / "x").exists() and not (tmp_path / ".x.tmp").exists()
+
+
+def test_eval_without_a_held_out_split_says_what_to_give(run_dir, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    config = copy / "config.toml"
+    config.write_text(config.read_text().replace("eval_size = 8", "eval_size = 0"))
+    assert run_app(["eval", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "no held-out split (data.eval_size = 0)" in err and "--data FILE.jsonl" in err
+    assert not (copy / "evals").exists()
