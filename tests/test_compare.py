@@ -190,6 +190,9 @@ def test_not_a_campaign_folder(tmp_path, capsys):
     assert "not a campaign folder" in capsys.readouterr().err
     assert run_app(["compare", str(tmp_path / "missing")]) == 2
     assert "no such campaign folder" in capsys.readouterr().err
+    _campaign(tmp_path)
+    assert run_app(["compare", str(tmp_path)]) == 2
+    assert f"campaigns under it: {tmp_path / 'camp'}" in capsys.readouterr().err
 
 
 def test_status_shows_the_comparison_when_a_condition_has_two_seeds(tmp_path, capsys):

@@ -134,8 +134,11 @@ def _check_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise UserError(f"{folder}: no such campaign folder (give logs/<campaign>)")
     if not runlog.is_campaign_dir(folder):
+        _, campaigns = runlog.walk_logs(folder, max_depth=2)
+        hint = f"; campaigns under it: {', '.join(str(c) for c in campaigns[:5])}" \
+            if campaigns else ""
         raise UserError(f"{folder}: not a campaign folder (no {runlog.MANIFEST_FILE}); "
-                        "compare takes the folder a campaign writes, e.g. logs/<campaign>")
+                        f"compare takes the folder a campaign writes, e.g. logs/<campaign>{hint}")
 
 
 def _window(n_steps: int, last: int | None) -> int:
