@@ -145,6 +145,77 @@ def compare(
                       threshold=threshold)
 
 
+@app.command(name="eval")
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
+                                            metavar="RUN_DIR")],
+    step: Annotated[int | None, typer.Option(help="The checkpoint's step (default: the "
+                                             "newest).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Prompts to evaluate on: a JSONL file of "
+                                              '{"prompt", "answer"} lines.',
+                                              metavar="FILE.jsonl")] = None,
+    task: Annotated[str | None, typer.Option(help="A built-in task's held-out split "
+                                             "(arithmetic or countdown).",
+                                             metavar="NAME")] = None,
+    reward: Annotated[str | None, typer.Option(help="Score with this [reward].type instead "
+                                               "of the run's.", metavar="TYPE")] = None,
+    samples: Annotated[int, typer.Option(help="Completions per prompt (> 1: pass@1 and "
+                                         "pass@K).", metavar="K")] = 1,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature (default: greedy for one sample, the run's for K).",
+        metavar="T")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Evaluate a checkpoint (default: on the run's held-out split, greedy, exactly as the
+    run did); writes RUN_DIR/evals/<name>.jsonl and prints the score with its interval."""
+    from retrain.results import evaluate
+
+    evaluate.show(run_dir, evaluate.EvalRequest(step=step, data=data, task=task, reward=reward,
+                                                samples=samples, temperature=temperature),
+                  as_json=json_)
+
+
+@app.command()
+def sample(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
+                                            metavar="RUN_DIR")],
+    prompt: Annotated[str | None, typer.Argument(help="What to ask the trained model.",
+                                                 metavar="PROMPT")] = None,
+    step: Annotated[int | None, typer.Option(help="The checkpoint's step (default: the "
+                                             "newest).")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature; 0 is greedy (default: the run's).", metavar="T")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="New tokens at most (default: the "
+                                                   "run's).", metavar="N")] = None,
+    interactive: Annotated[bool, typer.Option("--interactive", help="A chat loop with the "
+                                              "chat template (Ctrl-D ends).")] = False,
+) -> None:
+    """Try a checkpoint: answer a prompt (streamed), or chat with --interactive."""
+    from retrain.results import sample as sample_mod
+
+    sample_mod.run(run_dir, sample_mod.SampleRequest(prompt=prompt, step=step,
+                                                     temperature=temperature,
+                                                     max_tokens=max_tokens,
+                                                     interactive=interactive))
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
+                                            metavar="RUN_DIR")],
+    out: Annotated[Path, typer.Argument(help="A new folder to write.", metavar="OUT")],
+    step: Annotated[int | None, typer.Option(help="The checkpoint's step (default: the "
+                                             "newest).")] = None,
+    merged: Annotated[bool, typer.Option("--merged", help="Merge the LoRA into the base "
+                                         "weights (a plain transformers model).")] = False,
+) -> None:
+    """Export a checkpoint: the peft adapter, or with --merged a full model; plus a model
+    card (README.md)."""
+    from retrain.results import export as export_mod
+
+    export_mod.show(run_dir, out, step=step, merged=merged)
+
+
 @app.command()
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>) or a campaign "
@@ -197,7 +268,8 @@ def serve(
                   delay_ms=delay_ms, max_sessions=max_sessions, load=load)
 
 
-COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "serve")
+COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "eval", "sample",
+            "export", "serve")
 
 
 def _route(argv: list[str]) -> list[str]:

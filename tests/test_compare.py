@@ -190,6 +190,9 @@ def test_not_a_campaign_folder(tmp_path, capsys):
     assert "not a campaign folder" in capsys.readouterr().err
     assert run_app(["compare", str(tmp_path / "missing")]) == 2
     assert "no such campaign folder" in capsys.readouterr().err
+    _campaign(tmp_path)
+    assert run_app(["compare", str(tmp_path)]) == 2
+    assert f"campaigns under it: {tmp_path / 'camp'}" in capsys.readouterr().err
 
 
 def test_status_shows_the_comparison_when_a_condition_has_two_seeds(tmp_path, capsys):
@@ -205,3 +208,32 @@ def test_status_shows_the_comparison_when_a_condition_has_two_seeds(tmp_path, ca
     assert run_app(["status", str(single.parent), "--json"]) == 0
     (camp,) = json.loads(capsys.readouterr().out)["campaigns"]
     assert "comparison" not in camp
+
+
+def test_hostile_or_empty_manifests_are_not_fatal(tmp_path, capsys):
+    camp = tmp_path / "camp"
+    camp.mkdir()
+    (camp / "manifest.json").write_text("{}")
+    assert run_app(["compare", str(camp)]) == 2
+    assert "has no runs yet" in capsys.readouterr().err
+    write_run(camp / "a_s1", [0.1, 0.2])
+    write_run(camp / "b_s1", [0.3], state="failed")
+    for text in ('{"campaign": "camp", "runs": [{"name": "a_', json.dumps({
+            "campaign": ["x"], "conditions": [{"a": 1}, "a", 3], "seeds": [[1], 1],
+            "runs": [{"name": ["a_s1"], "log_dir": "../../..", "condition": {"x": 1},
+                      "overrides": [1], "seed": "x"}, 5, None]})):
+        (camp / "manifest.json").write_text(text)
+        assert run_app(["compare", str(camp), "--json"]) == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert {r["name"] for r in report["runs"]} >= {"a_s1", "b_s1"}
+
+
+def test_rich_output_on_a_terminal_says_the_same(tmp_path, capsys, monkeypatch):
+    from retrain import render
+
+    camp = _campaign(tmp_path)
+    monkeypatch.setattr(render, "stdout_is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "250")
+    assert run_app(["compare", str(camp), "--baseline", "slow"]) == 0
+    out = capsys.readouterr().out
+    assert "good vs slow: final reward" in out and "good is higher than slow" in out

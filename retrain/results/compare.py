@@ -98,6 +98,9 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
         raise UserError(f"--threshold {threshold}: give a finite reward")
     camp = scan_campaign(folder)
     names = [str(c) for c in camp.conditions] or sorted({r.condition or "-" for r in camp.runs})
+    if not names:
+        raise UserError(f"{folder}: the campaign has no runs yet (start it with "
+                        "`retrain CAMPAIGN.toml`)")
     if baseline is not None and baseline not in names:
         raise UserError(f"--baseline {baseline!r} is not a condition of {folder}; its "
                         f"conditions are {', '.join(names)}")
@@ -131,8 +134,11 @@ def _check_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise UserError(f"{folder}: no such campaign folder (give logs/<campaign>)")
     if not runlog.is_campaign_dir(folder):
+        _, campaigns = runlog.walk_logs(folder, max_depth=2)
+        hint = f"; campaigns under it: {', '.join(str(c) for c in campaigns[:5])}" \
+            if campaigns else ""
         raise UserError(f"{folder}: not a campaign folder (no {runlog.MANIFEST_FILE}); "
-                        "compare takes the folder a campaign writes, e.g. logs/<campaign>")
+                        f"compare takes the folder a campaign writes, e.g. logs/<campaign>{hint}")
 
 
 def _window(n_steps: int, last: int | None) -> int:

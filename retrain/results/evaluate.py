@@ -1,0 +1,226 @@
+"""`retrain eval RUN_DIR`: a checkpoint's accuracy on a prompt source, with its interval.
+
+Greedy by default, exactly as the trainer evaluates (same prompts, batches, max_tokens and
+scorer), so on the run's own held-out split it reproduces the run's `eval_accuracy` at that
+step. `--samples K --temperature T` samples K completions per prompt and reports pass@1 and
+pass@K. Every completion goes to RUN_DIR/evals/<name>.jsonl; nothing else in the run folder
+is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from retrain import runlog
+from retrain.config import Config, ConfigError
+from retrain.config import run_config as changed_config
+from retrain.environments.answers import Problem
+from retrain.errors import UserError
+from retrain.results import run_checkpoint
+from retrain.results.stats import CONFIDENCE, Estimate, estimate
+
+EVALS_DIR = "evals"
+BUILT_IN_TASKS = ("arithmetic", "countdown")
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    step: int | None = None
+    data: Path | None = None        # a JSONL file of {"prompt", "answer"} lines
+    task: str | None = None         # a built-in task's held-out split
+    reward: str | None = None       # [reward].type for this eval
+    samples: int = 1                # completions per prompt (1 = greedy unless temperature)
+    temperature: float | None = None
+
+
+@dataclass
+class Proportion:
+    """k of n, with its exact (Clopper-Pearson) 95% interval."""
+
+    k: int
+    n: int
+    value: float
+    lo: float
+    hi: float
+
+
+@dataclass
+class EvalReport:
+    run_dir: str
+    step: int
+    source: str
+    problems: int
+    samples: int
+    temperature: float
+    reward: str
+    accuracy: Proportion            # greedy: correct completions; sampled: pass@K
+    mean_reward: float
+    pass_at_1: Estimate | None      # sampled only: mean per-problem rate, t interval
+    file: str
+
+
+def binomial(k: int, n: int) -> Proportion:
+    from scipy import stats
+
+    ci = stats.binomtest(k, n).proportion_ci(CONFIDENCE, method="exact")
+    return Proportion(k, n, k / n, float(ci.low), float(ci.high))
+
+
+def _check(req: EvalRequest) -> None:
+    if req.data is not None and req.task is not None:
+        raise UserError("give --data FILE.jsonl or --task NAME, not both")
+    if req.task is not None and req.task not in BUILT_IN_TASKS:
+        raise UserError(f"--task {req.task!r}: not a built-in task; use "
+                        f"{' or '.join(BUILT_IN_TASKS)}, or --data FILE.jsonl")
+    if req.samples < 1:
+        raise UserError(f"--samples {req.samples}: give a number >= 1")
+    if req.temperature is not None and not (0 <= req.temperature <= 10):
+        raise UserError(f"--temperature {req.temperature}: give a value in [0, 10]")
+    if req.samples > 1 and req.temperature == 0:
+        raise UserError("--samples > 1 needs --temperature > 0 (greedy gives one answer)")
+
+
+def _eval_config(cfg: Config, req: EvalRequest) -> Config:
+    changes: dict = {}
+    if req.reward is not None:
+        changes["reward.type"] = req.reward
+    if req.task is not None:
+        changes["data.source"] = req.task
+        if cfg.data.eval_size == 0:
+            changes["data.eval_size"] = 64
+    try:
+        return changed_config(cfg, **changes) if changes else cfg
+    except ConfigError as exc:
+        flag = "--reward" if req.reward is not None else "--task"
+        raise UserError(f"{flag}: {exc}") from None
+
+
+def _problems(cfg: Config, req: EvalRequest, run_dir: Path) -> tuple[str, list[Problem]]:
+    from retrain.environments.tasks import load_task, read_jsonl
+
+    if req.data is not None:
+        return Path(req.data).stem, read_jsonl(Path(req.data))
+    held = load_task(cfg.data, cfg.training.seed, run_dir).eval
+    name = req.task or "heldout"
+    if not held:
+        raise UserError(f"{run_dir}: the run has no held-out split (data.eval_size = 0); give "
+                        "--data FILE.jsonl or --task NAME")
+    return name, held
+
+
+def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
+    """Run the evaluation described by `req` and write its evals/ file."""
+    run_dir = run_checkpoint.check_run_dir(run_dir)
+    _check(req)
+    cfg = _eval_config(run_checkpoint.run_config(run_dir), req)
+    ckpt = run_checkpoint.pick(run_dir, req.step)
+    name, problems = _problems(cfg, req, run_dir)
+    temperature = 0.0 if req.temperature is None and req.samples == 1 else \
+        req.temperature if req.temperature is not None else cfg.training.temperature
+    texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, req.samples, temperature)
+    label = f"{name}-step{ckpt.step}" + (f"-k{req.samples}-t{temperature:g}"
+                                         if temperature > 0 else "")
+    out = run_dir / EVALS_DIR / f"{label}.jsonl"
+    _write(out, _records(cfg, problems, texts, scores))
+    k = req.samples
+    per_problem = [sum(scores.correct[i * k:(i + 1) * k]) for i in range(len(problems))]
+    n = len(problems)
+    if k == 1:
+        accuracy, pass1 = binomial(sum(per_problem), n), None
+    else:
+        accuracy = binomial(sum(1 for c in per_problem if c), n)
+        pass1 = estimate([c / k for c in per_problem])
+    return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
+                      samples=k, temperature=temperature, reward=cfg.reward.type,
+                      accuracy=accuracy,
+                      mean_reward=math.fsum(scores.rewards) / len(scores.rewards),
+                      pass_at_1=pass1, file=str(out))
+
+
+def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
+                        problems: list[Problem], k: int, temperature: float):
+    """(k completion texts per problem, their Scores, flat in problem order), sampled as the
+    trainer's evaluation samples: same prompts, max_tokens and batches."""
+    from retrain.backends.base import SamplingParams
+    from retrain.environments.scorer import build_scorer
+    from retrain.environments.tasks import render_prompt
+
+    scorer = build_scorer(cfg.reward, run_dir)
+    policy = None
+    try:
+        policy = load_policy(cfg, ckpt, run_dir)
+        prompts = [render_prompt(policy.tokenizer, p, cfg.data) for p in problems]
+        params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
+                                seed=cfg.training.seed if temperature > 0 else None)
+        chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
+        groups = policy.sample(prompts, k, params, chunk=chunk)
+        texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
+                 for g in groups]
+        scores = scorer.score([t for g in texts for t in g], [p for p in problems
+                                                              for _ in range(k)])
+        return texts, scores
+    finally:
+        scorer.close()
+        if policy is not None:
+            policy.close()
+
+
+def _records(cfg: Config, problems: list[Problem], texts: list[list[str]],
+             scores) -> list[dict]:
+    """One evals/ line per completion."""
+    from retrain.environments.tasks import prompt_text
+
+    k = len(texts[0]) if texts else 1
+    return [{"prompt": prompt_text(p, cfg.data), "completion": t, "answer": p.answer,
+             "reward": scores.rewards[i * k + j], "correct": scores.correct[i * k + j],
+             **({"sample": j} if k > 1 else {})}
+            for i, (p, g) in enumerate(zip(problems, texts, strict=True))
+            for j, t in enumerate(g)]
+
+
+def load_policy(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path):
+    """Something with `.tokenizer` and `.sample(prompts, n, params, chunk=)`."""
+    if ckpt.is_tinker:
+        from retrain.results.tinker_policy import TinkerPolicy
+
+        return TinkerPolicy.load(cfg, ckpt)
+    from retrain.results.policy import LocalPolicy
+
+    return LocalPolicy.load(cfg, ckpt, run_dir)
+
+
+def _write(path: Path, records: list[dict]) -> None:
+    data = "".join(json.dumps(runlog.json_safe(r), ensure_ascii=False) + "\n" for r in records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runlog.replace_atomically(path, data.encode("utf-8"))
+
+
+def summary_lines(r: EvalReport) -> list[str]:
+    a = r.accuracy
+    interval = f"[{a.lo:.3f}, {a.hi:.3f}]"
+    if r.samples == 1:
+        how = "greedy" if r.temperature == 0 else f"1 sample at temperature {r.temperature:g}"
+        lines = [f"{r.source} at step {r.step}: accuracy {a.value:.3f} {interval} "
+                 f"({a.k}/{a.n} correct, {how}; exact binomial 95% interval)"]
+    else:
+        p1 = r.pass_at_1
+        lines = [f"{r.source} at step {r.step}: pass@{r.samples} {a.value:.3f} {interval} "
+                 f"({a.k}/{a.n} problems solved by some sample; exact binomial 95% interval)",
+                 f"pass@1 {p1.mean:.3f} [{p1.lo:.3f}, {p1.hi:.3f}] ({r.samples} samples per "
+                 f"problem at temperature {r.temperature:g}; t interval over problems)"
+                 if p1 and p1.lo is not None else f"pass@1 {p1.mean:.3f}" if p1 else ""]
+    lines.append(f"mean reward {r.mean_reward:.3f} ({r.reward}); completions: {r.file}")
+    return [line for line in lines if line]
+
+
+def show(run_dir: Path, req: EvalRequest, as_json: bool = False) -> None:
+    report = evaluate(run_dir, req)
+    if as_json:
+        from retrain import render
+
+        print(render.dump_json(asdict(report)))
+    else:
+        print("\n".join(summary_lines(report)))

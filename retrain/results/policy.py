@@ -1,0 +1,118 @@
+"""A trained checkpoint as something to sample from, loaded without any training code:
+the base model (transformers) with the run's LoRA adapter (peft) on the run's device and
+dtype, decoded by the local backend's own sampling loop (the training distribution).
+
+`LocalPolicy` serves local checkpoints; `TinkerPolicy` samples a tinker:// checkpoint through
+the SDK (from `retrain.results.tinker_policy`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from retrain.backends.base import Completion, SamplingParams, TokenIds
+from retrain.config import Config
+from retrain.errors import UserError
+from retrain.results.run_checkpoint import Checkpoint
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end a completion: the tokenizer's and the generation config's EOS."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return ids
+
+
+class LocalPolicy:
+    """Base model + the checkpoint's adapter, in eval mode."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: Any):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.eos_ids = eos_ids(model, tokenizer)
+        if not self.eos_ids:
+            raise UserError("the tokenizer defines no EOS token; completions could never stop")
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids))
+
+    @classmethod
+    def load(cls, cfg: Config, ckpt: Checkpoint, config_dir: Path,
+             dtype: str | None = None) -> LocalPolicy:
+        """Load what the run trained on (model.name, dtype, device, threads) plus the adapter
+        at `ckpt`. `dtype` overrides the run's (export merges in float32)."""
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from retrain.backends.local_device import pick_device, resolve_dtype
+        from retrain.cpu import auto_threads
+        from retrain.models import resolve_model
+
+        hf_logging.disable_progress_bar()
+        warnings.filterwarnings("ignore", category=FutureWarning)  # transformers/peft renames
+        m = cfg.model
+        torch.set_num_threads(m.threads or auto_threads())
+        path = resolve_model(m.name, config_dir)
+        try:
+            device = pick_device(m.device)
+            torch_dtype, _ = resolve_dtype(dtype or m.dtype, device)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+            base.to(device)
+            model = PeftModel.from_pretrained(base, str(ckpt.folder))
+        except Exception as exc:  # missing files, a damaged adapter, an absent device
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise UserError(f"cannot load {m.name!r} with the checkpoint {ckpt.ref}: "
+                            f"{first}") from None
+        model.eval()
+        return cls(model, tokenizer, device)
+
+    def close(self) -> None:
+        """Nothing to release: the weights go with the process."""
+
+    def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
+               chunk: int = 64) -> list[list[Completion]]:
+        """`n` completions per prompt, `chunk` prompts per batched decode (as the trainer's
+        eval batches them, so greedy results match it exactly)."""
+        import torch
+        from transformers import DynamicCache
+
+        from retrain.backends.local_sampling import sample_batch
+
+        generator = torch.Generator(self.device).manual_seed(params.seed or 0)
+        out: list[list[Completion]] = []
+        for i in range(0, len(prompts), chunk):
+            out += sample_batch(self.model, prompts[i:i + chunk], n, params,
+                                eos_ids=self.eos_ids, pad_id=self.pad_id, generator=generator,
+                                make_cache=lambda: DynamicCache(config=self.model.config))
+        return out
+
+    def stream(self, prompt: TokenIds, params: SamplingParams) -> Iterator[int]:
+        """The tokens of one completion as they are drawn (EOS not included)."""
+        import torch
+        from transformers import DynamicCache
+
+        from retrain.backends.local_sampling import draw, token_logprobs
+
+        generator = torch.Generator(self.device).manual_seed(params.seed or 0)
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
+                                logits_to_keep=1).logits[:, -1]
+            for _ in range(params.max_tokens):
+                tok = draw(token_logprobs(logits, params.temperature), params, generator)
+                if int(tok) in self.eos_ids:
+                    return
+                yield int(tok)
+                logits = self.model(input_ids=tok[:, None], past_key_values=cache,
+                                    use_cache=True, logits_to_keep=1).logits[:, -1]
