@@ -341,12 +341,39 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
                                   "the local backend samples and trains on the same device, one "
                                   "at a time, so overlap only makes samples stale; set it to 0"))
+    issues += _environment_conflicts(cfg)
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
+    return issues
+
+
+# [data] keys that describe the task kind's problems (eval_size also counts held-out episodes)
+_TASK_DATA_KEYS = ("source", "path", "digits", "operations", "countdown_numbers", "size",
+                   "shuffle", "instruction", "chat_template")
+
+
+def _environment_conflicts(cfg: Config) -> list[ConfigIssue]:
+    """[data] and [reward] describe the task kind; another kind brings its own questions."""
+    env = cfg.environment
+    if env.kind == "task":
+        return []
+    issues = []
+    data, default = cfg.data, DataConfig()
+    for key in _TASK_DATA_KEYS:
+        if getattr(data, key) != getattr(default, key):
+            issues.append(ConfigIssue(f"data.{key}", f"is for environment.kind = 'task'; kind "
+                                      f"{env.kind!r} asks its own questions: remove it (only "
+                                      "data.eval_size, the held-out episodes, applies)"))
+    if cfg.reward != RewardConfig():
+        issues.append(ConfigIssue("reward.type", f"[reward] scores the task kind; kind "
+                                  f"{env.kind!r} is scored by its environment: remove [reward]"))
+    if env.kind == "python" and not env.factory:
+        issues.append(ConfigIssue("environment.factory", "environment.kind = 'python' needs "
+                                  "environment.factory = 'my_env.py:MyEnv'"))
     return issues
 
 

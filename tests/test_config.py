@@ -389,6 +389,11 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         t.max_steps_off_policy = 0
+    env = cfg.environment
+    if env.kind != "task":  # [data]'s task keys and [reward] belong to the task kind
+        eval_size = cfg.data.eval_size
+        cfg.data, cfg.reward = config.DataConfig(eval_size=eval_size), config.RewardConfig()
+        env.factory = env.factory or "my_env.py:MyEnv"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

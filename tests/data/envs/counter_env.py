@@ -34,14 +34,16 @@ def not_an_env():
 class Digits(Environment):
     """Three turns; each reply earns the fraction of its characters that are digits."""
 
-    def __init__(self, turns: int = 3):
-        self.turns = turns
+    def __init__(self, turns: int = 3, kill_parent_on_step: int = 0):
+        self.turns, self.kill_on = turns, kill_parent_on_step
 
     def reset(self, seed: int):
         self.left = self.turns
         return [{"role": "user", "content": f"Write digits. ({seed % 97})"}]
 
     def step(self, reply: str) -> Step:
+        if self.kill_on:
+            _kill_parent_once(self.kill_on)
         self.left -= 1
         reward = sum(c.isdigit() for c in reply) / len(reply) if reply else 0.0
         return Step(messages=[{"role": "user", "content": f"{self.left} more"}],
@@ -64,14 +66,17 @@ class Raises(Environment):
 
 
 class Hangs(Environment):
-    """Hangs in step when the seed is odd (sleeps far past any timeout)."""
+    """Hangs in step when the seed is odd or `always` (sleeps far past any timeout)."""
+
+    def __init__(self, always: bool = False):
+        self.always = always
 
     def reset(self, seed: int):
         self.seed = seed
         return [{"role": "user", "content": "hi"}]
 
     def step(self, reply: str) -> Step:
-        if self.seed % 2:
+        if self.always or self.seed % 2:
             import time
 
             time.sleep(1000)
@@ -84,3 +89,20 @@ class NeverDone(Environment):
 
     def step(self, reply: str) -> Step:
         return Step(messages=[{"role": "user", "content": "more"}], reward=0.1)
+
+
+def _kill_parent_once(on_call: int) -> None:
+    """SIGKILL the trainer (this worker's parent) at the on_call-th step() of the run, once:
+    a marker file next to this module counts the calls and remembers the kill."""
+    import os
+    import signal
+    from pathlib import Path
+
+    marker = Path(__file__).with_name("kill_marker.txt")
+    calls = int(marker.read_text()) if marker.exists() else 0
+    if calls < 0:
+        return  # already killed once: the resumed run goes on
+    calls += 1
+    marker.write_text(str(-1 if calls >= on_call else calls))
+    if calls >= on_call:
+        os.kill(os.getppid(), signal.SIGKILL)
