@@ -118,8 +118,8 @@ class EnvironmentConfig:
                                   "environment messages); checked before each turn is sampled; "
                                   "0 = no limit beyond max_turns x training.max_tokens", lo=0,
                                   hi=MAX_TOKENS)
-    on_length: str = opt("end", "a reply cut at training.max_tokens: end the episode, or "
-                         "hand the cut reply to the environment and continue",
+    on_length: str = opt("end", "a reply cut at training.max_tokens: end the episode once "
+                         "the environment has scored it, or continue the episode",
                          choices=("end", "continue"))
     length_reward: float = opt(0.0, "reward added to an episode that ended on a cut reply "
                                "(on_length = 'end') or on max_episode_tokens")
