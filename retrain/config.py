@@ -118,8 +118,8 @@ class EnvironmentConfig:
                                   "environment messages); checked before each turn is sampled; "
                                   "0 = no limit beyond max_turns x training.max_tokens", lo=0,
                                   hi=MAX_TOKENS)
-    on_length: str = opt("end", "a reply cut at training.max_tokens: end the episode, or "
-                         "hand the cut reply to the environment and continue",
+    on_length: str = opt("end", "a reply cut at training.max_tokens: end the episode once "
+                         "the environment has scored it, or continue the episode",
                          choices=("end", "continue"))
     length_reward: float = opt(0.0, "reward added to an episode that ended on a cut reply "
                                "(on_length = 'end') or on max_episode_tokens")
@@ -376,12 +376,39 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("backend.max_concurrent_min", f"({be.max_concurrent_min}) "
                                   "must be <= backend.max_concurrent_max "
                                   f"({be.max_concurrent_max})"))
+    issues += _environment_conflicts(cfg)
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
+    return issues
+
+
+# [data] keys that describe the task kind's problems (eval_size also counts held-out episodes)
+_TASK_DATA_KEYS = ("source", "path", "digits", "operations", "countdown_numbers", "size",
+                   "shuffle", "instruction", "chat_template")
+
+
+def _environment_conflicts(cfg: Config) -> list[ConfigIssue]:
+    """[data] and [reward] describe the task kind; another kind brings its own questions."""
+    env = cfg.environment
+    if env.kind == "task":
+        return []
+    issues = []
+    data, default = cfg.data, DataConfig()
+    for key in _TASK_DATA_KEYS:
+        if getattr(data, key) != getattr(default, key):
+            issues.append(ConfigIssue(f"data.{key}", f"is for environment.kind = 'task'; kind "
+                                      f"{env.kind!r} asks its own questions: remove it (only "
+                                      "data.eval_size, the held-out episodes, applies)"))
+    if cfg.reward != RewardConfig():
+        issues.append(ConfigIssue("reward.type", f"[reward] scores the task kind; kind "
+                                  f"{env.kind!r} is scored by its environment: remove [reward]"))
+    if env.kind == "python" and not env.factory:
+        issues.append(ConfigIssue("environment.factory", "environment.kind = 'python' needs "
+                                  "environment.factory = 'my_env.py:MyEnv'"))
     return issues
 
 

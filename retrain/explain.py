@@ -19,6 +19,7 @@ from retrain import config, config_file, render, runlog, toml_io
 from retrain.campaign.plan import CampaignPlan
 from retrain.config import Config
 from retrain.control import capacity
+from retrain.environments.kinds import default_max_turns, episode_token_bound
 from retrain.explain_warnings import warnings
 
 UNKNOWN_TIME = "unknown: run a pilot"
@@ -150,11 +151,15 @@ def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
     keys = ["model.name", "model.device", "backend.backend", "data.source", "reward.type",
             "algorithm.advantage", "algorithm.loss", "training.batch_size",
             "training.group_size", "training.max_tokens", "training.max_steps", "training.lr",
-            "training.seed", "backpressure.enabled", "logging.log_dir"]
+            "training.seed", "backpressure.enabled", "logging.log_dir", "environment.kind"]
     if cfg.backend.backend == "tinker":
         keys += ["backend.max_concurrent", "backend.max_concurrent_min",
                  "backend.max_concurrent_max"]
     settings = {k: _get(cfg, k) for k in keys}
+    env = cfg.environment
+    settings["environment.max_turns"] = default_max_turns(env)
+    settings["environment.max_episode_tokens"] = env.max_episode_tokens
+    settings["episode_tokens_worst_case"] = episode_token_bound(env, cfg.training.max_tokens)
     if camp.is_campaign:
         settings |= {f"campaign.{k}": getattr(camp, k)
                      for k in ("parallel", "max_workers", "stagger_seconds")}
@@ -246,10 +251,21 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
            ("model", f"{s['model.name']} on backend {s['backend.backend']} "
                      f"(device {s['model.device']})"),
            ("task", f"{s['data.source']}, reward {s['reward.type']}, advantage "
-                    f"{s['algorithm.advantage']}, loss {s['algorithm.loss']}"),
+                    f"{s['algorithm.advantage']}, loss {s['algorithm.loss']}")
+           if s["environment.kind"] == "task" else
+           ("environment", f"{s['environment.kind']}, up to {s['environment.max_turns']} "
+                           f"turns, at most {s['episode_tokens_worst_case']} sampled tokens per "
+                           "episode" + (f" (budget {s['environment.max_episode_tokens']} "
+                                        "tokens)" if s["environment.max_episode_tokens"]
+                                        else "") + f"; advantage {s['algorithm.advantage']}, "
+                           f"loss {s['algorithm.loss']}"),
            ("per step", f"{s['training.batch_size']} prompts x {s['training.group_size']} "
                         f"completions = {r.completions_per_step} completions, up to "
-                        f"{s['training.max_tokens']} tokens each"),
+                        f"{s['training.max_tokens']} tokens each"
+                        if s["environment.kind"] == "task" else
+                        f"{s['training.batch_size']} groups x {s['training.group_size']} "
+                        f"episodes = {r.completions_per_step} episodes, up to "
+                        f"{s['training.max_tokens']} tokens per reply"),
            ("training", f"{s['training.max_steps']} steps, lr {s['training.lr']}, "
                         f"seed {s['training.seed']}"),
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]

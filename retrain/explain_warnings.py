@@ -14,6 +14,7 @@ from typing import Any
 from retrain import toml_io
 from retrain.campaign.plan import CampaignPlan
 from retrain.config import Config
+from retrain.environments.kinds import default_max_turns
 
 
 def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism: int,
@@ -46,6 +47,7 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
         out.append(f"training.top_p = {t.top_p}: sampling from a truncated distribution biases "
                    "the importance ratio; keep 1.0 unless you know you need it")
     out += _size_warnings(cfg)
+    out += _environment_warnings(cfg)
     if t.save_every and t.save_every > t.max_steps:
         out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
                    "only the final checkpoint is saved")
@@ -75,6 +77,17 @@ def _size_warnings(cfg: Config) -> list[str]:
         out.append(f"data.size + data.eval_size = {d.size + d.eval_size:,} generated problems "
                    "are held in memory; a few thousand are usually plenty")
     return out
+
+
+def _environment_warnings(cfg: Config) -> list[str]:
+    env, max_tokens = cfg.environment, cfg.training.max_tokens
+    turns = default_max_turns(env)
+    if env.max_episode_tokens and turns * max_tokens > env.max_episode_tokens:
+        return [f"environment.max_turns ({turns}) x training.max_tokens ({max_tokens}) = "
+                f"{turns * max_tokens} > environment.max_episode_tokens "
+                f"({env.max_episode_tokens}): long episodes end on the budget (counted in "
+                "'truncated') before their last turns; raise the budget or lower the others"]
+    return []
 
 
 def _device_word(cfg: Config) -> str:

@@ -33,6 +33,7 @@ class RunStatus:
     step: int = 0
     max_steps: int | None = None
     mean_reward: float | None = None
+    mean_turns: float | None = None      # environments: model turns per episode
     median_step_time_s: float | None = None
     tokens_per_second: float | None = None
     max_token_hit_rate: float | None = None
@@ -123,6 +124,7 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
     run.step = max([*steps, _int(state.get("step"), 0), 0])
     run.max_steps = max(_int(state.get("max_steps"), 0), 0) or _config_max_steps(folder)
     run.mean_reward = _last(rows, "mean_reward")
+    run.mean_turns = _last(rows, "mean_turns")
     run.tokens_per_second = _last(rows, "tokens_per_second")
     run.max_token_hit_rate = _last(rows, "max_token_hit_rate")
     run.bp_action = _last(rows, "bp_action", str)

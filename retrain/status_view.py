@@ -89,7 +89,9 @@ def _run_cells(r: RunStatus) -> list[str]:
     if r.bp_throughput is not None:
         bp += f" {render.fmt_num(r.bp_throughput)} tok/s"
     return [r.name, r.state, f"{r.step}/{r.max_steps if r.max_steps else '?'}",
-            render.fmt_num(r.mean_reward), render.fmt_seconds(r.median_step_time_s),
+            render.fmt_num(r.mean_reward) + (f" ({render.fmt_num(r.mean_turns)} turns)"
+                                             if r.mean_turns is not None else ""),
+            render.fmt_seconds(r.median_step_time_s),
             render.fmt_num(r.tokens_per_second), render.fmt_num(r.max_token_hit_rate),
             bp, str(r.bad_lines)]
 

@@ -17,7 +17,10 @@ TEMPLATES = {
     "quickstart": "single run, built-in model and task, smoke profile (runs on a laptop CPU)",
     "experiment": "single run, standard profile, every commonly tuned key spelled out",
     "campaign": "conditions x seeds, parallel workers, back-pressure section shown",
+    "environment": "your own multi-turn environment (my_env.py, written next to it) + config",
 }
+# Files a template needs beside it, written into the same folder.
+COMPANIONS = {"environment": ("my_env.py",)}
 
 
 def list_templates() -> list[tuple[str, str]]:
@@ -44,12 +47,17 @@ def write_template(name: str, path: Path | None = None, *, force: bool = False) 
     target = Path(path) if path is not None else Path(f"{name}.toml")
     if target.is_dir():
         target = target / f"{name}.toml"
-    if target.exists() and not force:
-        raise UserError(f"{target} already exists; pass --force to overwrite it, "
-                        "or give another path")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"{target}: cannot write ({exc.strerror or exc})") from None
+    folder = resources.files("retrain") / "_templates"
+    files = {target: text} | {target.parent / c: (folder / c).read_text("utf-8")
+                              for c in COMPANIONS.get(name, ())}
+    for path_ in files:
+        if path_.exists() and not force:
+            raise UserError(f"{path_} already exists; pass --force to overwrite it, "
+                            "or give another path")
+    for path_, body in files.items():
+        try:
+            path_.parent.mkdir(parents=True, exist_ok=True)
+            path_.write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"{path_}: cannot write ({exc.strerror or exc})") from None
     return target

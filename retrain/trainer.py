@@ -590,5 +590,8 @@ class Trainer:
         if errors and self.reward_errors_shown < REPORTED_REWARD_ERRORS:
             self.reward_errors_shown += 1
             more = "" if self.reward_errors_shown < REPORTED_REWARD_ERRORS else \
-                " (further failures are only counted in reward_failures)"
-            self.progress.say(f"step {step}: reward function failed: {errors[0]}{more}")
+                (" (further failures are only counted in reward_failures)"
+                 if uses_scorer(self.cfg.environment) else
+                 " (further failures are only counted in env_errors)")
+            what = "reward function" if uses_scorer(self.cfg.environment) else "environment"
+            self.progress.say(f"step {step}: {what} failed: {errors[0]}{more}")

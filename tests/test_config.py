@@ -395,6 +395,11 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
     if t.lr * t.weight_decay >= 1:
         t.weight_decay = 0.5 / t.lr
+    env = cfg.environment
+    if env.kind != "task":  # [data]'s task keys and [reward] belong to the task kind
+        eval_size = cfg.data.eval_size
+        cfg.data, cfg.reward = config.DataConfig(eval_size=eval_size), config.RewardConfig()
+        env.factory = env.factory or "my_env.py:MyEnv"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

@@ -4,6 +4,7 @@ reason when its extra is absent). Training through the rollout: tests/test_env_a
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,21 @@ def test_textarena_games_that_cannot_run_here_are_clear_errors(ta, capfd, game_i
         factory(kind="textarena", id=game_id)
     assert "\n" not in str(info.value)
     assert "nltk" not in capfd.readouterr().out  # the download failure stays off stdout
+
+
+# ---------------------------------------------------------------------------- missing extras
+
+
+@pytest.mark.parametrize(("section", "module", "pip"), [
+    ({"kind": "reasoning_gym", "task": "basic_arithmetic"}, "reasoning_gym", "environments"),
+    ({"kind": "textarena", "id": "GuessTheNumber-v0"}, "textarena", "environments"),
+    ({"kind": "verifiers", "id": "x"}, "verifiers", "verifiers"),
+])
+def test_a_missing_extra_is_one_line_naming_the_pip_command(monkeypatch, section, module, pip):
+    from retrain.environments.kinds import MissingExtra
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    with pytest.raises(MissingExtra) as info:
+        factory(**section)
+    message = str(info.value)
+    assert "\n" not in message and f"pip install 'retrain[{pip}]'" in message

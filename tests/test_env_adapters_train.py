@@ -217,19 +217,23 @@ TRAIN_CASES = {
 @pytest.mark.parametrize("case", list(TRAIN_CASES))
 def test_each_adapter_trains_three_steps_on_the_tiny_model(case, tmp_path, monkeypatch,
                                                            tiny_model):
+    from retrain import toml_io
     from retrain.config_file import load_config
     from retrain.trainer import run_single
-    from tests.run_helpers import rows, write_config
+    from tests.run_helpers import BASE, rows
 
     section = dict(TRAIN_CASES[case])
     need(section["kind"])
     if section["kind"] == "verifiers":
         shutil.copy(DATA / "verifiers" / "vf_test_envs.py", tmp_path)
     monkeypatch.chdir(tmp_path)
-    path = write_config(tmp_path, environment={**section, "on_length": "continue"},
-                        data={"eval_size": 2},
-                        training={"max_steps": 3, "batch_size": 2, "group_size": 2,
-                                  "save_every": 0, "seed": random.Random(case).randint(0, 99)})
+    raw = {k: dict(v) for k, v in BASE.items() if k != "reward"}  # the environment scores
+    raw["data"] = {"eval_size": 2}
+    raw["training"].update(max_steps=3, batch_size=2, group_size=2, save_every=0,
+                           seed=random.Random(case).randint(0, 99))
+    raw["environment"] = {**section, "on_length": "continue"}
+    path = tmp_path / "run.toml"
+    path.write_text(toml_io.dumps(raw))
     assert run_single(load_config(path, {}), path) == 0
     got = rows(tmp_path / "logs" / "run")
     assert [r["step"] for r in got] == [1, 2, 3]

@@ -91,6 +91,15 @@ def test_tool_errors_go_back_as_text_and_output_is_cut(tools):
     env.close()
 
 
+def test_single_turn_env_is_one_turn():
+    env = build_factory(EnvironmentConfig(kind="verifiers", id="vf_test_envs",
+                                          params={"kind": "single"}), CTX)()
+    assert env.reset(3) == [{"role": "user", "content": "Say 3."}]
+    step = env.step("3")
+    assert step.done and step.reward == 1.0
+    assert env.close() == 0.0
+
+
 def test_bad_sections_are_one_line_errors():
     with pytest.raises(UserError, match="name the installed verifiers environment"):
         build_factory(EnvironmentConfig(kind="verifiers"), CTX)

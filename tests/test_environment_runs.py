@@ -11,9 +11,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+from retrain import toml_io  # noqa: E402
 from retrain.config_file import load_config  # noqa: E402
 from retrain.trainer import run_single  # noqa: E402
-from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.run_helpers import BASE, rows, state  # noqa: E402
 
 ENVS = Path(__file__).parent / "data" / "envs"
 ENV_METRICS = ("mean_turns", "max_turns_hit", "episode_tokens", "env_seconds", "env_errors",
@@ -27,10 +28,22 @@ def workdir(tmp_path, monkeypatch, tiny_model):
     return tmp_path
 
 
+def write_config(folder: Path, name: str = "run", environment=None, data=None,
+                 training=None) -> Path:
+    """The tiny-model config of tests/run_helpers.py, with [environment] instead of [reward]."""
+    raw = {k: dict(v) for k, v in BASE.items() if k != "reward"}
+    raw["data"] = data or {"eval_size": 2}
+    raw["training"].update(training or {})
+    raw["environment"] = environment or {}
+    path = folder / f"{name}.toml"
+    path.write_text(toml_io.dumps(raw))
+    return path
+
+
 def env_config(folder: Path, factory: str, name: str = "run", training=None, **env) -> Path:
     env = {"kind": "python", "factory": f"counter_env.py:{factory}", "on_length": "continue",
            **env}
-    return write_config(folder, name=name, environment=env, data={"eval_size": 2},
+    return write_config(folder, name=name, environment=env,
                         training={"max_steps": 2, "batch_size": 1, "group_size": 4,
                                   **(training or {})})
 
@@ -119,6 +132,21 @@ def test_repeated_worker_deaths_fail_the_run_with_a_clear_error(workdir, capsys)
     err = capsys.readouterr().err
     assert "environment worker process died or hung 4 times in one step" in err
     assert state(workdir / "logs" / "run")["status"] == "failed"
+
+
+def test_data_and_reward_keys_conflict_with_another_kind(workdir):
+    from retrain.schema import ConfigError
+
+    path = write_config(workdir, environment={"kind": "guess_number"},
+                        data={"source": "countdown"})
+    with pytest.raises(ConfigError, match="data.source: is for environment.kind = 'task'"):
+        load_config(path, {})
+    raw = toml_io.loads(path.read_text())
+    raw["data"] = {}
+    raw["reward"] = {"type": "math"}
+    path.write_text(toml_io.dumps(raw))
+    with pytest.raises(ConfigError, match="remove \\[reward\\]"):
+        load_config(path, {})
 
 
 def test_a_broken_factory_is_one_error_line(workdir):

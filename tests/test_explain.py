@@ -247,3 +247,22 @@ def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
         assert r.completions_per_step == 32 and r.warnings == []
     if name == "campaign":
         assert len(r.runs) == 6 and r.effective_parallelism == 2
+
+
+def test_explain_shows_the_environment_and_warns_on_a_small_episode_budget(tmp_path):
+    from retrain.explain import build_report, plain_lines
+
+    path = tmp_path / "env.toml"
+    path.write_text('[environment]\nkind = "guess_number"\nmax_turns = 4\n'
+                    'max_episode_tokens = 100\n[training]\nmax_tokens = 64\n')
+    report = build_report(path)
+    text = "\n".join(plain_lines(report))
+    assert "guess_number, up to 4 turns, at most 100 sampled tokens per episode" in text
+    assert "episodes = " in text
+    assert any("environment.max_turns (4) x training.max_tokens (64) = 256" in w
+               for w in report.warnings)
+    path.write_text('[environment]\nkind = "guess_number"\nmax_turns = 4\n'
+                    '[training]\nmax_tokens = 64\n')
+    report = build_report(path)
+    assert report.settings["episode_tokens_worst_case"] == 256
+    assert not any("max_episode_tokens" in w for w in report.warnings)

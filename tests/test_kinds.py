@@ -117,3 +117,15 @@ def test_default_max_turns():
     assert default_max_turns(EnvironmentConfig()) == 1
     assert default_max_turns(EnvironmentConfig(kind="python")) == 8
     assert default_max_turns(EnvironmentConfig(kind="python", max_turns=3)) == 3
+
+
+def test_guess_number_format_reward_pays_numbers_in_range_only():
+    make = build_factory(EnvironmentConfig(kind="guess_number", params={
+        "low": 1, "high": 8, "format_reward": 0.1}), ctx())
+    env = make()
+    env.reset(42)
+    wrong = next(n for n in range(1, 9) if n != env.secret)
+    assert env.step(str(wrong)).reward == pytest.approx(0.1)
+    assert env.step("99").reward == 0.0 and env.step("none").reward == 0.0
+    hit = env.step(str(env.secret))
+    assert hit.done and hit.reward == pytest.approx(1.1) and hit.metrics["correct"] == 1.0

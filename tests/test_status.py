@@ -292,3 +292,14 @@ def test_watch_when_piped_prints_plain_reports(campaign, capsys):
 def test_watch_and_json_do_not_mix(tmp_path, capsys):
     assert run_app(["status", str(tmp_path), "--watch", "--json"]) == 2
     assert "do not mix" in capsys.readouterr().err
+
+
+def test_status_shows_mean_turns_of_an_environment_run(tmp_path):
+    root = tmp_path / "logs"
+    make_run(root / "game", {"status": "completed", "step": 2, "max_steps": 2},
+             rows(2, mean_turns=3.25))
+    make_run(root / "task", {"status": "completed", "step": 2, "max_steps": 2}, rows(2))
+    game, task = sorted(status.scan(root).runs, key=lambda r: r.name)
+    assert game.mean_turns == 3.25 and task.mean_turns is None
+    table = status_view.runs_table([game, task])
+    assert "3.25 turns" in table.rows[0][3] and "turns" not in table.rows[1][3]

@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 NAMES = [name for name, _ in templates.list_templates()]
 
 
-def test_the_three_templates_exist():
-    assert NAMES == ["quickstart", "experiment", "campaign"]
+def test_the_four_templates_exist():
+    assert NAMES == ["quickstart", "experiment", "campaign", "environment"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -108,5 +108,35 @@ def test_templates_ship_inside_the_package():
     for name in NAMES:
         assert (packaged / f"{name}.toml").read_text() == templates.template_text(name)
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert "_templates/*.toml" in pyproject["tool"]["setuptools"]["package-data"]["retrain"]
+    data = pyproject["tool"]["setuptools"]["package-data"]["retrain"]
+    assert "_templates/*.toml" in data and "_templates/*.py" in data
+    for name, files in templates.COMPANIONS.items():
+        assert name in NAMES and all((packaged / f).is_file() for f in files)
 
+
+
+def test_the_environment_template_writes_its_environment_and_trains(tmp_path, monkeypatch,
+                                                                    tiny_model):
+    pytest.importorskip("torch")
+    from retrain.environments.kinds import KindContext, build_factory
+    from retrain.trainer import run_single
+
+    path = templates.write_template("environment", tmp_path / "environment.toml")
+    assert (tmp_path / "my_env.py").read_text() == \
+        (REPO / "templates" / "my_env.py").read_text()
+    cfg = config_file.load_config(path)
+    env = build_factory(cfg.environment, KindContext("train", tmp_path, 0))()
+    opening = env.reset(5)[0]["content"]
+    start = int(opening.split("from ")[1].split()[0])
+    total = 0.0
+    for n in range(start - 1, -1, -1):
+        step = env.step(f"{n}.")
+        total += step.reward
+    assert step.done and total == pytest.approx(1.0)
+    monkeypatch.chdir(tmp_path)  # runs as written, on the tiny model for speed
+    small = config_file.load_config(path, {"model.name": "tiny-random", "training.max_steps": 1,
+                                           "data.eval_size": 1, "training.max_tokens": 4})
+    assert run_single(small, path) == 0
+    with pytest.raises(UserError, match="my_env.py already exists"):
+        (tmp_path / "environment.toml").unlink()
+        templates.write_template("environment", tmp_path / "environment.toml")

@@ -83,6 +83,13 @@ def default_max_turns(cfg: EnvironmentConfig) -> int:
     return 1 if cfg.kind == "task" else 8
 
 
+def episode_token_bound(cfg: EnvironmentConfig, max_tokens: int) -> int:
+    """The most tokens the model may sample in one episode: max_turns x training.max_tokens,
+    or the episode budget when that is smaller."""
+    bound = default_max_turns(cfg) * max_tokens
+    return min(bound, cfg.max_episode_tokens) if cfg.max_episode_tokens else bound
+
+
 def build_factory(cfg: EnvironmentConfig, ctx: KindContext) -> Factory:
     """The factory of one episode's Environment for `cfg`, tools included when configured."""
     factory = builder(cfg.kind)(cfg, ctx)

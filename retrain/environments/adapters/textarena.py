@@ -107,7 +107,8 @@ def make_game(game_id: str, params: dict) -> Any:
     raw_id = game_id if game_id.endswith("-raw") or f"{game_id}-raw" not in ENV_REGISTRY \
         else f"{game_id}-raw"
     try:
-        # nltk reports its failed downloads on stdout, which must stay clean in the worker
+        # what a game prints while it is built stays off the worker's stdout (nltk still
+        # writes its failed downloads to the real stderr: noise, not harm)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             game = textarena.make(raw_id, **params)
     except LookupError as exc:  # nltk: a corpus that is downloaded on first use

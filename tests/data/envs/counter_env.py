@@ -106,3 +106,22 @@ def _kill_parent_once(on_call: int) -> None:
     marker.write_text(str(-1 if calls >= on_call else calls))
     if calls >= on_call:
         os.kill(os.getppid(), signal.SIGKILL)
+
+
+class Stateful(Environment):
+    """Rewards its own turn number; an odd seed hangs on turn 2; seed 4 returns junk."""
+
+    def reset(self, seed: int):
+        self.seed, self.turn = seed, 0
+        return [{"role": "user", "content": f"go {seed}"}]
+
+    def step(self, reply: str):
+        self.turn += 1
+        if self.seed == 4:
+            return {"reward": 1}
+        if self.seed % 2 and self.turn == 2:
+            import time
+
+            time.sleep(1000)
+        return Step(messages=[{"role": "user", "content": f"turn {self.turn}"}],
+                    reward=float(self.turn))

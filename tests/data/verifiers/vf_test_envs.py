@@ -1,6 +1,7 @@
 """Two verifiers environments in the classic API, for tests/test_env_verifiers.py:
 `load_environment(kind="guess")` a MultiTurnEnv (guess a number, "higher"/"lower" hints),
-`load_environment(kind="tools")` a ToolEnv (add two numbers with a tool, then answer)."""
+`load_environment(kind="tools")` a ToolEnv (add two numbers with a tool, then answer),
+`load_environment(kind="single")` a SingleTurnEnv (say a number)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,10 @@ def load_environment(kind: str = "guess", rows: int = 8, max_turns: int = 4) -> 
                                    "answer": str(1 + i % 9)} for i in range(rows)])
         rubric = vf.Rubric(funcs=[solved, fewer_turns], weights=[1.0, 0.1])
         return GuessEnv(dataset=data, rubric=rubric, max_turns=max_turns)
+    if kind == "single":
+        data = Dataset.from_list([{"question": f"Say {i}.", "answer": str(i)}
+                                  for i in range(rows)])
+        return vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric(funcs=[right_sum]))
     data = Dataset.from_list([{"question": f"What is {i} + {2 * i}? Use the add tool.",
                                "answer": str(3 * i)} for i in range(rows)])
     return vf.ToolEnv(dataset=data, tools=[add, nap, shout], max_turns=max_turns,
