@@ -150,3 +150,31 @@ def test_the_episode_budget_is_checked_before_sampling(smol):
     assert len(datum) == len(short.ledger.tokens) - 1
     assert datum.mask == short.ledger.mask[1:]
     assert datum.advantages == [1.0 if m else 0.0 for m in short.ledger.mask[1:]]
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }} "
+    "{% endfor %}<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>"
+    "{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tool_schemas_render_where_the_template_declares_tools(smol):
+    import copy
+
+    tok = copy.deepcopy(smol)
+    schema = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    history = [{"role": "user", "content": "find x"}, {"role": "assistant", "content": "call"}]
+    tool_msg = [{"role": "tool", "content": "x = 4"}]
+    tok.chat_template = TOOLS_TEMPLATE
+    with_tools = Renderer(tok)
+    assert with_tools.template_has_tools
+    text = tok.decode(with_tools.render(history[:1], True, schema))
+    assert text.startswith("<|im_start|>system\nTools: lookup")
+    part, bridged = with_tools.env_part(history, tool_msg, stopped_on=None, tools=schema)
+    assert not bridged
+    assert tok.decode(part) == "<|im_end|>\n<|im_start|>tool\nx = 4<|im_end|>\n" \
+        "<|im_start|>assistant\n"
+    plain = Renderer(smol)  # SmolLM2's own template has no tools: schemas are not rendered
+    assert not plain.template_has_tools
+    assert plain.render(history[:1], True, schema) == plain.render(history[:1], True)

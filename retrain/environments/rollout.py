@@ -176,15 +176,16 @@ class Rollout:
         prompts: list[list[int] | None] = []
         it = iter(opened)
         for group in groups:
-            prompt = None
+            prompt, shown = None, None
             for e in group:
                 o = next(it)
                 if isinstance(o, EnvError):
                     self._fail(e, o.message)
                     continue
-                ids = self.renderer.render(o.messages, True, o.tools)
+                same = shown is not None and (o.messages, o.tools) == shown
+                ids = prompt if same else self.renderer.render(o.messages, True, o.tools)
                 if prompt is None:
-                    prompt = ids
+                    prompt, shown = ids, (o.messages, o.tools)
                     self._opening.setdefault(e.seed, ids)
                 elif ids != prompt:
                     self._fail(e, "reset() gave another opening for the same seed; an "
