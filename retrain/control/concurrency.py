@@ -12,9 +12,9 @@ p is literally the number of calls in flight, so the fit of `usl.py` applies as 
   next one below, so the fit keeps three or more concurrencies to stand on; a fit that sees
   no optimum (κ = 0) walks the cap up a step at a time;
 - overload (HTTP 429/502/503/504 in the interval): the cap is cut multiplicatively at once
-  (AIMD), a ceiling just below the overloaded cap holds until CEILING_HOLD quiet intervals pass
-  (then it lifts by one: capacity may have come back), and the cap recovers by one a quiet
-  interval up to the target;
+  (AIMD); a ceiling at the mean calls in flight of that interval (rounded up; below the cap)
+  holds until CEILING_HOLD quiet intervals pass (then it lifts by one: capacity may have come
+  back), and the cap recovers by one a quiet interval up to the target;
 - a change of the machine (RESET_AFTER intervals in a row off the fit by more than
   CHANGE_RATIO) forgets the old points and warms up again from the current cap.
 """
@@ -178,7 +178,10 @@ class ConcurrencyController:
 
     def _cut(self, s: Sample) -> Decision:
         old = self.cap
-        self.ceiling = max(self.lo, min(self.ceiling, max(old, round(s.in_flight)) - 1))
+        # the calls in flight that drew the answers: at most the cap, and (the mean) at least
+        # their level at some moment of the interval
+        busy = min(old, math.ceil(s.in_flight)) if s.in_flight > 0 else old
+        self.ceiling = max(self.lo, min(self.ceiling, busy if busy < old else old - 1))
         self.cap = max(self.lo, min(self.ceiling, math.floor(old * CUT)))
         self._base, self._calm, self._probe, self._quiet = self.cap, 0, 0, 0
         if self.phase == "warmup":
