@@ -154,6 +154,25 @@ def _num(v: float | None) -> float | str | None:
     return round(v, 6) if math.isfinite(v) else "inf"
 
 
+def last_decision(campaign_dir: str | Path, tail_bytes: int = 8192) -> dict | None:
+    """The newest decision in `<campaign>/concurrency.jsonl` (its tail only), or None."""
+    try:
+        with open(Path(campaign_dir, LOG_FILE), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("cap"), int):
+            return row
+    return None
+
+
 def read_decisions(campaign_dir: str | Path) -> list[dict]:
     """Every decision logged in `<campaign>/concurrency.jsonl` (bad lines skipped)."""
     rows = []
