@@ -88,7 +88,8 @@ class LoadServe:
         self.log = log
         cmd = [sys.executable, "-m", "retrain", "serve", "--model", "tiny-random", "--port",
                "0", "--dtype", "float32", "--load-model", load]
-        self.proc = subprocess.Popen(cmd, env=env, stderr=open(log, "w"), text=True)
+        with open(log, "w") as err:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, env=env, stderr=err, text=True)
         deadline = time.monotonic() + 300
         self.url = ""
         while time.monotonic() < deadline and not self.url:
