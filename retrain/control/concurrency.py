@@ -6,7 +6,8 @@ served throughput, overload errors) and applies the `Decision`'s cap. In a campa
 p is literally the number of calls in flight, so the fit of `usl.py` applies as is:
 
 - warm-up (slow start): from the starting cap, double while throughput rises by more than
-  RISE (and calls really fill the cap), then fit the USL to what was seen;
+  RISE and calls really fill the cap (an interval that does not fill it waits, up to
+  WARMUP_PATIENCE in a row: workers still starting), then fit the USL to what was seen;
 - steady: the cap is `throttle_margin * p*` of the fit, moved only when the target leaves a
   hysteresis band; every PROBE_EVERY quiet intervals one interval probes above the cap, the
   next one below, so the fit keeps three or more concurrencies to stand on; a fit that sees
@@ -29,6 +30,7 @@ from retrain.control.usl import UslFit, UslSums
 WINDOW = 60            # observations the fit sees
 RISE = 1.10            # warm-up doubles while throughput grows by more than this factor
 FILLED = 0.75          # warm-up doubles only while mean calls in flight reach this share of the cap
+WARMUP_PATIENCE = 10   # ... and waits this many intervals for demand to fill it before it ends
 PROBE_EVERY = 6        # quiet steady intervals between probes
 PROBE_STEP = 0.25      # a probe moves the cap by this share of it (at least 1)
 BAND = 0.10            # hysteresis: the cap follows the target only beyond this share (at least 1)
@@ -44,7 +46,7 @@ class Sample:
     """One interval of the campaign's API traffic, across all workers."""
 
     in_flight: float        # mean calls in flight (slot-seconds held / interval seconds)
-    throughput: float       # served completions (or calls) per second
+    throughput: float       # calls served per second
     errors: int = 0         # overload answers (429/502/503/504) in the interval
 
 
@@ -84,6 +86,7 @@ class ConcurrencyController:
         self._tried = 0           # warm-up: intervals seen
         self._down = 0            # warm-up: 1 once it halves below the start
         self._lowest = self.cap   # warm-up: the lowest cap tried
+        self._unfilled = 0        # warm-up: intervals in a row whose calls did not fill the cap
         self._quiet = 0           # steady intervals since the last probe
         self._probe = 0           # +1: next probe goes up, -1: down
         self._base = self.cap     # the cap a probe returns to
@@ -116,19 +119,24 @@ class ConcurrencyController:
     def _restart_warmup(self) -> None:
         self.phase, self._best, self.fit, self.target = "warmup", 0.0, None, None
         self._best_cap = self._lowest = self.cap
-        self._tried = self._down = 0
+        self._tried = self._down = self._unfilled = 0
 
     def _warm(self, s: Sample) -> Decision:
+        filled = s.in_flight >= FILLED * self.cap
+        if not filled and self._unfilled < WARMUP_PATIENCE:
+            self._unfilled += 1       # demand below the cap (e.g. workers starting): wait
+            return self._say(f"warm-up: calls in flight {s.in_flight:.1f} do not fill cap "
+                             f"{self.cap}; hold")
         rose = s.throughput > RISE * self._best
         if s.throughput > self._best:
             self._best, self._best_cap = s.throughput, self.cap
-        filled = s.in_flight >= FILLED * self.cap
         self._tried += 1
         if self._down == 0 and rose and filled and self.cap < min(self.hi, self.ceiling):
+            self._unfilled = 0
             self.cap = min(self.hi, self.ceiling, self.cap * 2)
             return self._say(f"warm-up: throughput {s.throughput:.3g}/s rose; try {self.cap}")
         first_move_failed = self._down == 0 and self._tried == 2 and not rose
-        if (first_move_failed or (self._down and rose)) and self._lowest > self.lo:
+        if filled and (first_move_failed or (self._down and rose)) and self._lowest > self.lo:
             self._down = 1                      # the start was already past the optimum
             self._lowest = self.cap = max(self.lo, self._lowest // 2)
             return self._say(f"warm-up: throughput fell above the start; try {self.cap}")
@@ -253,5 +261,5 @@ class ConcurrencyController:
 
 
 STATE_INTS = ("cap", "ceiling", "_best_cap", "_tried", "_down", "_lowest", "_quiet", "_probe",
-              "_base", "_calm", "_off")
+              "_base", "_calm", "_off", "_unfilled")
 STATE_FLOATS = ("_best",)
