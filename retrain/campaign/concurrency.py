@@ -9,6 +9,8 @@ the cap, its log and its saved state.
   controller decides, the cap is applied, and the decision is appended to
   `<campaign>/concurrency.jsonl` (time, cap, in_flight, throughput, completions_per_s,
   tokens_per_s, sigma, kappa, p_star, reason, ...).
+- Until the first completions (every run still creating its session and model) nothing is
+  observed: those calls are slow in a way the steps' calls are not.
 - The fitted throughput is calls served per second, not completions: with a fixed batch both
   are proportional to the campaign's steps per second, but completions arrive in bursts (a
   step's samples end together), and a 3 s interval of a campaign whose steps take 13 s saw
@@ -132,6 +134,11 @@ class CampaignConcurrency:
         dt, d = now - last[0], usage - last[1]
         sample = Sample(in_flight=max(0.0, d.held_s) / dt, throughput=max(0, d.calls) / dt,
                         errors=max(0, d.errors))
+        if last[1].completions == 0 and not sample.errors:  # start-up calls, not the curve
+            decision = Decision(self.ctl.cap, "runs starting (no completions yet): hold",
+                                self.ctl.phase)
+            self._record(decision, sample, d, dt)
+            return decision
         old = self.ctl.cap
         decision = self.ctl.observe(sample)
         if decision.cap != old:

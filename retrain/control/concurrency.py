@@ -7,7 +7,9 @@ p is literally the number of calls in flight, so the fit of `usl.py` applies as 
 
 - warm-up (slow start): from the starting cap, double while throughput rises by more than
   RISE and calls really fill the cap (an interval that does not fill it waits, up to
-  WARMUP_PATIENCE in a row: workers still starting), then fit the USL to what was seen;
+  WARMUP_PATIENCE in a row: workers still starting), then fit the USL to what was seen. Each
+  cap gets two samples, a third (and a fourth) when two disagree by more than 2x, and counts
+  by their median, so one transient does not decide the warm-up;
 - steady: the cap is `throttle_margin * p*` of the fit, moved only when the target leaves a
   hysteresis band; every PROBE_EVERY quiet intervals one interval probes above the cap, the
   next one below, so the fit keeps three or more concurrencies to stand on; a fit that sees
@@ -31,6 +33,8 @@ WINDOW = 60            # observations the fit sees
 RISE = 1.10            # warm-up doubles while throughput grows by more than this factor
 FILLED = 0.75          # warm-up doubles only while mean calls in flight reach this share of the cap
 WARMUP_PATIENCE = 10   # ... and waits this many intervals for demand to fill it before it ends
+WARMUP_MAX_SAMPLES = 4  # warm-up samples per cap: two that agree within DISAGREE, at most this
+DISAGREE = 2.0
 PROBE_EVERY = 6        # quiet steady intervals between probes
 PROBE_STEP = 0.25      # a probe moves the cap by this share of it (at least 1)
 BAND = 0.10            # hysteresis: the cap follows the target only beyond this share (at least 1)
@@ -87,6 +91,7 @@ class ConcurrencyController:
         self._down = 0            # warm-up: 1 once it halves below the start
         self._lowest = self.cap   # warm-up: the lowest cap tried
         self._unfilled = 0        # warm-up: intervals in a row whose calls did not fill the cap
+        self._seen: list[float] = []  # warm-up: throughputs sampled at the current cap
         self._quiet = 0           # steady intervals since the last probe
         self._probe = 0           # +1: next probe goes up, -1: down
         self._base = self.cap     # the cap a probe returns to
@@ -120,6 +125,7 @@ class ConcurrencyController:
         self.phase, self._best, self.fit, self.target = "warmup", 0.0, None, None
         self._best_cap = self._lowest = self.cap
         self._tried = self._down = self._unfilled = 0
+        self._seen = []
 
     def _warm(self, s: Sample) -> Decision:
         filled = s.in_flight >= FILLED * self.cap
@@ -127,14 +133,21 @@ class ConcurrencyController:
             self._unfilled += 1       # demand below the cap (e.g. workers starting): wait
             return self._say(f"warm-up: calls in flight {s.in_flight:.1f} do not fill cap "
                              f"{self.cap}; hold")
-        rose = s.throughput > RISE * self._best
-        if s.throughput > self._best:
-            self._best, self._best_cap = s.throughput, self.cap
+        if filled:
+            self._seen.append(s.throughput)
+            if not self._agree():     # a second sample, or a third when two disagree by 2x
+                return self._say(f"warm-up: cap {self.cap}, sample {len(self._seen)} "
+                                 f"({s.throughput:.3g}/s)")
+        x = sorted(self._seen)[len(self._seen) // 2] if self._seen else s.throughput
+        self._seen = []
+        rose = x > RISE * self._best
+        if x > self._best:
+            self._best, self._best_cap = x, self.cap
         self._tried += 1
         if self._down == 0 and rose and filled and self.cap < min(self.hi, self.ceiling):
             self._unfilled = 0
             self.cap = min(self.hi, self.ceiling, self.cap * 2)
-            return self._say(f"warm-up: throughput {s.throughput:.3g}/s rose; try {self.cap}")
+            return self._say(f"warm-up: throughput {x:.3g}/s rose; try {self.cap}")
         first_move_failed = self._down == 0 and self._tried == 2 and not rose
         if filled and (first_move_failed or (self._down and rose)) and self._lowest > self.lo:
             self._down = 1                      # the start was already past the optimum
@@ -147,6 +160,13 @@ class ConcurrencyController:
         if self.fit is None:
             self.cap = self._best_cap
         return self._settle(f"warm-up done ({why})")
+
+    def _agree(self) -> bool:
+        """Enough warm-up samples at this cap: two within DISAGREE of each other, or MAX."""
+        seen = self._seen
+        if len(seen) >= WARMUP_MAX_SAMPLES:
+            return True
+        return len(seen) >= 2 and max(seen[-2:]) <= DISAGREE * min(seen[-2:])
 
     def _steady(self, s: Sample) -> Decision:
         if self._probe and self.cap != self._base:     # a probe interval just ended
@@ -237,7 +257,8 @@ class ConcurrencyController:
 
     def state_dict(self) -> dict:
         """Everything a re-run needs to continue: the cap, the phase and the fit's points."""
-        d = {k: getattr(self, k) for k in STATE_INTS + STATE_FLOATS + ("phase", "target")}
+        d = {k: getattr(self, k) for k in STATE_INTS + STATE_FLOATS + ("phase", "target",
+                                                                      "_seen")}
         return {**d, "sums": self._sums.state_dict()}
 
     def load_state_dict(self, d: dict) -> None:
@@ -249,6 +270,7 @@ class ConcurrencyController:
             setattr(self, k, float(d[k]))
         self.phase = d["phase"] if d["phase"] in ("warmup", "steady", "recover") else "steady"
         self.target = None if d["target"] is None else int(d["target"])
+        self._seen = [float(x) for x in d["_seen"]]
         for k in ("cap", "ceiling", "_base", "_best_cap", "_lowest"):
             setattr(self, k, min(self.hi, max(self.lo, getattr(self, k))))
         self._sums.load_state_dict(d["sums"])
