@@ -144,12 +144,14 @@ class ConcurrencyController:
         if x > self._best:
             self._best, self._best_cap = x, self.cap
         self._tried += 1
-        if self._down == 0 and rose and filled and self.cap < min(self.hi, self.ceiling):
+        can_up = self.cap < min(self.hi, self.ceiling)
+        if self._down == 0 and rose and filled and can_up:
             self._unfilled = 0
             self.cap = min(self.hi, self.ceiling, self.cap * 2)
             return self._say(f"warm-up: throughput {x:.3g}/s rose; try {self.cap}")
-        first_move_failed = self._down == 0 and self._tried == 2 and not rose
-        if filled and (first_move_failed or (self._down and rose)) and self._lowest > self.lo:
+        went_nowhere = self._down == 0 and ((self._tried == 2 and not rose)
+                                            or (self._tried == 1 and not can_up))
+        if filled and (went_nowhere or (self._down and rose)) and self._lowest > self.lo:
             self._down = 1                      # the start was already past the optimum
             self._lowest = self.cap = max(self.lo, self._lowest // 2)
             return self._say(f"warm-up: throughput fell above the start; try {self.cap}")
@@ -184,6 +186,8 @@ class ConcurrencyController:
         self._base = self.cap
         to = min(self.hi, self.ceiling, self.cap + step) if self._probe > 0 else \
             max(self.lo, self.cap - step)
+        if to == self.cap and self.fit is None:   # blocked above, and no fit to stand on:
+            to = max(self.lo, self.cap - 2 * step)  # a third concurrency, further below
         if to == self.cap:
             return self._settle("")
         self.cap = to
