@@ -63,7 +63,7 @@ def served(cli_env, python, tmp_path):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
     proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--load-model",
-                             "base_ms=30,sigma=0,kappa=0,fail_above=2"],
+                             "base_ms=100,sigma=0,kappa=0,fail_above=2"],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 60)
@@ -83,7 +83,7 @@ def _wait(predicate, proc, timeout: float) -> None:
 def test_aimd_cut_on_502_and_learned_cap_survives_sigkill(served, cli_env, python, tmp_path,
                                                          sdk_key):
     env = {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"}
-    (tmp_path / "auto.toml").write_text(CONFIG.format(steps=40, url=served))
+    (tmp_path / "auto.toml").write_text(CONFIG.format(steps=500, url=served))
     camp = tmp_path / "logs" / "auto"
     runner = subprocess.Popen([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -106,16 +106,19 @@ def test_aimd_cut_on_502_and_learned_cap_survives_sigkill(served, cli_env, pytho
     learned = json.loads((camp / STATE_FILE).read_text())["cap"]
     before = len(read_decisions(camp))
 
-    again = subprocess.run([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"continuing from the learned cap {learned}" in again.stdout, again.stdout[-3000:]
+    again = subprocess.Popen([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait(lambda: len(read_decisions(camp)) >= before + 8, again, 240)
+    finally:
+        again.send_signal(signal.SIGTERM)   # the runs checkpoint and stop; no need to finish
+        out = again.communicate(timeout=120)[0]
+    assert f"continuing from the learned cap {learned}" in out, out[-3000:]
     after = read_decisions(camp)[before:]
-    assert after and max(r["cap"] for r in after) <= 3, after   # the ceiling holds too
+    assert after[0]["cap"] == learned, after[:3]
+    assert max(r["cap"] for r in after) <= 3, after   # the ceiling holds too
     assert not any(r["errors"] for r in after[1:]), after        # so no more 502s
     for row in read_decisions(camp):
         assert set(row) >= {"time", "cap", "in_flight", "throughput", "sigma", "kappa",
                             "p_star", "reason"}
-    manifest = json.loads((camp / "manifest.json").read_text())
-    assert [r["status"] for r in manifest["runs"]] == ["completed"] * 3
     assert (camp / LOG_FILE).exists()
