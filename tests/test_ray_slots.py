@@ -247,3 +247,28 @@ def test_a_changing_cap_holds_across_nodes_and_usage_is_metered(cluster, tmp_pat
     assert stats["max_concurrent"] == 3 and usage["calls"] == stats["grants"] == len(holds)
     assert usage["completions"] == len(holds) and usage["tokens"] == 3 * len(holds)
     assert usage["held_s"] >= len(holds) * hold_s
+
+
+def test_the_runner_controller_owns_the_actor_cap(cluster, tmp_path):
+    """max_concurrent = "auto" with the Ray executor: the runner's controller sets the slot
+    actor's cap and reads the usage the actor metered (RayCap)."""
+    from retrain.campaign.concurrency import CampaignConcurrency, RayCap, read_decisions
+    from retrain.config import BackendConfig
+
+    name = "slots:test-raycap"
+    slots_ray.ensure_broker(name, 64)
+    cc = CampaignConcurrency(tmp_path, BackendConfig(max_concurrent="auto"), 0.85, RayCap(name))
+    cc.start()
+    assert _stats(name)["max_concurrent"] == 4          # the controller's starting cap
+    slots = slots_ray.RaySlots(name, 64)
+    cc.tick(0.0)
+    for _ in range(5):
+        with slots:
+            time.sleep(0.02)
+        slots.record(completions=2, tokens=6)
+    time.sleep(3 * slots_ray.HEARTBEAT_S)
+    cc.tick(100.0)
+    (row,) = read_decisions(tmp_path)
+    assert row["throughput"] == pytest.approx(5 / 100.0)
+    assert row["completions_per_s"] == pytest.approx(10 / 100.0)
+    assert row["in_flight"] == pytest.approx(5 * 0.02 / 100.0, rel=0.5)
