@@ -12,7 +12,7 @@ every cap once, the order rotated by one each round.
 Load models (with N calls in flight a call waits B*(1 + S*(N-1) + K*N*(N-1)) ms on top of the
 real work, 502 while more than F others are in flight):
 - peak12: B=300, S=0, K=1/144 (p* = 12; the USL curve is flat from 9 to 16), F=24;
-- peak3: B=300, S=0.1, K=0.1 (p* = 3, retrograde above it), F=8.
+- peak3: B=150, S=0.1, K=0.1 (p* = 3, retrograde above it), F=8.
 
 Per campaign: throughput = completions of every run / the steps' wall time (first step start
 to last step end, over all runs; the workers' start-up is left out, it is the same for every
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from bench.tinker_overlap import REWARD  # noqa: E402
 
 MODELS = {"peak12": "base_ms=300,sigma=0,kappa=0.006944,fail_above=24",
-          "peak3": "base_ms=300,sigma=0.1,kappa=0.1,fail_above=8"}
+          "peak3": "base_ms=150,sigma=0.1,kappa=0.1,fail_above=8"}
 
 CONFIG = """
 [model]
