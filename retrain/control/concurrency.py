@@ -42,7 +42,6 @@ CUT = 0.5              # AIMD: the cap's multiplier on an overload answer
 CEILING_HOLD = 30      # quiet intervals before the ceiling set by an overload lifts by one
 CHANGE_RATIO = 1.6     # observed / fitted throughput outside [1/r, r] counts as a change ...
 RESET_AFTER = 3        # ... and this many in a row restart the warm-up
-OVERLOAD_CODES = (429, 502, 503, 504)
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class ConcurrencyController:
         self._refit()
         if self.phase == "recover":
             return self._recover()
-        return self._steady(s)
+        return self._steady()
 
     def _restart_warmup(self) -> None:
         self.phase, self._best, self.fit, self.target = "warmup", 0.0, None, None
@@ -170,7 +169,7 @@ class ConcurrencyController:
             return True
         return len(seen) >= 2 and max(seen[-2:]) <= DISAGREE * min(seen[-2:])
 
-    def _steady(self, s: Sample) -> Decision:
+    def _steady(self) -> Decision:
         if self._probe and self.cap != self._base:     # a probe interval just ended
             self.cap = self._base
             return self._settle("probe done")
