@@ -74,6 +74,31 @@ def test_served_wait_grows_with_in_flight_and_502_above_fail_above(served):
     assert got[3][1] < 1.0, got                            # refused at once
 
 
+def test_overload_answers_are_counted_from_the_http_log(served, caplog):
+    """What the tinker backend counts for max_concurrent = "auto": every 502 httpx receives,
+    without printing the INFO lines the logger did not print before."""
+    import logging
+
+    from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
+
+    logging.getLogger(HTTP_LOGGER).setLevel(logging.WARNING)
+    codes: list[int] = []
+    f = watch_overload(codes.append)
+    try:
+        got: list = [None] * 4
+        threads = [threading.Thread(target=_get, args=(served, got, i)) for i in range(4)]
+        for t in threads[:3]:
+            t.start()
+        time.sleep(0.7)
+        threads[3].start()
+        for t in threads:
+            t.join(30)
+    finally:
+        logging.getLogger(HTTP_LOGGER).removeFilter(f)
+    assert sorted(codes) == [200, 200, 200, 502], codes
+    assert not [r for r in caplog.records if r.name == HTTP_LOGGER]
+
+
 def test_bad_load_model_is_one_line_exit_2(cli_env, python):
     proc = subprocess.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
                            "--port", "0", "--load-model", "base_ms=50,kapa=0.1"],
