@@ -16,6 +16,7 @@ from retrain.errors import UserError
 from retrain.plot import _matplotlib, _num
 
 PLOT_FILE = "concurrency.png"
+UNOBSERVED = "runs starting"   # rows the controller logged without observing them
 
 
 def plot_concurrency(campaign_dir: str | Path, out_png: str | Path | None = None) -> Path:
@@ -43,10 +44,17 @@ def plot_concurrency(campaign_dir: str | Path, out_png: str | Path | None = None
 
 
 def _points(rows: list[dict]) -> list[tuple[float, float, int]]:
-    """(calls in flight, throughput, errors) of the intervals that carried traffic."""
+    """(calls in flight, throughput, errors) of the intervals the controller observed."""
     return [(r["in_flight"], r["throughput"], int(r.get("errors") or 0)) for r in rows
             if _num(r.get("in_flight")) and _num(r.get("throughput")) and r["in_flight"] > 0
-            and r["throughput"] > 0]
+            and r["throughput"] > 0 and not str(r.get("reason", "")).startswith(UNOBSERVED)]
+
+
+def chosen_cap(rows: list[dict]) -> int:
+    """The cap the campaign ran at most in its steady phase (its probes are brief), else the
+    last one."""
+    steady = [r["cap"] for r in rows if r.get("phase") == "steady"]
+    return max(set(steady), key=steady.count) if steady else rows[-1]["cap"]
 
 
 def fitted_lambda(points: list[tuple[float, float]], sigma: float, kappa: float) -> float:
@@ -69,7 +77,7 @@ def _last_fit(rows: list[dict]) -> tuple[float, float, float | None] | None:
 def _curve(ax, rows: list[dict]) -> None:
     ax.set_title("served throughput vs API calls in flight")
     ax.set_xlabel("calls in flight (mean over an interval)")
-    ax.set_ylabel("completions/s")
+    ax.set_ylabel("calls served/s")
     pts = _points(rows)
     if not pts:
         ax.text(0.5, 0.5, "no traffic recorded", ha="center", transform=ax.transAxes)
@@ -81,7 +89,7 @@ def _curve(ax, rows: list[dict]) -> None:
     if bad:
         ax.scatter(*zip(*bad, strict=True), s=40, color="#d62728", marker="x", zorder=4,
                    label="interval with 429/5xx")
-    cap = rows[-1]["cap"]
+    cap = chosen_cap(rows)
     top = max(max(p for p, _, _ in pts), cap) * 1.2
     fit = _last_fit(rows)
     if fit is not None:
