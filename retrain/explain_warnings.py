@@ -55,6 +55,7 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
     out += _roofline_hints(cfg)
     out += _file_warnings(cfg, path)
     out += _campaign_warnings(cfg, camp, runs, overrides)
+    out += _shared_api_backpressure(cfg, camp, parallelism)
     return out
 
 
@@ -161,6 +162,30 @@ def _file_warnings(cfg: Config, path: Path) -> list[str]:
         if not file.is_file():
             out.append(f"reward.function = '{fn}': no such file (looked for {file})")
     return out
+
+
+def _anywhere(cfg_value: Any, c: CampaignPlan, key: str, wanted: Any) -> bool:
+    """Whether `key` is `wanted` in the base config, a condition or the grid."""
+    values = [cfg_value] + [cond.overrides.get(key) for cond in c.conditions]
+    grid_values = c.grid.get(key, [])
+    values += grid_values if isinstance(grid_values, list) else [grid_values]
+    return any(v == wanted and type(v) is type(wanted) for v in values)
+
+
+def _shared_api_backpressure(cfg: Config, c: CampaignPlan, parallelism: int) -> list[str]:
+    """Runs of one parallel campaign, each with its own back-pressure controller, over one
+    remote API: every controller reads the others' load as its own contention."""
+    if not c.is_campaign or parallelism < 2:
+        return []
+    if not _anywhere(cfg.backpressure.enabled, c, "backpressure.enabled", True) or \
+            not _anywhere(cfg.backend.backend, c, "backend.backend", "tinker"):
+        return []
+    return [f"backpressure.enabled in {parallelism} runs at once over one shared API: each "
+            "run's controller reads the others' load as its own contention, so they fight "
+            "(measured: four runs settled at four different batch sizes and reached their "
+            "reward later). Set backpressure.enabled = false and backend.max_concurrent = "
+            "\"auto\": one controller per campaign tunes the API calls in flight without "
+            "changing any run's batch"]
 
 
 def bp_on_in_conditions(cfg: Config, c: CampaignPlan) -> bool:

@@ -26,7 +26,7 @@ OVERLOAD_CODES = (429, 502, 503, 504)
 class Usage:
     """Cumulative API usage (of one worker, or summed over a campaign)."""
 
-    calls: int = 0          # slots taken
+    calls: int = 0          # calls made (slots given back; the Ray actor: slots granted)
     completions: int = 0    # sequences sampled
     tokens: int = 0         # tokens sampled
     errors: int = 0         # overload answers: 429/502/503/504, retried or not
@@ -124,13 +124,13 @@ class SlotSemaphore(ABC):
     def _held_from(self) -> None:
         with self._meter_lock:
             self._taken[threading.get_ident()] = time.monotonic()
-            self.usage.calls += 1
 
     def _held_until(self) -> None:
         with self._meter_lock:
             t = self._taken.pop(threading.get_ident(), None)
             if t is not None:
                 self.usage.held_s += time.monotonic() - t
+                self.usage.calls += 1
         self._publish()
 
     @abstractmethod

@@ -65,6 +65,8 @@ class CampaignStatus:
     time_left_s: float | None
     api_slots_in_use: int | None
     max_concurrent: int | None
+    api_cap: int | None = None     # max_concurrent = "auto": the controller's current cap ...
+    api_cap_reason: str = ""       # ... and its last decision's reason
     parallel: bool = False
     max_workers: int = 0
     problem: str = ""              # why manifest.json could not be read (its runs still show)
@@ -244,7 +246,7 @@ def scan_campaign(folder: Path, now: float | None = None,
         runs=runs, counts=count_states(runs), steps_left=steps_left, time_left_s=time_left,
         api_slots_in_use=_slots_in_use(folder, manifest),
         max_concurrent=max(_int(manifest.get("max_concurrent"), 0), 0) or None,
-        parallel=parallel, max_workers=max_workers)
+        parallel=parallel, max_workers=max_workers, **_api_cap(folder))
 
 
 def _read_manifest(folder: Path) -> tuple[dict, str]:
@@ -325,6 +327,16 @@ def _time_left(runs: list[RunStatus], parallel: bool, max_workers: int
         return left, None
     par = capacity.effective_parallelism(parallel, max_workers, len(open_runs))
     return left, capacity.wall_time_s(median, left, par)
+
+
+def _api_cap(folder: Path) -> dict[str, Any]:
+    """The auto concurrency controller's current cap and why (nothing for a fixed cap)."""
+    from retrain.campaign.concurrency import last_decision
+
+    row = last_decision(folder)
+    if row is None:
+        return {}
+    return {"api_cap": row["cap"], "api_cap_reason": str(row.get("reason", ""))[:200]}
 
 
 def _slots_in_use(folder: Path, manifest: dict) -> int | None:

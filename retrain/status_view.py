@@ -139,7 +139,10 @@ def campaign_header(c: CampaignStatus) -> str:
         bits.append(f"{c.steps_left} steps left, time left unknown")
     else:
         bits.append(f"{c.steps_left} steps left, ~{capacity.human_duration(c.time_left_s)}")
-    if c.api_slots_in_use is not None:
+    if c.api_cap is not None:
+        used = "" if c.api_slots_in_use is None else f"{c.api_slots_in_use} in use, "
+        bits.append(f"API cap {c.api_cap} (auto; {used}last: {c.api_cap_reason})")
+    elif c.api_slots_in_use is not None:
         bits.append(f"API slots {c.api_slots_in_use}/{c.max_concurrent or '?'} in use")
     return "; ".join(bits)
 

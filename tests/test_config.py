@@ -112,6 +112,13 @@ BAD_CONFIGS = [
                                            "did you mean 'grpo'"]),
     ("[backend]\nbackend = 'tinkr'\n", ["backend.backend", "did you mean 'tinker'"]),
     ("[backend]\nmax_concurrent = 0\n", ["backend.max_concurrent", "must be >= 1"]),
+    ("[backend]\nmax_concurrent = 'fast'\n", ["backend.max_concurrent",
+                                             'expected an integer or "auto"', '"fast"']),
+    ("[backend]\nmax_concurrent = true\n", ["backend.max_concurrent",
+                                           'expected an integer or "auto"']),
+    ("[backend]\nmax_concurrent = 2.5\n", ["backend.max_concurrent", "2.5"]),
+    ("[backend]\nmax_concurrent_min = 8\nmax_concurrent_max = 4\n",
+     ["backend.max_concurrent_min", "backend.max_concurrent_max"]),
     ("[data]\nsource = 'jsonl'\n", ["data.path", "data.source = 'jsonl' needs"]),
     ("[data]\noperations = ['+', '/']\n", ["data.operations", "'+', '-', '*'"]),
     ("[data]\noperations = '+'\n", ["data.operations", "expected a list of strings"]),
@@ -206,7 +213,7 @@ def test_set_values_are_typed_by_the_schema():
         "training.lr=1e-4", "training.batch_size=4", "backpressure.enabled=true",
         "data.operations=['+', '-']", "model.name=my-model", 'logging.run_name="quoted"',
         "backend.options.region=eu", "backend.options.retries=3", "reward.params={k = 1}",
-        "campaign.parallel=true", "model.name=123"])
+        "campaign.parallel=true", "model.name=123", "backend.max_concurrent=auto"])
     assert got["training.lr"] == 1e-4 and isinstance(got["training.lr"], float)
     assert got["training.batch_size"] == 4
     assert got["backpressure.enabled"] is True
@@ -216,6 +223,8 @@ def test_set_values_are_typed_by_the_schema():
     assert got["backend.options.region"] == "eu" and got["backend.options.retries"] == 3
     assert got["reward.params"] == {"k": 1}
     assert got["campaign.parallel"] is True
+    assert got["backend.max_concurrent"] == "auto"
+    assert overrides.parse_set_args(["backend.max_concurrent=8"])["backend.max_concurrent"] == 8
 
 
 @pytest.mark.parametrize("item,fragments", [

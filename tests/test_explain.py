@@ -266,3 +266,36 @@ def test_explain_shows_the_environment_and_warns_on_a_small_episode_budget(tmp_p
     report = build_report(path)
     assert report.settings["episode_tokens_worst_case"] == 256
     assert not any("max_episode_tokens" in w for w in report.warnings)
+
+
+def test_backpressure_in_parallel_runs_over_one_api_warns(tmp_path, monkeypatch, matrix):
+    """Issue 26: several runs of one parallel campaign with [backpressure] over a shared API
+    fight; explain says so and points to max_concurrent = "auto" (not for one run at a time,
+    nor for local runs, nor without back-pressure)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINKER_API_KEY", "x")
+    base = SINGLE_RUN + """
+[backend]
+backend = "tinker"
+[backpressure]
+enabled = true
+[campaign]
+seeds = [1, 2, 3, 4]
+parallel = true
+"""
+    r = explain.build_report(write(tmp_path, base, "c.toml"))
+    fight = [w for w in r.warnings if "shared API" in w]
+    assert fight and f"{r.effective_parallelism} runs at once" in fight[0]
+    assert r.effective_parallelism >= 2 and 'max_concurrent = "auto"' in fight[0]
+    for quiet in (base.replace("parallel = true", "parallel = false"),
+                  base.replace("enabled = true", "enabled = false"),
+                  base.replace('backend = "tinker"', 'backend = "local"')):
+        r = explain.build_report(write(tmp_path, quiet, "q.toml"))
+        assert not any("shared API" in w for w in r.warnings), r.warnings
+    one_condition = base.replace("enabled = true", "enabled = false") + """
+[[campaign.conditions]]
+name = "bp"
+"backpressure.enabled" = true
+"""
+    r = explain.build_report(write(tmp_path, one_condition, "o.toml"))
+    assert any("shared API" in w for w in r.warnings)

@@ -148,10 +148,12 @@ def test_safe_name_keeps_readable_names():
 
 
 @pytest.mark.parametrize("key", ["training.seed", "logging.log_dir", "logging.run_name",
-                                 "backend.max_concurrent"])
+                                 "backend.max_concurrent", "backend.max_concurrent_min",
+                                 "backend.max_concurrent_max"])
 def test_reserved_keys_are_refused(key):
     value = {"training.seed": 3, "logging.log_dir": "x", "logging.run_name": "y",
-             "backend.max_concurrent": 2}[key]
+             "backend.max_concurrent": 2, "backend.max_concurrent_min": 2,
+             "backend.max_concurrent_max": 8}[key]
     plan = CampaignPlan(conditions=[Condition(name="c", overrides={key: value})])
     with pytest.raises(ConfigError, match=re.escape(key)):
         expand(Config(), plan)

@@ -187,3 +187,88 @@ def test_joining_the_cluster_keeps_the_trainers_sigterm_handler(cluster):
     done = subprocess.run([sys.executable, "-c", KEEPS_HANDLER], env=env, text=True,
                           capture_output=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "kept", done.stderr[-2000:]
+
+
+def _hammer_until(name: str, stop: str, hold_s: float) -> list[tuple[float, float]]:
+    """On one node: take and give back a slot until the file `stop` exists, reporting one
+    completion per hold through the slots; (start, end) per hold."""
+    slots = slots_ray.RaySlots(name, 64)
+    held = []
+    while not os.path.exists(stop):
+        with slots:
+            start = time.time()
+            time.sleep(hold_s)
+            held.append((start, time.time()))
+        slots.record(completions=1, tokens=3)
+    time.sleep(3 * slots_ray.HEARTBEAT_S)  # the heartbeat reports the last counts
+    return held
+
+
+def test_a_changing_cap_holds_across_nodes_and_usage_is_metered(cluster, tmp_path):
+    """max_concurrent = "auto": the runner's controller resizes the actor while holders on
+    three nodes hammer it; after each change, once the calls granted before it have ended,
+    never more than the new cap hold a slot at once."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name, hold_s = "slots:test-resize", 0.02
+    slots_ray.ensure_broker(name, 4)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    task = ray.remote(num_cpus=0)(_hammer_until)
+    stop = tmp_path / "stop"
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote(name, str(stop), hold_s) for node in nodes for _ in range(3)]
+    broker = slots_ray.find_broker(name)
+    deadline = time.monotonic() + 120
+    while _stats(name)["waiting"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the holders are all up and queueing
+    changes = []          # (just before the change, when it was in force, the new cap)
+    for cap in (2, 5, 1, 3):
+        time.sleep(1.0)
+        before = time.time()
+        ray.get(broker.resize.remote(cap))
+        changes.append((before, time.time(), cap))
+    time.sleep(1.0)
+    end_at = time.time()
+    stop.write_text("")
+    holds = [h for hs in ray.get(refs, timeout=120) for h in hs]
+    for k, (_, t_change, cap) in enumerate(changes):
+        t_next = changes[k + 1][0] if k + 1 < len(changes) else end_at
+        settled = t_change + hold_s + 0.2  # calls granted before the change have ended
+        edges = sorted([(max(a, settled), 1) for a, b in holds if b > settled and a < t_next]
+                       + [(b, -1) for a, b in holds if b > settled and a < t_next])
+        alive = peak = 0
+        for _, d in edges:
+            alive += d
+            peak = max(peak, alive)
+        assert peak <= cap, (cap, peak)
+        assert peak >= 1
+    stats = _stats(name)
+    usage = stats["usage"]
+    assert stats["max_concurrent"] == 3 and usage["calls"] == stats["grants"] == len(holds)
+    assert usage["completions"] == len(holds) and usage["tokens"] == 3 * len(holds)
+    assert usage["held_s"] >= len(holds) * hold_s
+
+
+def test_the_runner_controller_owns_the_actor_cap(cluster, tmp_path):
+    """max_concurrent = "auto" with the Ray executor: the runner's controller sets the slot
+    actor's cap and reads the usage the actor metered (RayCap)."""
+    from retrain.campaign.concurrency import CampaignConcurrency, RayCap, read_decisions
+    from retrain.config import BackendConfig
+
+    name = "slots:test-raycap"
+    slots_ray.ensure_broker(name, 64)
+    cc = CampaignConcurrency(tmp_path, BackendConfig(max_concurrent="auto"), 0.85, RayCap(name))
+    cc.start()
+    assert _stats(name)["max_concurrent"] == 4          # the controller's starting cap
+    slots = slots_ray.RaySlots(name, 64)
+    cc.tick(0.0)
+    for _ in range(5):
+        with slots:
+            time.sleep(0.02)
+        slots.record(completions=2, tokens=6)
+    time.sleep(3 * slots_ray.HEARTBEAT_S)
+    cc.tick(100.0)
+    (row,) = read_decisions(tmp_path)
+    assert row["throughput"] == pytest.approx(5 / 100.0)
+    assert row["completions_per_s"] == pytest.approx(10 / 100.0)
+    assert row["in_flight"] == pytest.approx(5 * 0.02 / 100.0, rel=0.5)

@@ -44,7 +44,7 @@ def served(cli_env, python, tmp_path):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
     proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--load-model",
-                             "base_ms=1000,sigma=0,kappa=0.5,fail_above=2"],
+                             "base_ms=2000,sigma=0.25,kappa=0,fail_above=2"],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 60)
@@ -57,20 +57,46 @@ def served(cli_env, python, tmp_path):
 def test_served_wait_grows_with_in_flight_and_502_above_fail_above(served):
     alone = [None]
     _get(served, alone, 0)
-    assert alone[0][0] == 200 and alone[0][1] >= 1.0      # N = 1: base_ms
+    assert alone[0][0] == 200 and alone[0][1] >= 2.0      # N = 1: base_ms
 
     got: list = [None] * 4
     threads = [threading.Thread(target=_get, args=(served, got, i)) for i in range(4)]
-    for t in threads:          # staggered, so the k-th arrives with k-1 in flight
+    for t in threads[:3]:      # three at once: they wait 2 s x (1, 1.25, 1.5) by arrival
         t.start()
-        time.sleep(0.08)
+    time.sleep(0.7)            # all three still in flight (the shortest takes 2 s)
+    threads[3].start()
     for t in threads:
         t.join(30)
     codes = [c for c, _ in got]
     assert codes == [200, 200, 200, 502], got              # 3 others in flight > fail_above = 2
-    # N = 3 at arrival: 1000 ms * (1 + 0.5 * 3 * 2) = 4 s (a base of 1 s keeps the first
-    # request in flight when the fourth arrives, however slowly a loaded machine starts them)
-    assert got[2][1] >= 4.0 and got[3][1] < 1.0, got
+    slowest = max(s for _, s in got[:3])
+    assert min(s for _, s in got[:3]) >= 2.0 and slowest >= 3.0, got   # N = 3: 2 s x 1.5
+    assert got[3][1] < 1.0, got                            # refused at once
+
+
+def test_overload_answers_are_counted_from_the_http_log(served, caplog):
+    """What the tinker backend counts for max_concurrent = "auto": every 502 httpx receives,
+    without printing the INFO lines the logger did not print before."""
+    import logging
+
+    from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
+
+    logging.getLogger(HTTP_LOGGER).setLevel(logging.WARNING)
+    codes: list[int] = []
+    f = watch_overload(codes.append)
+    try:
+        got: list = [None] * 4
+        threads = [threading.Thread(target=_get, args=(served, got, i)) for i in range(4)]
+        for t in threads[:3]:
+            t.start()
+        time.sleep(0.7)
+        threads[3].start()
+        for t in threads:
+            t.join(30)
+    finally:
+        logging.getLogger(HTTP_LOGGER).removeFilter(f)
+    assert sorted(codes) == [200, 200, 200, 502], codes
+    assert not [r for r in caplog.records if r.name == HTTP_LOGGER]
 
 
 def test_bad_load_model_is_one_line_exit_2(cli_env, python):

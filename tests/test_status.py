@@ -303,3 +303,18 @@ def test_status_shows_mean_turns_of_an_environment_run(tmp_path):
     assert game.mean_turns == 3.25 and task.mean_turns is None
     table = status_view.runs_table([game, task])
     assert "3.25 turns" in table.rows[0][3] and "turns" not in table.rows[1][3]
+
+
+def test_campaign_auto_cap_and_why(campaign, capsys):
+    """max_concurrent = "auto": status shows the controller's current cap and its reason."""
+    log = campaign / "sweep" / "concurrency.jsonl"
+    log.write_text(json.dumps({"time": 1.0, "cap": 8, "reason": "warm-up: try 8"}) + "\n"
+                   + "{torn line\n"
+                   + json.dumps({"time": 2.0, "cap": 6, "reason": "overload: cut to 6"}) + "\n")
+    (c,) = status.scan(campaign).campaigns
+    assert c.api_cap == 6 and c.api_cap_reason == "overload: cut to 6"
+    assert "API cap 6 (auto; " in status_view.campaign_header(c)
+    assert "last: overload: cut to 6)" in status_view.campaign_header(c)
+    assert run_app(["status", str(campaign), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["campaigns"][0]["api_cap"] == 6

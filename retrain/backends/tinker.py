@@ -32,7 +32,7 @@ import numpy as np
 
 from retrain import runlog
 from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
-from retrain.backends.tinker_overload import SDK_LOGGER, watch_overload
+from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
 from retrain.backends.tinker_pending import PendingLoss, SampleJob
 from retrain.backends.tinker_rate_limit import RateLimited, RateLimitWait, is_rate_limited
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
@@ -452,7 +452,7 @@ class TinkerBackend:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sample_pool.shutdown(wait=False, cancel_futures=True)
         if self._overload is not None:
-            logging.getLogger(SDK_LOGGER).removeFilter(self._overload)
+            logging.getLogger(HTTP_LOGGER).removeFilter(self._overload)
 
 
 def _grad_norm(metrics: dict[str, float]) -> float:

@@ -1,11 +1,13 @@
 """Overload answers (HTTP 429/502/503/504) the tinker SDK receives, for the campaign's
 concurrency controller.
 
-The SDK retries those answers inside its HTTP client, so the backend never sees them; it
-logs each retry on `tinker._base_client` at DEBUG ("Retrying due to status code %i").
-`watch_overload` adds a filter to that logger that hands each such code to a callback. To see
-the records it lowers the logger to DEBUG, and the filter then drops every record below the
-level the logger had before, so nothing new is printed.
+The SDK retries those answers by itself, in two places (its HTTP client for most requests,
+its own loop for the long-polled futures), so the backend never sees them, and only the first
+place logs them. Below both, httpx logs every response it receives on the `httpx` logger at
+INFO ('HTTP Request: %s %s "%s %d %s"', the fourth argument the status code).
+`watch_overload` adds a filter to that logger that hands each status to a callback. To see the
+records it lowers the logger to INFO when it is above, and the filter then drops every record
+below the level the logger had before, so nothing new is printed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-SDK_LOGGER = "tinker._base_client"
-RETRY_MESSAGE = "Retrying due to status code"
+HTTP_LOGGER = "httpx"
+RESPONSE_MESSAGE = "HTTP Request: "
 
 
 class OverloadFilter(logging.Filter):
@@ -24,20 +26,20 @@ class OverloadFilter(logging.Filter):
         self.keep_from = keep_from
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith(RETRY_MESSAGE) and record.args:
-            code = record.args[0] if isinstance(record.args, tuple) else None
-            if isinstance(code, int):
-                self.callback(code)
+        if isinstance(record.msg, str) and record.msg.startswith(RESPONSE_MESSAGE) \
+                and isinstance(record.args, tuple) and len(record.args) >= 4 \
+                and isinstance(record.args[3], int):
+            self.callback(record.args[3])
         return record.levelno >= self.keep_from
 
 
 def watch_overload(callback: Callable[[int], None]) -> OverloadFilter:
-    """Call `callback(status)` for every answer the SDK retries; returns the filter (remove
-    it with `logging.getLogger(SDK_LOGGER).removeFilter`)."""
-    logger = logging.getLogger(SDK_LOGGER)
+    """Call `callback(status)` for every HTTP response the SDK receives; returns the filter
+    (remove it with `logging.getLogger(HTTP_LOGGER).removeFilter`)."""
+    logger = logging.getLogger(HTTP_LOGGER)
     keep_from = logger.getEffectiveLevel()
     f = OverloadFilter(callback, keep_from)
     logger.addFilter(f)
-    if keep_from > logging.DEBUG:
-        logger.setLevel(logging.DEBUG)
+    if keep_from > logging.INFO:
+        logger.setLevel(logging.INFO)
     return f

@@ -5,10 +5,16 @@ the cap, its log and its saved state.
 - Where the cap lives: the file semaphore's `cap` file in the slots folder (`FileCap`), or the
   Ray slot actor (`RayCap`). Both also give the usage every worker reported through its slots.
 - Every INTERVAL_S the runner calls `tick`: the usage since the last tick becomes a `Sample`
-  (mean calls in flight = slot-seconds / seconds; throughput = completions / seconds), the
+  (mean calls in flight = slot-seconds / seconds; throughput = calls served / seconds), the
   controller decides, the cap is applied, and the decision is appended to
-  `<campaign>/concurrency.jsonl` (time, cap, in_flight, throughput, sigma, kappa, p_star,
-  reason, ...).
+  `<campaign>/concurrency.jsonl` (time, cap, in_flight, throughput, completions_per_s,
+  tokens_per_s, sigma, kappa, p_star, reason, ...).
+- Until the first completions (every run still creating its session and model) nothing is
+  observed: those calls are slow in a way the steps' calls are not.
+- The fitted throughput is calls served per second, not completions: with a fixed batch both
+  are proportional to the campaign's steps per second, but completions arrive in bursts (a
+  step's samples end together), and a 3 s interval of a campaign whose steps take 13 s saw
+  6.5 to 27 completions/s at one cap (bench/concurrency_campaign.py); calls end all along.
 - The controller's state is saved to `<campaign>/concurrency_state.json` after every decision
   (atomically), so a runner killed with SIGKILL loses at most one interval, and a re-run starts
   from the learned cap.
@@ -126,8 +132,13 @@ class CampaignConcurrency:
         if last is None or now <= last[0]:
             return None
         dt, d = now - last[0], usage - last[1]
-        sample = Sample(in_flight=max(0.0, d.held_s) / dt,
-                        throughput=max(0, d.completions) / dt, errors=max(0, d.errors))
+        sample = Sample(in_flight=max(0.0, d.held_s) / dt, throughput=max(0, d.calls) / dt,
+                        errors=max(0, d.errors))
+        if last[1].completions == 0 and not sample.errors:  # start-up calls, not the curve
+            decision = Decision(self.ctl.cap, "runs starting (no completions yet): hold",
+                                self.ctl.phase)
+            self._record(decision, sample, d, dt)
+            return decision
         old = self.ctl.cap
         decision = self.ctl.observe(sample)
         if decision.cap != old:
@@ -138,7 +149,8 @@ class CampaignConcurrency:
     def _record(self, decision: Decision, s: Sample, d: Usage, dt: float) -> None:
         row = {"time": round(time.time(), 3), "cap": decision.cap,
                "in_flight": round(s.in_flight, 3), "throughput": round(s.throughput, 4),
-               "tokens_per_s": round(d.tokens / dt, 2), "calls_per_s": round(d.calls / dt, 3),
+               "completions_per_s": round(d.completions / dt, 3),
+               "tokens_per_s": round(d.tokens / dt, 2),
                "errors": s.errors, "sigma": _num(decision.sigma), "kappa": _num(decision.kappa),
                "p_star": _num(decision.p_star), "phase": decision.phase,
                "reason": decision.reason}
@@ -152,6 +164,25 @@ def _num(v: float | None) -> float | str | None:
     if v is None:
         return None
     return round(v, 6) if math.isfinite(v) else "inf"
+
+
+def last_decision(campaign_dir: str | Path, tail_bytes: int = 8192) -> dict | None:
+    """The newest decision in `<campaign>/concurrency.jsonl` (its tail only), or None."""
+    try:
+        with open(Path(campaign_dir, LOG_FILE), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("cap"), int):
+            return row
+    return None
 
 
 def read_decisions(campaign_dir: str | Path) -> list[dict]:

@@ -28,6 +28,8 @@ RESERVED_KEYS = {
     "logging.log_dir": "runs always write inside the campaign folder",
     "logging.run_name": "run names come from the condition and seed",
     "backend.max_concurrent": "the API cap is campaign-wide; set it in [backend]",
+    "backend.max_concurrent_min": "the API cap is campaign-wide; set it in [backend]",
+    "backend.max_concurrent_max": "the API cap is campaign-wide; set it in [backend]",
 }
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
 

@@ -6,15 +6,18 @@ served throughput, overload errors) and applies the `Decision`'s cap. In a campa
 p is literally the number of calls in flight, so the fit of `usl.py` applies as is:
 
 - warm-up (slow start): from the starting cap, double while throughput rises by more than
-  RISE (and calls really fill the cap), then fit the USL to what was seen;
+  RISE and calls really fill the cap (an interval that does not fill it waits, up to
+  WARMUP_PATIENCE in a row: workers still starting), then fit the USL to what was seen. Each
+  cap gets two samples, a third (and a fourth) when two disagree by more than 2x, and counts
+  by their median, so one transient does not decide the warm-up;
 - steady: the cap is `throttle_margin * p*` of the fit, moved only when the target leaves a
   hysteresis band; every PROBE_EVERY quiet intervals one interval probes above the cap, the
   next one below, so the fit keeps three or more concurrencies to stand on; a fit that sees
   no optimum (κ = 0) walks the cap up a step at a time;
 - overload (HTTP 429/502/503/504 in the interval): the cap is cut multiplicatively at once
-  (AIMD), a ceiling just below the overloaded cap holds until CEILING_HOLD quiet intervals pass
-  (then it lifts by one: capacity may have come back), and the cap recovers by one a quiet
-  interval up to the target;
+  (AIMD); a ceiling at the mean calls in flight of that interval (rounded up; below the cap)
+  holds until CEILING_HOLD quiet intervals pass (then it lifts by one: capacity may have come
+  back), and the cap recovers by one a quiet interval up to the target;
 - a change of the machine (RESET_AFTER intervals in a row off the fit by more than
   CHANGE_RATIO) forgets the old points and warms up again from the current cap.
 """
@@ -29,6 +32,9 @@ from retrain.control.usl import UslFit, UslSums
 WINDOW = 60            # observations the fit sees
 RISE = 1.10            # warm-up doubles while throughput grows by more than this factor
 FILLED = 0.75          # warm-up doubles only while mean calls in flight reach this share of the cap
+WARMUP_PATIENCE = 10   # ... and waits this many intervals for demand to fill it before it ends
+WARMUP_MAX_SAMPLES = 4  # warm-up samples per cap: two that agree within DISAGREE, at most this
+DISAGREE = 2.0
 PROBE_EVERY = 6        # quiet steady intervals between probes
 PROBE_STEP = 0.25      # a probe moves the cap by this share of it (at least 1)
 BAND = 0.10            # hysteresis: the cap follows the target only beyond this share (at least 1)
@@ -36,7 +42,6 @@ CUT = 0.5              # AIMD: the cap's multiplier on an overload answer
 CEILING_HOLD = 30      # quiet intervals before the ceiling set by an overload lifts by one
 CHANGE_RATIO = 1.6     # observed / fitted throughput outside [1/r, r] counts as a change ...
 RESET_AFTER = 3        # ... and this many in a row restart the warm-up
-OVERLOAD_CODES = (429, 502, 503, 504)
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class Sample:
     """One interval of the campaign's API traffic, across all workers."""
 
     in_flight: float        # mean calls in flight (slot-seconds held / interval seconds)
-    throughput: float       # served completions (or calls) per second
+    throughput: float       # calls served per second
     errors: int = 0         # overload answers (429/502/503/504) in the interval
 
 
@@ -84,6 +89,8 @@ class ConcurrencyController:
         self._tried = 0           # warm-up: intervals seen
         self._down = 0            # warm-up: 1 once it halves below the start
         self._lowest = self.cap   # warm-up: the lowest cap tried
+        self._unfilled = 0        # warm-up: intervals in a row whose calls did not fill the cap
+        self._seen: list[float] = []  # warm-up: throughputs sampled at the current cap
         self._quiet = 0           # steady intervals since the last probe
         self._probe = 0           # +1: next probe goes up, -1: down
         self._base = self.cap     # the cap a probe returns to
@@ -111,24 +118,39 @@ class ConcurrencyController:
         self._refit()
         if self.phase == "recover":
             return self._recover()
-        return self._steady(s)
+        return self._steady()
 
     def _restart_warmup(self) -> None:
         self.phase, self._best, self.fit, self.target = "warmup", 0.0, None, None
         self._best_cap = self._lowest = self.cap
-        self._tried = self._down = 0
+        self._tried = self._down = self._unfilled = 0
+        self._seen = []
 
     def _warm(self, s: Sample) -> Decision:
-        rose = s.throughput > RISE * self._best
-        if s.throughput > self._best:
-            self._best, self._best_cap = s.throughput, self.cap
         filled = s.in_flight >= FILLED * self.cap
+        if not filled and self._unfilled < WARMUP_PATIENCE:
+            self._unfilled += 1       # demand below the cap (e.g. workers starting): wait
+            return self._say(f"warm-up: calls in flight {s.in_flight:.1f} do not fill cap "
+                             f"{self.cap}; hold")
+        if filled:
+            self._seen.append(s.throughput)
+            if not self._agree():     # a second sample, or a third when two disagree by 2x
+                return self._say(f"warm-up: cap {self.cap}, sample {len(self._seen)} "
+                                 f"({s.throughput:.3g}/s)")
+        x = sorted(self._seen)[len(self._seen) // 2] if self._seen else s.throughput
+        self._seen = []
+        rose = x > RISE * self._best
+        if x > self._best:
+            self._best, self._best_cap = x, self.cap
         self._tried += 1
-        if self._down == 0 and rose and filled and self.cap < min(self.hi, self.ceiling):
+        can_up = self.cap < min(self.hi, self.ceiling)
+        if self._down == 0 and rose and filled and can_up:
+            self._unfilled = 0
             self.cap = min(self.hi, self.ceiling, self.cap * 2)
-            return self._say(f"warm-up: throughput {s.throughput:.3g}/s rose; try {self.cap}")
-        first_move_failed = self._down == 0 and self._tried == 2 and not rose
-        if (first_move_failed or (self._down and rose)) and self._lowest > self.lo:
+            return self._say(f"warm-up: throughput {x:.3g}/s rose; try {self.cap}")
+        went_nowhere = self._down == 0 and ((self._tried == 2 and not rose)
+                                            or (self._tried == 1 and not can_up))
+        if filled and (went_nowhere or (self._down and rose)) and self._lowest > self.lo:
             self._down = 1                      # the start was already past the optimum
             self._lowest = self.cap = max(self.lo, self._lowest // 2)
             return self._say(f"warm-up: throughput fell above the start; try {self.cap}")
@@ -140,7 +162,14 @@ class ConcurrencyController:
             self.cap = self._best_cap
         return self._settle(f"warm-up done ({why})")
 
-    def _steady(self, s: Sample) -> Decision:
+    def _agree(self) -> bool:
+        """Enough warm-up samples at this cap: two within DISAGREE of each other, or MAX."""
+        seen = self._seen
+        if len(seen) >= WARMUP_MAX_SAMPLES:
+            return True
+        return len(seen) >= 2 and max(seen[-2:]) <= DISAGREE * min(seen[-2:])
+
+    def _steady(self) -> Decision:
         if self._probe and self.cap != self._base:     # a probe interval just ended
             self.cap = self._base
             return self._settle("probe done")
@@ -156,6 +185,8 @@ class ConcurrencyController:
         self._base = self.cap
         to = min(self.hi, self.ceiling, self.cap + step) if self._probe > 0 else \
             max(self.lo, self.cap - step)
+        if to == self.cap and self.fit is None:   # blocked above, and no fit to stand on:
+            to = max(self.lo, self.cap - 2 * step)  # a third concurrency, further below
         if to == self.cap:
             return self._settle("")
         self.cap = to
@@ -178,7 +209,10 @@ class ConcurrencyController:
 
     def _cut(self, s: Sample) -> Decision:
         old = self.cap
-        self.ceiling = max(self.lo, min(self.ceiling, max(old, round(s.in_flight)) - 1))
+        # the calls in flight that drew the answers: at most the cap, and (the mean) at least
+        # their level at some moment of the interval
+        busy = min(old, math.ceil(s.in_flight)) if s.in_flight > 0 else old
+        self.ceiling = max(self.lo, min(self.ceiling, busy if busy < old else old - 1))
         self.cap = max(self.lo, min(self.ceiling, math.floor(old * CUT)))
         self._base, self._calm, self._probe, self._quiet = self.cap, 0, 0, 0
         if self.phase == "warmup":
@@ -226,7 +260,8 @@ class ConcurrencyController:
 
     def state_dict(self) -> dict:
         """Everything a re-run needs to continue: the cap, the phase and the fit's points."""
-        d = {k: getattr(self, k) for k in STATE_INTS + STATE_FLOATS + ("phase", "target")}
+        d = {k: getattr(self, k) for k in STATE_INTS + STATE_FLOATS + ("phase", "target",
+                                                                      "_seen")}
         return {**d, "sums": self._sums.state_dict()}
 
     def load_state_dict(self, d: dict) -> None:
@@ -238,6 +273,7 @@ class ConcurrencyController:
             setattr(self, k, float(d[k]))
         self.phase = d["phase"] if d["phase"] in ("warmup", "steady", "recover") else "steady"
         self.target = None if d["target"] is None else int(d["target"])
+        self._seen = [float(x) for x in d["_seen"]]
         for k in ("cap", "ceiling", "_base", "_best_cap", "_lowest"):
             setattr(self, k, min(self.hi, max(self.lo, getattr(self, k))))
         self._sums.load_state_dict(d["sums"])
@@ -250,5 +286,5 @@ class ConcurrencyController:
 
 
 STATE_INTS = ("cap", "ceiling", "_best_cap", "_tried", "_down", "_lowest", "_quiet", "_probe",
-              "_base", "_calm", "_off")
+              "_base", "_calm", "_off", "_unfilled")
 STATE_FLOATS = ("_best",)

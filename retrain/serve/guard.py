@@ -217,6 +217,8 @@ class Guard:
                 n = self.traffic.inflight
                 if self.load.refuses(n):
                     self.traffic.faults["502"] = self.traffic.faults.get("502", 0) + 1
+                    log.info("load model: 502 on %s (%d others in flight > fail_above %d)",
+                             route, n - 1, self.load.fail_above)
                     return await _json(counted_send, 502, {
                         "error": f"overloaded: {n - 1} requests already in flight (--load-model "
                                  f"fail_above={self.load.fail_above})", "category": "server"})
