@@ -447,7 +447,7 @@ class BackpressureController:
         target = f"{tm} * p*" if bound == "throughput" else "the goodput bound"
         why = {"retrograde": f"p > {tm} * p* ({where})",
                "first": f"moving to {target} after exploring ({where})",
-               "landing": f"last refit after re-exploring: landing on {target} ({where})",
+               "landing": f"last refit after exploring: landing on {target} ({where})",
                "overestimates": f"fit overestimates this point ({where}): holding",
                "goodput": f"above the goodput bound: larger batches stop helping ({where})",
                "below": f"below target: p < {im} * {target} ({where})",
