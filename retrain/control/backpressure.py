@@ -272,12 +272,13 @@ class BackpressureController:
         return self.oom_ceiling.bound(b, self.lo, self.hi)
 
     def _warmup_plan(self) -> list[int]:
-        """The sweep's first k sizes, twice over and interleaved (a transient in one sample
-        shows against the other): k is at least the doubling sizes and (warmup_steps + 1) / 2."""
+        """The sweep's first k sizes, at least twice over and interleaved (a transient in one
+        sample shows against the other), for at least warmup_steps + 1 steps: k is at least the
+        doubling sizes and (warmup_steps + 1) / 2."""
         sizes = sweep_sizes(self.lo, self.hi)
-        half = math.ceil((self.config.warmup_steps + 1) / 2)
-        k = min(len(sizes), max(len(doubling_sizes(self.lo, self.hi)), half))
-        return sizes[:k] * 2
+        steps = self.config.warmup_steps + 1
+        k = min(len(sizes), max(len(doubling_sizes(self.lo, self.hi)), math.ceil(steps / 2)))
+        return (sizes[:k] * math.ceil(steps / k + 1))[:max(2 * k, steps)]
 
     def _plan(self) -> int:
         """The next exploration size (an out-of-memory retry does not use up a planned size)."""
