@@ -99,8 +99,10 @@ def _concurrency(row: dict) -> float | None:
 
 def _curve(ax, rows: list[dict], margin: float) -> None:
     """Observed throughput against p, the fitted USL curve, p* and the target."""
-    pts = [(p, r["tokens_per_second"], r["step"], r.get("bp_regime"))
-           for r in rows if (p := _concurrency(r)) and _num(r.get("tokens_per_second"))]
+    in_work = any(_num(r.get("bp_step_throughput")) for r in rows)   # runs before: raw
+    key = "bp_step_throughput" if in_work else "tokens_per_second"   # what the controller read
+    pts = [(p, r[key], r["step"], r.get("bp_regime"))
+           for r in rows if (p := _concurrency(r)) and _num(r.get(key))]
     ax.set_title("throughput vs concurrency p = batch_size x group_size")
     ax.set_xlabel("p (sequences in flight)")
     ax.set_ylabel("tokens/s")

@@ -671,3 +671,19 @@ def test_without_the_repeat_one_transient_would_decide_the_warm_up():
         sums.add(b * G, b * G / x)
     fit = sums.fit()
     assert int(0.85 * fit.p_star / G) != 11
+
+
+@pytest.mark.parametrize("warmup_steps,lo,hi", [(10, 1, 64), (4, 1, 16), (0, 1, 64),
+                                                (50, 1, 64), (3, 1, 4), (10, 3, 12)])
+def test_the_warm_up_samples_every_size_twice_and_lasts_warmup_steps(warmup_steps, lo, hi):
+    cfg = replace(ON, warmup_steps=warmup_steps, min_batch_size=lo, max_batch_size=hi)
+    ctl = BackpressureController(cfg, G)
+    b, d, seen = ctl.first_batch_size(8), None, []
+    while d is None or d.regime == "warmup":
+        seen.append(b)
+        d = step(ctl, b)
+        b = d.batch_size
+        assert len(seen) < 100
+    assert len(seen) >= warmup_steps + 1
+    assert all(seen.count(s) >= 2 for s in seen)
+    assert set(seen) >= {min(lo * 2**k, hi) for k in range(7)}       # the doubling sizes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +19,8 @@ from retrain.step_row import step_work
 G = 8
 ON = BackpressureConfig(enabled=True, max_batch_size=32)
 PROMPT = 40                 # prompt tokens per sequence
+FIXED_S = 1.0               # the simulated machine's per-step cost, seconds
+COSTS = (0.0005, 0.004, 0.002, 0.02)   # per prompt, completion, trained token; per group
 
 
 def contention(p: int) -> float:
@@ -27,7 +30,7 @@ def contention(p: int) -> float:
 
 def rl_step(b: int, completion: float, trained: float, rng: random.Random,
             noise: float = 0.03, slower: float = 1.0) -> tuple[StepWork, float]:
-    """One step on a machine with a fixed per-step cost (1 s) and per-token costs that
+    """One step on a machine with a fixed per-step cost (FIXED_S) and per-token costs that
     contend: `completion` tokens per sequence on average, `trained` the share of groups
     that are not uniform."""
     p = b * G
@@ -35,8 +38,10 @@ def rl_step(b: int, completion: float, trained: float, rng: random.Random,
     groups = sum(rng.random() < trained for _ in range(b))
     t_tokens = groups * G * (PROMPT + c / p)
     work = StepWork(p * PROMPT, c, round(t_tokens), groups)
-    per_token = 0.0005 * p * PROMPT + 0.004 * c + 0.002 * t_tokens + 0.02 * groups
-    t = (1.0 + per_token * contention(p) * 16) * slower * math.exp(noise * rng.gauss(0, 1))
+    c_prompt, c_completion, c_trained, c_group = COSTS
+    per_token = (c_prompt * p * PROMPT + c_completion * c + c_trained * t_tokens
+                 + c_group * groups)
+    t = (FIXED_S + per_token * contention(p) * 16) * slower * math.exp(noise * rng.gauss(0, 1))
     return work, t
 
 
@@ -58,6 +63,7 @@ def after(decisions, k: int):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_completions_halving_on_an_unchanged_machine_is_no_throttle(seed):
+    """Counted in sampled tokens this looked faster (re-explored in 4 of 4 seeds)."""
     ctl = BackpressureController(ON, G)
     got = run(ctl, [(80, 40.0, 0.8, 1.0), (120, 20.0, 0.8, 1.0)], seed)
     settled = got[79][1].batch_size
@@ -66,6 +72,19 @@ def test_completions_halving_on_an_unchanged_machine_is_no_throttle(seed):
                                                               if "drifted" in d.reason]
     assert min(b for b, _ in later) >= settled
     assert all(d.action != "throttle" for _, d in later)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_on_a_machine_with_a_large_per_step_cost_too(seed, monkeypatch):
+    """The CPU quickstart's case: a 5 s per-step cost, so shorter completions looked slower
+    (counted in sampled tokens: re-explored in 4 of 4 seeds)."""
+    monkeypatch.setattr(sys.modules[__name__], "FIXED_S", 5.0)
+    monkeypatch.setattr(sys.modules[__name__], "COSTS", (0.003, 0.001, 0.002, 0.02))
+    ctl = BackpressureController(ON, G)
+    got = run(ctl, [(100, 40.0, 0.8, 1.0), (120, 20.0, 0.8, 1.0)], seed)
+    settled = got[99][1].batch_size
+    assert not any("drifted" in d.reason for _, d in after(got, 100))
+    assert min(b for b, _ in after(got, 100)) >= settled
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -59,7 +59,17 @@ def test_low_peaks_make_a_real_run_compute_bound(workdir):
     path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
                         training={"max_steps": 14})
     assert run(path) == 0
-    _assert_roofline_regime(rows(workdir / "logs" / "run"), "compute_bound")
+    got = rows(workdir / "logs" / "run")
+    _assert_roofline_regime(got, "compute_bound")
+    # The step's work reaches the controller too (throughput counted in work, control/work.py)
+    work = state(workdir / "logs" / "run")["controller"]["work"]
+    assert len(work["steps"]) == 8 and work["ref"] is not None
+    for r, (p, (prompt, completion, trained, groups), _) in zip(got, work["steps"], strict=True):
+        assert p == r["batch_size"] * r["group_size"]
+        assert prompt + completion == pytest.approx(r["tokens_per_second"] * r["step_time_s"])
+        assert completion == pytest.approx(r["mean_completion_tokens"] * r["num_completions"])
+        assert (trained > 0) == (r["trained_completions"] > 0) and groups <= r["batch_size"]
+        assert r["bp_step_throughput"] > 0
 
 
 def _assert_roofline_regime(got: list[dict], expected: str) -> None:

@@ -8,6 +8,7 @@ statistical efficiency of larger batches (Pollux). See docs/backpressure.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ P_MAX = 10**7              # largest concurrency accepted as an observation
 TRANSIENT = 2.0            # an exploring sample this far off the others at its size: a transient
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
-               "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency")
+               "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency",
+               "bp_step_throughput")
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -60,6 +62,7 @@ class Decision:
     reason: str = ""
     goodput: float | None = None       # throughput x efficiency (needs the noise scale)
     efficiency: float | None = None    # statistical efficiency of the observed batch size
+    step_throughput: float | None = None   # this step's throughput as the controller read it
 
     def metrics(self) -> dict:
         """The bp_* keys for metrics.jsonl (finite numbers or None; {} when disabled)."""
@@ -70,7 +73,8 @@ class Decision:
                 "bp_kappa": _finite(self.kappa), "bp_lambda": _finite(self.lam),
                 "bp_utilization": _finite(self.utilization),
                 "bp_throughput": _finite(self.throughput), "bp_p": self.p,
-                "bp_goodput": _finite(self.goodput), "bp_efficiency": _finite(self.efficiency)}
+                "bp_goodput": _finite(self.goodput), "bp_efficiency": _finite(self.efficiency),
+                "bp_step_throughput": _finite(self.step_throughput)}
 
 
 def _finite(v: float | None) -> float | None:
@@ -171,9 +175,8 @@ class BackpressureController:
         predicted = self._fit.throughput(p) if self._fit and not self._exploring else None
         self._watch.add(p, x, self.config.ema_decay)
         self._sums.add(p, p / x)
-        if self._exploring:
-            return self._explore(b, p, roof)
-        return self._track(b, p, x, predicted, roof)
+        d = self._explore(b, p, roof) if self._exploring else self._track(b, p, x, predicted, roof)
+        return dataclasses.replace(d, step_throughput=x)
 
     def _work_tokens(self, p: int, tokens: float, work: StepWork | None,
                      step_time_s: float) -> float:
@@ -269,12 +272,13 @@ class BackpressureController:
         return self.oom_ceiling.bound(b, self.lo, self.hi)
 
     def _warmup_plan(self) -> list[int]:
-        """The sweep's first k sizes, twice over and interleaved (a transient in one sample
-        shows against the other): k is at least the doubling sizes and (warmup_steps + 1) / 2."""
+        """The sweep's first k sizes, at least twice over and interleaved (a transient in one
+        sample shows against the other), for at least warmup_steps + 1 steps: k is at least the
+        doubling sizes and (warmup_steps + 1) / 2."""
         sizes = sweep_sizes(self.lo, self.hi)
-        half = math.ceil((self.config.warmup_steps + 1) / 2)
-        k = min(len(sizes), max(len(doubling_sizes(self.lo, self.hi)), half))
-        return sizes[:k] * 2
+        steps = self.config.warmup_steps + 1
+        k = min(len(sizes), max(len(doubling_sizes(self.lo, self.hi)), math.ceil(steps / 2)))
+        return (sizes[:k] * math.ceil(steps / k + 1))[:max(2 * k, steps)]
 
     def _plan(self) -> int:
         """The next exploration size (an out-of-memory retry does not use up a planned size)."""
@@ -444,7 +448,7 @@ class BackpressureController:
         target = f"{tm} * p*" if bound == "throughput" else "the goodput bound"
         why = {"retrograde": f"p > {tm} * p* ({where})",
                "first": f"moving to {target} after exploring ({where})",
-               "landing": f"last refit after re-exploring: landing on {target} ({where})",
+               "landing": f"last refit after exploring: landing on {target} ({where})",
                "overestimates": f"fit overestimates this point ({where}): holding",
                "goodput": f"above the goodput bound: larger batches stop helping ({where})",
                "below": f"below target: p < {im} * {target} ({where})",

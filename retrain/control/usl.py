@@ -141,8 +141,8 @@ class UslSums:
     def sums(self, fitted: UslFit | None = None) -> tuple[list[float], list[float]]:
         """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/r², where r is the
         point's own y, or with a previous fit its fitted y (see `_weight_base`)."""
-        qs = [((p - self.center) / self.scale, y, y if fitted is None
-               else _weight_base(y, p / fitted.throughput(p))) for p, y in self.points]
+        qs = [((p - self.center) / self.scale, y, _weight_base(p, y, fitted))
+              for p, y in self.points]
         w = [math.fsum(q**k / (r * r) for q, _, r in qs) for k in range(5)]
         v = [math.fsum(q**k * y / (r * r) for q, y, r in qs) for k in range(3)]
         return w, v
@@ -209,10 +209,14 @@ class UslSums:
             self.add(int(p), float(y))
 
 
-def _weight_base(y: float, fitted: float) -> float:
-    """The y a point is weighted by in the second pass: the fitted one, or its own when it is
-    more than SLOW_OUTLIER times slower than the fit (so it keeps counting little)."""
-    return y if y > SLOW_OUTLIER * fitted else fitted
+def _weight_base(p: int, y: float, fitted: UslFit | None) -> float:
+    """The y a point (p, y) is weighted by: its own in the first pass; in the second the
+    fitted one, unless the point is more than SLOW_OUTLIER times slower than the fit (then it
+    keeps its own, and counts little) or the fit's throughput underflows there."""
+    x = fitted.throughput(p) if fitted is not None else 0.0
+    if not (x > 0 and math.isfinite(p / x)):
+        return y
+    return y if y > SLOW_OUTLIER * (p / x) else p / x
 
 
 def _solve2(m00: float, m01: float, m11: float, r0: float, r1: float) -> tuple[float, float]:
