@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import checkpoint, runlog
+from retrain import checkpoint, run_lock, runlog
 from retrain.advantages import (
     bounded_for_loss,
     compute_advantages,
@@ -79,6 +79,12 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     config_path = Path(config_path)
     run_name = cfg.logging.run_name or config_path.stem
     run_dir = Path(cfg.logging.log_dir) / run_name
+    with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
+        return _run_locked(cfg, config_path, run_dir, run_name, new)
+
+
+def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
+                new: bool) -> int:
     start = checkpoint.prepare(run_dir, cfg, new=new)
     if start.moved_to is not None:
         print(f"--new: moved the previous run to {start.moved_to}")

@@ -366,3 +366,45 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_quietly(tmp_path, cli_env, p
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, (delay, proc.returncode, err[-2000:])
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 3, (delay, err)
+
+
+# ------------------------------------------------------------------ two writers on one run (S9)
+
+
+def test_two_processes_on_one_run_folder_one_refuses(tmp_path, cli_env, python, tiny_model):
+    """S9: two `retrain run.toml` started together both trained into one folder (step 1
+    twice in the metrics). Now one trains and the other says so in one line, exit 2."""
+    import subprocess
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 3}, data={"eval_size": 0})
+    procs = [subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in done)
+    assert codes == [0, 2], done
+    refused = next(err for code, _, err in done if code == 2)
+    line = one_error_line(refused)
+    assert "being trained by another process (pid" in line, line
+    assert [r["step"] for r in rows(tmp_path / "logs" / "run")] == [1, 2, 3]
+
+
+def test_a_sigkilled_run_does_not_block_the_next_start(tmp_path, monkeypatch, capsys, cli_env,
+                                                       python, tiny_model):
+    import signal
+    import subprocess
+    import time
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 40}, data={"eval_size": 0})
+    proc = subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    while "step 2/" not in proc.stdout.readline():
+        assert proc.poll() is None, "the run ended early"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    time.sleep(0.2)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "run.toml", "--max-steps", "4")
+    assert code == 0, err
+    assert "resuming" in out
+    assert [r["step"] for r in rows(tmp_path / "logs" / "run")] == [1, 2, 3, 4]
