@@ -337,6 +337,9 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
                 re.compile(cfg.reward.pattern)
             except re.error as exc:
                 issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
+    problem = run_name_problem(cfg.logging.run_name)
+    if cfg.logging.run_name and problem:
+        issues.append(ConfigIssue("logging.run_name", problem))
     t = cfg.training
     if t.batch_size * t.group_size > MAX_COMPLETIONS:
         issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
@@ -359,6 +362,16 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
     return issues
+
+
+def run_name_problem(name: str) -> str:
+    """Why `name` cannot name a run folder inside logging.log_dir ('' when it can): the
+    folder must be a child of log_dir, never log_dir itself, its parent or an absolute path."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return (f"{show(name)} is not a plain folder name: it must not be empty, '.' or '..' "
+                "nor hold '/' or '\\' (the run folder is logging.log_dir/<run_name>); use "
+                "logging.log_dir to pick where runs go")
+    return ""
 
 
 # ---------------------------------------------------------------------------- dumping

@@ -50,7 +50,7 @@ from retrain.backends.base import (
     make_datum,
     skipped_nonfinite,
 )
-from retrain.config import Config, run_config
+from retrain.config import Config, run_config, run_name_problem
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
 from retrain.environments.scorer import build_scorer
@@ -78,6 +78,9 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     """Train (or resume) the run described by `cfg`; returns the process exit status."""
     config_path = Path(config_path)
     run_name = cfg.logging.run_name or config_path.stem
+    if run_name_problem(run_name):  # a file named `..toml`: its stem names no folder
+        raise UserError(f"{config_path}: logging.run_name (the file's stem by default): "
+                        f"{run_name_problem(run_name)}")
     run_dir = Path(cfg.logging.log_dir) / run_name
     with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
         return _run_locked(cfg, config_path, run_dir, run_name, new)
@@ -222,7 +225,11 @@ class Trainer:
             self.training.batch_size
         # Resume points from before the controller owned the out-of-memory ceiling.
         self.controller.adopt_oom_cap(saved.extra.pop("oom_cap", None), limit)
-        self.overlap.restore(saved)  # the batch sampled ahead for the next step, if any
+        # The batch sampled ahead for the next step, if any (a damaged one is dropped).
+        dropped_batch = self.overlap.restore(saved, len(self.splits.train),
+                                             len(self.backend.tokenizer))
+        if dropped_batch:
+            self.progress.say(dropped_batch)
         note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
         if saved is not points[0]:
             note += f" (fell back from step {points[0].step}: its checkpoint did not load)"

@@ -9,6 +9,7 @@ loss function (as test_faults.py injects ENOSPC into the real metrics writer).
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -408,3 +409,104 @@ def test_a_sigkilled_run_does_not_block_the_next_start(tmp_path, monkeypatch, ca
     assert code == 0, err
     assert "resuming" in out
     assert [r["step"] for r in rows(tmp_path / "logs" / "run")] == [1, 2, 3, 4]
+
+
+# --------------------------------------------------------- a damaged batch sampled ahead (S10)
+
+
+def _index_out_of_range(batch: dict) -> None:
+    batch["index"][0] = 10**6
+
+
+def _token_out_of_vocab(batch: dict) -> None:
+    batch["groups"][0][0]["tokens"][0] = 10**9
+
+
+PREFETCH_DAMAGE = {
+    "prompt index out of range": lambda p: p.write_text(json.dumps(
+        _edited(p, _index_out_of_range))),
+    "token id out of the vocabulary": lambda p: p.write_text(json.dumps(
+        _edited(p, _token_out_of_vocab))),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:60]),
+}
+
+
+def _edited(path, change) -> dict:
+    batch = json.loads(path.read_text())
+    change(batch)
+    return batch
+
+
+@pytest.mark.parametrize("damage", list(PREFETCH_DAMAGE))
+def test_a_damaged_prefetched_batch_is_sampled_afresh_with_a_note(
+        tiny_server, tmp_path, sdk_env, monkeypatch, capsys, damage):
+    """S10: an off-policy run whose saved batch for the next step was damaged failed on
+    every resume with IndexError. Now the batch is checked and, if damaged (or torn),
+    dropped with one line; the step samples afresh."""
+    pytest.importorskip("tinker")
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, training={**STEPS, "max_steps": 4, "save_every": 1,
+                                     "max_steps_off_policy": 1}, data={"eval_size": 0},
+                 backend={"backend": "tinker", "base_url": tiny_server.url})
+    assert cli(capsys, "run.toml")[0] == 0
+    run = tmp_path / "logs" / "run"
+    point = run / "checkpoints" / "step-000003.json"   # resume after step 3 ...
+    (run / "checkpoints" / "step-000004.json").unlink()
+    (run / "state.json").write_text(json.dumps({**json.loads(point.read_text()),
+                                                "status": "interrupted"}))
+    batch = run / json.loads(point.read_text())["extra"]["prefetched_batch"]
+    assert batch.name == "step-000004.json"            # ... with step 4's batch damaged
+    PREFETCH_DAMAGE[damage](batch)
+    code, out, err = cli(capsys, "run.toml")
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "sampled ahead for step 4" in line]
+    assert len(notes) == 1 and "afresh" in notes[0], out
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------ run names (S11)
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "/tmp/elsewhere", ".", "a/b"])
+def test_a_run_name_that_leaves_the_log_folder_is_refused(tmp_path, monkeypatch, capsys, name):
+    """S11: logging.run_name = ".." made the working folder the run folder (config.toml,
+    state.json and checkpoints written beside the user's files)."""
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, logging={"log_dir": "logs", "run_name": name})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for command in (["run.toml"], ["explain", "run.toml"]):
+        code, _, err = cli(capsys, *command)
+        assert code == 2
+        line = one_error_line(err)
+        assert "logging.run_name" in line and "plain folder name" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _campaign(tmp_path, conditions: str) -> None:
+    write_config(tmp_path)
+    text = (tmp_path / "run.toml").read_text()
+    (tmp_path / "camp.toml").write_text(text + "\n[campaign]\nseeds = [1]\n" + conditions,
+                                        encoding="utf-8")
+
+
+def test_an_empty_condition_name_is_an_error(tmp_path, monkeypatch, capsys):
+    """S11: `name = ""` silently became "base-2"."""
+    monkeypatch.chdir(tmp_path)
+    _campaign(tmp_path, '[[campaign.conditions]]\nname = "a"\n\n'
+                        '[[campaign.conditions]]\nname = ""\n"training.lr" = 1e-4\n')
+    code, _, err = cli(capsys, "explain", "camp.toml")
+    assert code == 2
+    line = one_error_line(err)
+    assert "campaign.conditions[1].name" in line and "no letter or digit" in line, line
+
+
+def test_unicode_condition_names_keep_their_letters(tmp_path, monkeypatch, capsys):
+    """S11: "ünïcödé-名前" became "n-c-d"."""
+    monkeypatch.chdir(tmp_path)
+    _campaign(tmp_path, '[[campaign.conditions]]\nname = "ünïcödé-名前"\n'
+                        '"training.lr" = 1e-4\n\n[[campaign.conditions]]\nname = "a/b:c"\n'
+                        '"training.lr" = 2e-4\n')
+    code, out, err = cli(capsys, "explain", "camp.toml", "--json")
+    assert code == 0, err
+    names = sorted(r["name"] for r in json.loads(out)["runs"])
+    assert names == ["a-b-c_s1", "ünïcödé-名前_s1"], names
