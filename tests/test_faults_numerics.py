@@ -240,7 +240,25 @@ def test_serve_does_not_apply_a_nonfinite_step_and_says_so(tmp_path, sdk_env, ti
         tc.forward_backward([datum], "importance_sampling").result()
         step = tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
         assert step.metrics["skipped_nonfinite"] == 0.0 and math.isfinite(step.metrics["grad_norm"])
+        # settings that make AdamW overflow the weights are refused, naming the field (last:
+        # a refused request leaves a gap in the SDK's order that later calls would wait on)
+        with pytest.raises(tinker.BadRequestError, match="learning_rate x weight_decay"):
+            tc.optim_step(types.AdamParams(learning_rate=1e-3, weight_decay=1e12)).result()
         service.close("success").result()
+
+
+@pytest.mark.parametrize("adam, words", [
+    ({"learning_rate": 1e39}, "does not fit the float32 weights"),
+    ({"learning_rate": 1e-4, "weight_decay": 1e4}, "learning_rate x weight_decay = 1 must be"),
+])
+def test_serve_refuses_adam_settings_that_overflow(adam, words):
+    """S2 on serve's side: lr beyond float32 made torch raise (a 500); lr x weight_decay >= 1
+    grows the weights without bound."""
+    from retrain.backends.base import AdamParams
+    from retrain.serve.validate import RequestError, check_adam
+
+    with pytest.raises(RequestError, match=words):
+        check_adam(AdamParams(**adam))
 
 
 def test_tinker_run_reports_a_skipped_step_and_its_staleness(tiny_server, tmp_path, sdk_env,
