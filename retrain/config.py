@@ -91,7 +91,8 @@ class RewardConfig:
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
 
 
-ENVIRONMENT_KINDS = ("task", "python", "reasoning_gym", "verifiers", "textarena")
+ENVIRONMENT_KINDS = ("task", "python", "guess_number", "lookup", "reasoning_gym", "verifiers",
+                     "textarena")
 
 
 @dataclass
@@ -185,19 +186,37 @@ class TrainingConfig:
 
 @dataclass
 class BackendConfig:
+    """`slot_count` and `auto_concurrency` say what max_concurrent means for the campaign."""
+
     backend: str = opt("local", "where sampling and training run", choices=("local", "tinker"))
-    max_concurrent: int = opt(4, "campaign-wide cap on concurrent remote API calls", lo=1,
-                              hi=MAX_WORKERS)
+    max_concurrent: int | str = opt(
+        4, "campaign-wide cap on concurrent remote API calls; \"auto\" = one controller per "
+        "campaign fits the endpoint's USL curve and sets the cap (429/5xx cut it at once)",
+        lo=1, hi=MAX_WORKERS, words=("auto",))
+    max_concurrent_min: int = opt(1, "auto: the lowest cap the controller may set", lo=1,
+                                  hi=MAX_WORKERS)
+    max_concurrent_max: int = opt(64, "auto: the highest cap the controller may set", lo=1,
+                                  hi=MAX_WORKERS)
     base_url: str = opt("", "tinker: service URL (default: $TINKER_BASE_URL or the SDK's)")
     request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True,
                                    hi=MAX_WAIT_S)
     options: dict = opt({}, "free-form backend options", factory=True)
 
+    @property
+    def auto_concurrency(self) -> bool:
+        return self.max_concurrent == "auto"
+
+    @property
+    def slot_count(self) -> int:
+        """How many slots the campaign's semaphore has: the fixed cap, or the auto ceiling."""
+        return self.max_concurrent_max if self.auto_concurrency else int(self.max_concurrent)
+
 
 @dataclass
 class BackpressureConfig:
     enabled: bool = opt(False, "let the USL controller pick the batch size")
-    warmup_steps: int = opt(10, "steps to collect before fitting", lo=0, hi=MAX_STEPS)
+    warmup_steps: int = opt(10, "steps to collect before fitting (at least two per doubling size)",
+                            lo=0, hi=MAX_STEPS)
     ema_decay: float = opt(0.9, "EMA decay for throughput smoothing", lo=0, hi=0.999999)
     throttle_margin: float = opt(0.85, "target fraction of p* (safe operating point)",
                                  lo=0, hi=1, lo_open=True)
@@ -355,6 +374,11 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
                                   "the local backend samples and trains on the same device, one "
                                   "at a time, so overlap only makes samples stale; set it to 0"))
+    be = cfg.backend
+    if be.max_concurrent_min > be.max_concurrent_max:
+        issues.append(ConfigIssue("backend.max_concurrent_min", f"({be.max_concurrent_min}) "
+                                  "must be <= backend.max_concurrent_max "
+                                  f"({be.max_concurrent_max})"))
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "

@@ -10,6 +10,10 @@
   (Measured release time: bench/ray_semaphore.py, bench/RESULTS.md.)
 - The actor counts the peak number of holders, grants and expired leases, so tests and
   `status` can check that `max_concurrent` held across every node.
+- With `max_concurrent = "auto"` the actor owns the cap: the campaign runner's controller
+  calls `resize`, and after a cut no slot is granted until the holders are below the new cap.
+  The actor meters slot-seconds held and calls exactly (it sees every grant and release);
+  workers add completions, tokens and overload answers with their heartbeat (`report`).
 
 Ray is imported inside the functions here; importing this module costs nothing.
 """
@@ -26,7 +30,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from retrain.slot_semaphore import SlotSemaphore
+from retrain.slot_semaphore import SlotSemaphore, Usage
 
 NAMESPACE = "retrain"
 HEARTBEAT_S = 0.5
@@ -40,6 +44,8 @@ class SlotBroker:
         self.max_concurrent = max_concurrent
         self.lease_s = lease_s
         self.holders: dict[str, float] = {}              # holder id -> last renewal (monotonic)
+        self.granted_at: dict[str, float] = {}           # holder id -> when it got its slot
+        self.usage = Usage()
         self.queue: OrderedDict[str, asyncio.Future] = OrderedDict()
         self.peak = self.grants = self.expired = 0
         self._reaper: asyncio.Task | None = None
@@ -59,7 +65,19 @@ class SlotBroker:
 
     async def release(self, holder: str) -> None:
         self.holders.pop(holder, None)
+        self._stop_clock(holder)
         self._hand_on()
+
+    async def report(self, delta: dict) -> None:
+        """A worker's completions, tokens and overload answers since its last report."""
+        d = Usage.from_dict(delta)
+        self.usage = self.usage + Usage(completions=d.completions, tokens=d.tokens,
+                                        errors=d.errors)
+
+    def _stop_clock(self, holder: str) -> None:
+        t = self.granted_at.pop(holder, None)
+        if t is not None:
+            self.usage.held_s += time.monotonic() - t
 
     async def abandon(self, holder: str) -> None:
         """A waiter gave up (timeout): leave the line, or give back a slot granted meanwhile."""
@@ -84,12 +102,16 @@ class SlotBroker:
         self._hand_on()
 
     async def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        held = sum(now - t for t in self.granted_at.values())
+        usage = self.usage + Usage(calls=self.grants, held_s=held)
         return {"max_concurrent": self.max_concurrent, "in_use": len(self.holders),
                 "waiting": len(self.queue), "peak": self.peak, "grants": self.grants,
-                "expired": self.expired, "lease_s": self.lease_s}
+                "expired": self.expired, "lease_s": self.lease_s,
+                "usage": usage.to_dict()}
 
     def _grant(self, holder: str) -> None:
-        self.holders[holder] = time.monotonic()
+        self.holders[holder] = self.granted_at[holder] = time.monotonic()
         self.grants += 1
         self.peak = max(self.peak, len(self.holders))
 
@@ -113,6 +135,7 @@ class SlotBroker:
             dead = [h for h, t in self.holders.items() if t < cutoff]
             for h in dead:
                 del self.holders[h]
+                self._stop_clock(h)
             if dead:
                 self.expired += len(dead)
                 self._hand_on()
@@ -232,6 +255,8 @@ class RaySlots(SlotSemaphore):
         self._lock = threading.Lock()
         self._broker: Any = None
         self._beat: threading.Thread | None = None
+        self._meter_init()
+        self._sent = Usage()      # what the heartbeat has reported to the actor so far
 
     def acquire(self, timeout: float | None = None) -> bool:
         import ray
@@ -269,6 +294,9 @@ class RaySlots(SlotSemaphore):
     def where(self) -> str:
         return f"Ray actor {self.name}"
 
+    def _publish(self) -> None:
+        """Nothing now: the heartbeat thread sends the counts (`_report`)."""
+
     def _connect(self) -> Any:
         with self._lock:
             if self._broker is None:
@@ -292,3 +320,13 @@ class RaySlots(SlotSemaphore):
                 held = list(self._held)
             if held:
                 self._broker.renew.remote(held)  # fire and forget: the next beat follows
+            self._report()
+
+    def _report(self) -> None:
+        with self._meter_lock:
+            now = Usage(completions=self.usage.completions, tokens=self.usage.tokens,
+                        errors=self.usage.errors)
+        delta = now - self._sent
+        if delta != Usage():
+            self._broker.report.remote(delta.to_dict())
+            self._sent = now

@@ -47,20 +47,27 @@ from retrain.backends.base import (
     DivergedError,
     LossConfig,
     SamplingParams,
-    make_datum,
     skipped_nonfinite,
 )
 from retrain.config import Config, run_config, run_name_problem
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
+from retrain.control.work import StepWork
+from retrain.environments.rollout import (
+    RolloutResult,
+    Rollouts,
+    build_rollouts,
+    episode_datum,
+    uses_scorer,
+)
 from retrain.environments.scorer import build_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.errors import UserError
-from retrain.eval import evaluate
+from retrain.eval import evaluate, evaluate_episodes
 from retrain.offpolicy import Overlap
 from retrain.progress import Progress
 from retrain.slots import slots_from_env
-from retrain.step_row import groups_of, logprob_diff, max_rss_mb, ordered
+from retrain.step_row import logprob_diff, max_rss_mb, ordered, step_work
 from retrain.stop_request import StopRequest
 from retrain.trackers import Trackers
 
@@ -100,16 +107,22 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     checkpoint.ensure_writable(run_dir)
     config_dir = config_path.resolve().parent
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
-    scorer = build_scorer(cfg.reward, config_dir)
+    scorer = build_scorer(cfg.reward, config_dir) if uses_scorer(cfg.environment) else None
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     backend = create_backend(cfg, slots, config_dir=config_dir,
                              checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
-    cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
-    trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
+    rollouts = None
     try:
+        rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
+                                  config_dir, backend, scorer, splits.train)
+        cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
+        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts)
         return trainer.run(start.state, start.fallbacks)
     finally:
-        scorer.close()
+        if rollouts is not None:
+            rollouts.close()
+        if scorer is not None:
+            scorer.close()
         backend.close()
 
 
@@ -123,13 +136,14 @@ class _Sampled:
     flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
     bytes_moved: float | None = None
     noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
+    work: StepWork | None = None         # what the step did, for the back-pressure controller
 
 
 class Trainer:
     """Owns the order of the stages; the backend, scorer and controller do the work."""
 
     def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
-                 backend: Backend, slots: Any, config_path: Path):
+                 backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts):
         from retrain.control.backpressure import BackpressureController
 
         self.cfg = cfg
@@ -137,6 +151,7 @@ class Trainer:
         self.run_dir = run_dir
         self.splits = splits
         self.scorer = scorer
+        self.rollouts = rollouts
         self.backend = backend
         self.slots = slots
         self.config_path = config_path
@@ -150,7 +165,6 @@ class Trainer:
         self.state = runlog.RunState()
         self.batch_size = self.training.batch_size
         self.reward_errors_shown = 0
-        self._prompts: dict[int, list[int]] = {}
         self._eval_prompts: list[list[int]] | None = None
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
@@ -241,7 +255,7 @@ class Trainer:
         if self.backend.summary:
             self.progress.say(f"model: {self.backend.summary}")
         initial = None
-        if first == 1 and self.splits.eval:
+        if first == 1 and self._has_eval():
             initial = self._evaluate()
             self.progress.say(f"eval accuracy before training: {initial.accuracy:.3f} "
                               f"({initial.n} held-out problems, {initial.seconds:.1f}s)")
@@ -312,7 +326,7 @@ class Trainer:
         # The controller measures the batch size that ran: failed attempts are not its time.
         decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start,
                                            flops=sampled.flops, bytes_moved=sampled.bytes_moved,
-                                           noise_scale=sampled.noise_scale)
+                                           noise_scale=sampled.noise_scale, work=sampled.work)
         self.batch_size = max(1, decision.batch_size)
         if decision.action != "hold" or "rejected" in decision.reason:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
@@ -325,22 +339,17 @@ class Trainer:
         training = self.training
         random.seed(derive_seed(training.seed, step, "python"))  # for user reward code using random
         t0 = time.perf_counter()
-        ahead = self.overlap.take(step)  # sampled while the previous step trained
+        ahead = self.overlap.take(step)  # turn 0, sampled while the previous step trained
         if ahead is None:
-            index = self.cursor.take(batch_size)
-            prompts = [self._prompt(i) for i in index]
-            groups = self.backend.sample(prompts, training.group_size, self._sampling_params(step))
+            index, first = self._take(step, batch_size), None
         else:
-            index, groups = ahead.index, ahead.groups
-            prompts = [self._prompt(i) for i in index]
+            index, first = ahead.index, ahead.groups
             self.cursor.load_state_dict(ahead.cursor_after)
-        problems = [self.splits.train[i] for i in index]
+        rollout = self.rollouts.train
+        result = rollout.run(index, training.group_size, self._sampling_params(step), first)
         t1 = time.perf_counter()
-        self._sample_ahead(step + 1)  # overlap: runs while this step scores and trains
-        decode = self.backend.tokenizer.decode
-        texts = [decode(c.tokens, skip_special_tokens=True) for g in groups for c in g]
-        scores = self.scorer.score(texts, [p for p in problems for _ in range(training.group_size)])
-        rewards = groups_of(scores.rewards, training.group_size)
+        self._sample_ahead(step + 1)  # overlap: runs while this step trains
+        rewards = result.rewards()
         advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
                                         self.cfg.algorithm.std_scale)
         advantages, divisor = bounded_for_loss(advantages)  # float32-safe, order kept
@@ -350,32 +359,53 @@ class Trainer:
                               f"by {divisor:.3g} before the loss (rewards in large units; "
                               "said once)")
         t2 = time.perf_counter()
-        datums = [make_datum(prompts[g], c, a)
-                  for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
-                  for c, a in zip(group, adv, strict=True) if a != 0.0]
+        datums = [episode_datum(e, a)
+                  for group, adv, dropped in zip(result.groups, advantages, result.dropped,
+                                                 strict=True) if not dropped
+                  for e, a in zip(group, adv, strict=True) if a != 0.0]
         train = self._train(datums, batch_size)
         t3 = time.perf_counter()
-        completions = [c for g in groups for c in g]
-        n = len(completions)
-        mean_reward, reward_std = mean_and_std(scores.rewards)  # overflow-safe (1e200 rewards)
-        row = {
-            "batch_size": batch_size, "group_size": training.group_size, "num_completions": n,
-            "mean_reward": mean_reward,
-            "reward_std": reward_std,
-            "correct_rate": sum(scores.correct) / n,
-            "max_token_hit_rate": sum(c.finish_reason == "length" for c in completions) / n,
-            "mean_completion_tokens": sum(len(c.tokens) for c in completions) / n,
-            **train, "lr": self._lr(batch_size),
-            "sample_time_s": t1 - t0, "reward_time_s": t2 - t1, "train_time_s": t3 - t2,
-            "reward_uniform_group_rate": uniform_group_rate(rewards),
-            "reward_failures": scores.failures, "trained_completions": len(datums),
-            "sample_staleness": ahead.staleness if ahead is not None else 0,
-        }
-        tokens = sum(len(prompts[g]) + len(c.tokens) for g, group in enumerate(groups)
-                     for c in group)
-        sampled = _Sampled(row=row, tokens=tokens, errors=getattr(scores, "errors", []))
-        self._add_estimates(sampled, prompts, groups, batch_size)
+        row = self._row(result, batch_size, rewards, train)
+        row.update(sample_time_s=t1 - t0 - result.env_seconds,
+                   reward_time_s=t2 - t1 + result.env_seconds, train_time_s=t3 - t2,
+                   trained_completions=len(datums),
+                   sample_staleness=ahead.staleness if ahead is not None else 0)
+        episodes = [e for g in result.groups for e in g]
+        work = step_work([[(len(e.ledger.tokens) - e.ledger.sampled_tokens,
+                            e.ledger.sampled_tokens) for e in g] for g in result.groups],
+                         advantages)
+        sampled = _Sampled(row=row, tokens=work.sampled_tokens, work=work,
+                           errors=list(rollout.host.errors)
+                           + [f"episode {e.id}: {e.error}" for e in episodes if e.error])
+        self._add_estimates(sampled, result, batch_size)
         return sampled
+
+    def _row(self, result: RolloutResult, batch_size: int, rewards: list[list[float]],
+             train: dict) -> dict:
+        episodes = [e for g in result.groups for e in g]
+        n, replies = len(episodes), sum(e.turns for e in episodes)
+        flat = [r for g in rewards for r in g]
+        mean_reward, reward_std = mean_and_std(flat)  # overflow-safe (1e200 rewards)
+        row = {
+            "batch_size": batch_size, "group_size": self.training.group_size,
+            "num_completions": n, "mean_reward": mean_reward, "reward_std": reward_std,
+            "correct_rate": sum(e.success for e in episodes) / n,
+            "max_token_hit_rate": sum(e.cut_replies for e in episodes) / max(1, replies),
+            "mean_completion_tokens": sum(e.ledger.sampled_tokens for e in episodes) / n,
+            **train, "lr": self._lr(batch_size),
+            "reward_uniform_group_rate": uniform_group_rate(rewards),
+            "reward_failures": self.rollouts.train.host.failures,
+        }
+        if not uses_scorer(self.cfg.environment):
+            row.update(result.metrics())
+        return row
+
+    def _take(self, step: int, batch_size: int) -> list[int]:
+        """The groups of a step: problem indices from the data cursor (task kind), else
+        episode seeds derived from (training.seed, step, group index)."""
+        if uses_scorer(self.cfg.environment) or self.cfg.environment.kind == "task":
+            return self.cursor.take(batch_size)
+        return [derive_seed(self.training.seed, step, f"episode:{g}") for g in range(batch_size)]
 
     def _lr(self, batch_size: int) -> float:
         """training.lr, scaled for a batch the controller chose ([backpressure] lr_scaling)."""
@@ -385,14 +415,15 @@ class Trainer:
         ratio = batch_size / self.training.batch_size
         return self.training.lr * (math.sqrt(ratio) if bp.lr_scaling == "sqrt" else ratio)
 
-    def _add_estimates(self, sampled: _Sampled, prompts: list[list[int]], groups: list,
+    def _add_estimates(self, sampled: _Sampled, result: RolloutResult,
                        batch_size: int) -> None:
         """FLOPs and bytes for the roofline; the noise scale in prompts for goodput."""
         metrics = self._train_metrics
         cost = self.backend.cost_model
         if cost is not None:
-            est = step_cost(cost, [len(p) for p in prompts],
-                            [[len(c.tokens) for c in g] for g in groups],
+            est = step_cost(cost, [len(g[0].ledger.tokens) - g[0].ledger.sampled_tokens
+                                   for g in result.groups],
+                            [[e.ledger.sampled_tokens for e in g] for g in result.groups],
                             int(metrics.get("tokens", 0)),
                             int(metrics.get("grad_micro_batches", 1)))
             sampled.flops, sampled.bytes_moved = est.flops, est.bytes_moved
@@ -441,7 +472,7 @@ class Trainer:
         if not self.overlap.enabled or step > self.training.max_steps:
             return
         before = self.cursor.state_dict()
-        index = self.cursor.take(self.batch_size)
+        index = self._take(step, self.batch_size)
         self.overlap.start(step, index, [self._prompt(i) for i in index], self.training.group_size,
                            self._sampling_params(step), before, self.cursor.state_dict())
 
@@ -450,14 +481,21 @@ class Trainer:
         return self.slots.wait_s + self.backend.rate_limit_wait_s
 
     def _prompt(self, index: int) -> list[int]:
-        if index not in self._prompts:
-            self._prompts[index] = render_prompt(self.backend.tokenizer,
-                                                 self.splits.train[index], self.cfg.data)
-        return self._prompts[index]
+        """The turn-0 prompt of a group: a problem index (task kind) or an episode seed."""
+        return self.rollouts.train.prompt(index)
 
     # ------------------------------------------------------------------ eval, checkpoints
 
+    def _has_eval(self) -> bool:
+        if self.rollouts.make_eval is None:
+            return bool(self.splits.eval)
+        return self.cfg.data.eval_size > 0
+
     def _evaluate(self):
+        if self.rollouts.make_eval is not None:  # an environment: held-out episodes
+            seeds = [derive_seed(self.training.seed, 0, f"eval-episode:{i}")
+                     for i in range(self.cfg.data.eval_size)]
+            return evaluate_episodes(self.rollouts.eval, seeds, self.training.max_tokens)
         if self._eval_prompts is None:
             self._eval_prompts = [render_prompt(self.backend.tokenizer, p, self.cfg.data)
                                   for p in self.splits.eval]
@@ -467,10 +505,12 @@ class Trainer:
 
     def _maybe_evaluate(self, step: int, row: dict) -> None:
         every, last = self.training.eval_every, self.training.max_steps
-        if not self.splits.eval or not (step == last or (every and step % every == 0)):
+        if not self._has_eval() or not (step == last or (every and step % every == 0)):
             return
         result = self._evaluate()
         row["eval_accuracy"] = result.accuracy
+        if self.rollouts.make_eval is not None:
+            row["eval_mean_reward"] = result.mean_reward
         row["eval_time_s"] = result.seconds
         self.state.extra["eval_accuracy"] = result.accuracy
 

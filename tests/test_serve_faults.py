@@ -205,3 +205,63 @@ def test_retrain_serve_start_errors_are_one_line(cli_env, python, tmp_path, args
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert words.replace("{busy}", port) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
+
+
+# ------------------------------------------- zstd bodies: capped while decompressing (S4, S5)
+
+ZSTD = {**PROTO, "Content-Encoding": "zstd"}
+
+
+def _zstd_post(served, body: bytes) -> httpx.Response:
+    return httpx.post(f"{served.url}/api/v1/forward_backward", headers=ZSTD, content=body)
+
+
+def _good_request(served) -> bytes:
+    msg = pb.ForwardBackwardRequest(model_id=served.model_id, seq_id=1,
+                                    loss_fn="importance_sampling")
+    msg.data.append(_datum())
+    return msg.SerializeToString()
+
+
+def test_zstd_bomb_is_413_without_inflating(served):
+    import zstandard
+
+    # 20 MB of zeros compress to a few hundred bytes; the cap (200 kB) is on what it inflates to
+    bomb = zstandard.ZstdCompressor().compress(b"\x00" * 20_000_000)
+    assert len(bomb) < 200_000
+    r = _zstd_post(served, bomb)
+    assert r.status_code == 413 and "200000 bytes" in r.json()["error"], r.text
+    stream = zstandard.ZstdCompressor().compressobj()  # a frame with no declared size
+    unsized = stream.compress(b"\x00" * 20_000_000) + stream.flush()
+    assert zstandard.get_frame_parameters(unsized).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    r = _zstd_post(served, unsized)
+    assert r.status_code == 413, r.text
+
+
+@pytest.mark.parametrize("body,words", [
+    (b"\xff" * 50, "zstd"),
+    (b"", "empty"),
+    (b"(\xb5/\xfd", "zstd"),  # a frame's magic number and nothing else
+], ids=["garbage", "empty", "magic-only"])
+def test_malformed_zstd_is_400(served, body, words):
+    r = _zstd_post(served, body)
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+
+
+def test_truncated_zstd_frame_is_400(served):
+    import zstandard
+
+    frame = zstandard.ZstdCompressor().compress(_good_request(served))
+    r = _zstd_post(served, frame[:-4])
+    assert r.status_code == 400 and "zstd" in r.json()["error"], r.text
+
+
+def test_zstd_frame_without_content_size_is_accepted(served):
+    import zstandard
+
+    stream = zstandard.ZstdCompressor().compressobj()  # what streaming clients send
+    body = stream.compress(_good_request(served)) + stream.flush()
+    r = _zstd_post(served, body)
+    assert r.status_code == 200 and "request_id" in r.json(), r.text
+    sized = zstandard.ZstdCompressor().compress(_good_request(served))
+    assert _zstd_post(served, sized).status_code == 200

@@ -100,9 +100,14 @@ class LocalModel:
         head_dim = int(getattr(cfg, "head_dim", 0) or
                        (getattr(cfg, "hidden_size", 0) // heads if heads else 0))
         element = params[0].element_size() if params else 4
-        return ModelCost(parameters=sum(p.numel() for p in params),
+        total = sum(p.numel() for p in params)
+        embed = self.base.get_input_embeddings().weight
+        head = self.base.get_output_embeddings().weight
+        lookup = embed.numel() + (0 if head.data_ptr() == embed.data_ptr() else head.numel())
+        return ModelCost(parameters=total,
                          weight_bytes=sum(p.numel() * p.element_size() for p in params),
-                         kv_bytes_per_token=2 * layers * kv_heads * head_dim * element)
+                         kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,
+                         body_parameters=max(total - lookup, 1), head_parameters=head.numel())
 
     @property
     def net(self) -> Any:

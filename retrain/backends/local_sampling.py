@@ -82,10 +82,27 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
         sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return inverse_cdf(probs, uniforms(probs.shape[0], generator, probs.device))
+
+
+def uniforms(rows: int, generator: torch.Generator | list[torch.Generator],
+             device: torch.device) -> torch.Tensor:
+    """One draw in (0, 1] per row, from the shared generator or each row's own."""
     if isinstance(generator, torch.Generator):
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)
-                      for i, g in enumerate(generator)]).squeeze(-1)
+        u = torch.rand(rows, generator=generator, device=device, dtype=torch.float64)
+    else:
+        u = torch.cat([torch.rand(1, generator=g, device=device, dtype=torch.float64)
+                       for g in generator])
+    return 1.0 - u
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token whose cumulative probability first reaches u x the row's total: one uniform
+    per row instead of one random number per vocabulary entry (what `multinomial` draws).
+    u > 0, so a token of probability 0 is never drawn."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 @torch.inference_mode()

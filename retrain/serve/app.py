@@ -28,7 +28,8 @@ from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
-from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, Traffic
+from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
+from retrain.serve.inflate import inflate_zstd
 from retrain.serve.service import SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
@@ -77,9 +78,9 @@ Handler = Callable[[Request], Awaitable[Any]]
 RouteSpec = tuple[str, str, Handler]  # (HTTP method, path under /api/v1/, handler)
 
 
-def build_routes(service: TinkerService) -> list[Route]:
-    """The API routes, bound to one service."""
-    table = [*_session_routes(service), *_training_routes(service),
+def build_routes(service: TinkerService, max_body_bytes: int = MAX_BODY_BYTES) -> list[Route]:
+    """The API routes, bound to one service; a zstd body may inflate to `max_body_bytes`."""
+    table = [*_session_routes(service), *_training_routes(service, max_body_bytes),
              *_sampling_routes(service)]
     return [Route(f"/api/v1/{path}", _wrap(fn), methods=[method]) for method, path, fn in table]
 
@@ -132,7 +133,7 @@ def _session_routes(s: TinkerService) -> list[RouteSpec]:
     ]
 
 
-def _training_routes(s: TinkerService) -> list[RouteSpec]:
+def _training_routes(s: TinkerService, max_body_bytes: int) -> list[RouteSpec]:
     """Forward/backward, optimizer steps, weights and checkpoints of training runs."""
 
     async def forward_backward(request: Request):
@@ -140,9 +141,7 @@ def _training_routes(s: TinkerService) -> list[RouteSpec]:
             raise ApiError(415, "forward_backward takes a protobuf body (tinker SDK >= 0.25)")
         body = await request.body()
         if request.headers.get("content-encoding") == "zstd":
-            import zstandard
-
-            body = zstandard.ZstdDecompressor().decompress(body)
+            body = inflate_zstd(body, max_body_bytes)
         try:
             call = wire.decode_forward_backward(body)
         except EngineError as exc:
@@ -240,10 +239,12 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
               reap_every_s: float = 60.0, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
-              max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Guard, TinkerService]:
+              max_body_bytes: int = MAX_BODY_BYTES,
+              load: LoadModel | None = None) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service.
 
-    `delay_s` is added before every API request (`--delay-ms`); `max_sessions` caps the
+    `delay_s` is added before every API request (`--delay-ms`), `load` simulates a hosted
+    endpoint's capacity curve (`--load-model`); `max_sessions` caps the
     training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429).
     """
     service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s),
@@ -262,8 +263,8 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
             task.cancel()
             service.close()
 
-    app = Starlette(routes=build_routes(service), lifespan=lifespan,
+    app = Starlette(routes=build_routes(service, max_body_bytes), lifespan=lifespan,
                     exception_handlers={404: _not_found, 405: _not_allowed,
                                         413: _too_large})
     return Guard(app, api_key=api_key, faults=faults, traffic=Traffic(),
-                 delay_s=delay_s, max_body_bytes=max_body_bytes), service
+                 delay_s=delay_s, max_body_bytes=max_body_bytes, load=load), service
