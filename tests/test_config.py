@@ -395,6 +395,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
     if t.lr * t.weight_decay >= 1:
         t.weight_decay = 0.5 / t.lr
+    if cfg.logging.run_name and config.run_name_problem(cfg.logging.run_name):
+        cfg.logging.run_name = "run"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:
