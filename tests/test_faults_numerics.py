@@ -528,3 +528,42 @@ def test_unicode_condition_names_keep_their_letters(tmp_path, monkeypatch, capsy
     assert code == 0, err
     names = sorted(r["name"] for r in json.loads(out)["runs"])
     assert names == ["a-b-c_s1", "ünïcödé-名前_s1"], names
+
+
+OVERFLOW_ENV = '''
+from retrain.environments import Environment, Step
+
+
+class Overflow(Environment):
+    """Two turns of 1e308 each: finite step rewards whose sum is inf."""
+
+    def reset(self, seed):
+        self.turn = 0
+        return [{"role": "user", "content": f"Say anything ({seed})."}]
+
+    def step(self, reply):
+        self.turn += 1
+        big = 1e308 if len(reply) % 2 else 1.0
+        return Step(messages=[{"role": "user", "content": "again"}], reward=big,
+                    done=self.turn >= 2)
+'''
+
+
+def test_environment_rewards_that_sum_to_inf_are_environment_errors(tmp_path, monkeypatch,
+                                                                   capsys, tiny_model):
+    """Item 1 for multi-turn environments: an episode's reward sum that overflows became inf
+    and compute_advantages raised (a traceback). Now it is an environment error, scored as
+    environment.on_env_error says, and the run trains on."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "overflow_env.py").write_text(OVERFLOW_ENV)
+    write_config(tmp_path, environment={"kind": "python", "factory": "overflow_env.py:Overflow",
+                                        "on_length": "continue"},
+                 data={"eval_size": 0},
+                 training={**STEPS, "max_steps": 2, "batch_size": 1, "max_tokens": 5})
+    code, out, err = cli(capsys, "run.toml")
+    assert code == 0, err
+    got = rows(tmp_path / "logs" / "run")
+    assert sum(r["env_errors"] for r in got) > 0, got
+    for row in got:
+        assert math.isfinite(row["mean_reward"]) and row["skipped_nonfinite"] is False, row
+    assert "beyond a float" in out + err
