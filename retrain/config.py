@@ -236,7 +236,8 @@ class BackpressureConfig:
 @dataclass
 class LoggingConfig:
     log_dir: str = opt("logs", "where runs and campaigns write, relative to the working folder")
-    run_name: str = opt("", "run folder name (default: the TOML file's stem)")
+    run_name: str = opt("", "run folder name inside log_dir, a plain name (default: the TOML "
+                        "file's stem)")
     wandb_project: str = opt("", "log to Weights & Biases under this project (needs wandb)")
     tensorboard: bool = opt(False, "also write TensorBoard event files (needs tensorboard)")
 
