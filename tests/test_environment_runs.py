@@ -47,11 +47,15 @@ def test_a_multi_turn_environment_trains_with_its_metrics(workdir):
     for r in got:
         assert set(ENV_METRICS) <= set(r), set(ENV_METRICS) - set(r)
         assert r["mean_turns"] == 3 and r["max_turns_hit"] == 0 and r["env_errors"] == 0
-        assert r["num_completions"] == 4 and r["trained_completions"] > 0
+        assert r["num_completions"] == 4
         assert r["episode_tokens"] > 3 * 8 and "env_digit_share" in r
-        assert r["max_token_hit_rate"] == 1.0  # the random model never stops by itself
+        assert r["max_token_hit_rate"] >= 0.5  # the random model seldom stops by itself
+    # a group whose four episodes all score 0 trains nothing; which step that is depends on
+    # the sampler's draws
+    assert any(r["trained_completions"] > 0 for r in got), got
     # Multi-turn sequences, scored by the trainer on the same weights: the sampler's log-probs.
-    assert got[0]["sampler_trainer_logprob_diff"] < 1e-4
+    trained = next(r for r in got if r["trained_completions"] > 0)
+    assert trained["sampler_trainer_logprob_diff"] < 1e-4
     assert "initial_eval_accuracy" in got[0]
     assert "eval_accuracy" in got[-1] and "eval_mean_reward" in got[-1]
 
