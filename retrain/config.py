@@ -236,7 +236,8 @@ class BackpressureConfig:
 @dataclass
 class LoggingConfig:
     log_dir: str = opt("logs", "where runs and campaigns write, relative to the working folder")
-    run_name: str = opt("", "run folder name (default: the TOML file's stem)")
+    run_name: str = opt("", "run folder name inside log_dir, a plain name (default: the TOML "
+                        "file's stem)")
     wandb_project: str = opt("", "log to Weights & Biases under this project (needs wandb)")
     tensorboard: bool = opt(False, "also write TensorBoard event files (needs tensorboard)")
 
@@ -356,6 +357,9 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
                 re.compile(cfg.reward.pattern)
             except re.error as exc:
                 issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
+    problem = run_name_problem(cfg.logging.run_name)
+    if cfg.logging.run_name and problem:
+        issues.append(ConfigIssue("logging.run_name", problem))
     t = cfg.training
     if t.batch_size * t.group_size > MAX_COMPLETIONS:
         issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
@@ -410,6 +414,16 @@ def _environment_conflicts(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("environment.factory", "environment.kind = 'python' needs "
                                   "environment.factory = 'my_env.py:MyEnv'"))
     return issues
+
+
+def run_name_problem(name: str) -> str:
+    """Why `name` cannot name a run folder inside logging.log_dir ('' when it can): the
+    folder must be a child of log_dir, never log_dir itself, its parent or an absolute path."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return (f"{show(name)} is not a plain folder name: it must not be empty, '.' or '..' "
+                "nor hold '/' or '\\' (the run folder is logging.log_dir/<run_name>); use "
+                "logging.log_dir to pick where runs go")
+    return ""
 
 
 # ---------------------------------------------------------------------------- dumping

@@ -20,6 +20,7 @@ The trainer also lets step k's checkpoint land during step k+1 (docs/training.md
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,16 +114,60 @@ class Overlap:
         for old in sorted(self.folder.glob("step-*.json"))[:-2]:  # this one and the previous
             old.unlink(missing_ok=True)
 
-    def restore(self, state: runlog.RunState) -> bool:
-        """On resume: load the batch saved with the checkpoint, if any (True if loaded)."""
+    def restore(self, state: runlog.RunState, n_train: int, vocab: int) -> str:
+        """On resume: load the batch saved with the checkpoint, if any. A missing, torn or
+        damaged one (prompt indices outside the `n_train` problems, token ids outside the
+        `vocab`) is dropped: the step samples afresh. Returns a one-line note then, else ''."""
         name = state.extra.get(EXTRA_KEY)
         if not self.enabled or not name:
-            return False
-        raw = runlog.read_json(self.folder.parent / name)
-        if raw is None or raw.get("step") != state.step + 1:
-            return False
+            return ""
+        step = state.step + 1
+        raw = runlog.read_json(self.folder.parent / str(name))
+        why = "is missing or unreadable (torn)" if raw is None else \
+            batch_problem(raw, step, n_train, vocab)
+        if why:
+            return (f"the batch sampled ahead for step {step} ({name}) {why}; sampling step "
+                    f"{step} afresh (the same weights, not the uninterrupted run's draws)")
         self._batch, self._job = _from_json(raw), None
-        return True
+        return ""
+
+
+def batch_problem(raw: dict, step: int, n_train: int, vocab: int) -> str:
+    """Why a saved batch cannot be trained at `step` ('' when it can)."""
+    if raw.get("step") != step:
+        return f"is for step {raw.get('step')!r}"
+    index, groups = raw.get("index"), raw.get("groups")
+    if not isinstance(index, list) or not index or \
+            not all(_count(i) and i < n_train for i in index):
+        return f"holds prompt indices outside 0..{n_train - 1}"
+    if not isinstance(groups, list) or len(groups) != len(index):
+        return "holds a different number of groups than prompts"
+    for c in (c for g in groups for c in (g if isinstance(g, list) and g else [None])):
+        if not isinstance(c, dict):
+            return "holds an empty or malformed group"
+        tokens, logprobs = c.get("tokens"), c.get("logprobs")
+        if not isinstance(tokens, list) or not all(_count(t) and t < vocab for t in tokens):
+            return f"holds token ids outside the vocabulary (0..{vocab - 1})"
+        if not isinstance(logprobs, list) or len(logprobs) != len(tokens) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                for x in logprobs):
+            return "holds log-probs that are not one finite number per token"
+        if c.get("finish_reason") not in ("stop", "length"):
+            return "holds an unknown finish_reason"
+    for key in ("cursor_before", "cursor_after"):
+        cursor = raw.get(key)
+        if not (isinstance(cursor, dict) and cursor.get("n_items") == n_train
+                and _count(cursor.get("epoch")) and _count(cursor.get("position"))
+                and cursor["position"] <= n_train):
+            return f"holds a damaged {key}"
+    if not _count(raw.get("staleness")):
+        return "holds a damaged staleness"
+    return ""
+
+
+def _count(value: object) -> bool:
+    """A non-negative int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _to_json(batch: Batch) -> dict:

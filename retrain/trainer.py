@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import checkpoint, runlog
+from retrain import checkpoint, run_lock, runlog
 from retrain.advantages import (
     bounded_for_loss,
     compute_advantages,
@@ -49,7 +49,7 @@ from retrain.backends.base import (
     SamplingParams,
     skipped_nonfinite,
 )
-from retrain.config import Config, run_config
+from retrain.config import Config, run_config, run_name_problem
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
 from retrain.control.work import StepWork
@@ -85,7 +85,16 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     """Train (or resume) the run described by `cfg`; returns the process exit status."""
     config_path = Path(config_path)
     run_name = cfg.logging.run_name or config_path.stem
+    if run_name_problem(run_name):  # a file named `..toml`: its stem names no folder
+        raise UserError(f"{config_path}: logging.run_name (the file's stem by default): "
+                        f"{run_name_problem(run_name)}")
     run_dir = Path(cfg.logging.log_dir) / run_name
+    with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
+        return _run_locked(cfg, config_path, run_dir, run_name, new)
+
+
+def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
+                new: bool) -> int:
     start = checkpoint.prepare(run_dir, cfg, new=new)
     if start.moved_to is not None:
         print(f"--new: moved the previous run to {start.moved_to}")
@@ -230,7 +239,11 @@ class Trainer:
             self.training.batch_size
         # Resume points from before the controller owned the out-of-memory ceiling.
         self.controller.adopt_oom_cap(saved.extra.pop("oom_cap", None), limit)
-        self.overlap.restore(saved)  # the batch sampled ahead for the next step, if any
+        # The batch sampled ahead for the next step, if any (a damaged one is dropped).
+        dropped_batch = self.overlap.restore(saved, len(self.splits.train),
+                                             len(self.backend.tokenizer))
+        if dropped_batch:
+            self.progress.say(dropped_batch)
         note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
         if saved is not points[0]:
             note += f" (fell back from step {points[0].step}: its checkpoint did not load)"

@@ -409,6 +409,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         eval_size = cfg.data.eval_size
         cfg.data, cfg.reward = config.DataConfig(eval_size=eval_size), config.RewardConfig()
         env.factory = env.factory or "my_env.py:MyEnv"
+    if cfg.logging.run_name and config.run_name_problem(cfg.logging.run_name):
+        cfg.logging.run_name = "run"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

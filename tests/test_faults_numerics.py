@@ -9,6 +9,7 @@ loss function (as test_faults.py injects ENOSPC into the real metrics writer).
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -239,7 +240,25 @@ def test_serve_does_not_apply_a_nonfinite_step_and_says_so(tmp_path, sdk_env, ti
         tc.forward_backward([datum], "importance_sampling").result()
         step = tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
         assert step.metrics["skipped_nonfinite"] == 0.0 and math.isfinite(step.metrics["grad_norm"])
+        # settings that make AdamW overflow the weights are refused, naming the field (last:
+        # a refused request leaves a gap in the SDK's order that later calls would wait on)
+        with pytest.raises(tinker.BadRequestError, match="learning_rate x weight_decay"):
+            tc.optim_step(types.AdamParams(learning_rate=1e-3, weight_decay=1e12)).result()
         service.close("success").result()
+
+
+@pytest.mark.parametrize("adam, words", [
+    ({"learning_rate": 1e39}, "does not fit the float32 weights"),
+    ({"learning_rate": 1e-4, "weight_decay": 1e4}, "learning_rate x weight_decay = 1 must be"),
+])
+def test_serve_refuses_adam_settings_that_overflow(adam, words):
+    """S2 on serve's side: lr beyond float32 made torch raise (a 500); lr x weight_decay >= 1
+    grows the weights without bound."""
+    from retrain.backends.base import AdamParams
+    from retrain.serve.validate import RequestError, check_adam
+
+    with pytest.raises(RequestError, match=words):
+        check_adam(AdamParams(**adam))
 
 
 def test_tinker_run_reports_a_skipped_step_and_its_staleness(tiny_server, tmp_path, sdk_env,
@@ -366,3 +385,185 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_quietly(tmp_path, cli_env, p
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, (delay, proc.returncode, err[-2000:])
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 3, (delay, err)
+
+
+# ------------------------------------------------------------------ two writers on one run (S9)
+
+
+def test_two_processes_on_one_run_folder_one_refuses(tmp_path, cli_env, python, tiny_model):
+    """S9: two `retrain run.toml` started together both trained into one folder (step 1
+    twice in the metrics). Now one trains and the other says so in one line, exit 2."""
+    import subprocess
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 3}, data={"eval_size": 0})
+    procs = [subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in done)
+    assert codes == [0, 2], done
+    refused = next(err for code, _, err in done if code == 2)
+    line = one_error_line(refused)
+    assert "being trained by another process (pid" in line, line
+    assert [r["step"] for r in rows(tmp_path / "logs" / "run")] == [1, 2, 3]
+
+
+def test_a_sigkilled_run_does_not_block_the_next_start(tmp_path, monkeypatch, capsys, cli_env,
+                                                       python, tiny_model):
+    import signal
+    import subprocess
+    import time
+
+    write_config(tmp_path, training={**STEPS, "max_steps": 40}, data={"eval_size": 0})
+    proc = subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    while "step 2/" not in proc.stdout.readline():
+        assert proc.poll() is None, "the run ended early"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    time.sleep(0.2)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "run.toml", "--max-steps", "4")
+    assert code == 0, err
+    assert "resuming" in out
+    assert [r["step"] for r in rows(tmp_path / "logs" / "run")] == [1, 2, 3, 4]
+
+
+# --------------------------------------------------------- a damaged batch sampled ahead (S10)
+
+
+def _index_out_of_range(batch: dict) -> None:
+    batch["index"][0] = 10**6
+
+
+def _token_out_of_vocab(batch: dict) -> None:
+    batch["groups"][0][0]["tokens"][0] = 10**9
+
+
+PREFETCH_DAMAGE = {
+    "prompt index out of range": lambda p: p.write_text(json.dumps(
+        _edited(p, _index_out_of_range))),
+    "token id out of the vocabulary": lambda p: p.write_text(json.dumps(
+        _edited(p, _token_out_of_vocab))),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:60]),
+}
+
+
+def _edited(path, change) -> dict:
+    batch = json.loads(path.read_text())
+    change(batch)
+    return batch
+
+
+@pytest.mark.parametrize("damage", list(PREFETCH_DAMAGE))
+def test_a_damaged_prefetched_batch_is_sampled_afresh_with_a_note(
+        tiny_server, tmp_path, sdk_env, monkeypatch, capsys, damage):
+    """S10: an off-policy run whose saved batch for the next step was damaged failed on
+    every resume with IndexError. Now the batch is checked and, if damaged (or torn),
+    dropped with one line; the step samples afresh."""
+    pytest.importorskip("tinker")
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, training={**STEPS, "max_steps": 4, "save_every": 1,
+                                     "max_steps_off_policy": 1}, data={"eval_size": 0},
+                 backend={"backend": "tinker", "base_url": tiny_server.url})
+    assert cli(capsys, "run.toml")[0] == 0
+    run = tmp_path / "logs" / "run"
+    point = run / "checkpoints" / "step-000003.json"   # resume after step 3 ...
+    (run / "checkpoints" / "step-000004.json").unlink()
+    (run / "state.json").write_text(json.dumps({**json.loads(point.read_text()),
+                                                "status": "interrupted"}))
+    batch = run / json.loads(point.read_text())["extra"]["prefetched_batch"]
+    assert batch.name == "step-000004.json"            # ... with step 4's batch damaged
+    PREFETCH_DAMAGE[damage](batch)
+    code, out, err = cli(capsys, "run.toml")
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "sampled ahead for step 4" in line]
+    assert len(notes) == 1 and "afresh" in notes[0], out
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------ run names (S11)
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "/tmp/elsewhere", ".", "a/b"])
+def test_a_run_name_that_leaves_the_log_folder_is_refused(tmp_path, monkeypatch, capsys, name):
+    """S11: logging.run_name = ".." made the working folder the run folder (config.toml,
+    state.json and checkpoints written beside the user's files)."""
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, logging={"log_dir": "logs", "run_name": name})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for command in (["run.toml"], ["explain", "run.toml"]):
+        code, _, err = cli(capsys, *command)
+        assert code == 2
+        line = one_error_line(err)
+        assert "logging.run_name" in line and "plain folder name" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _campaign(tmp_path, conditions: str) -> None:
+    write_config(tmp_path)
+    text = (tmp_path / "run.toml").read_text()
+    (tmp_path / "camp.toml").write_text(text + "\n[campaign]\nseeds = [1]\n" + conditions,
+                                        encoding="utf-8")
+
+
+def test_an_empty_condition_name_is_an_error(tmp_path, monkeypatch, capsys):
+    """S11: `name = ""` silently became "base-2"."""
+    monkeypatch.chdir(tmp_path)
+    _campaign(tmp_path, '[[campaign.conditions]]\nname = "a"\n\n'
+                        '[[campaign.conditions]]\nname = ""\n"training.lr" = 1e-4\n')
+    code, _, err = cli(capsys, "explain", "camp.toml")
+    assert code == 2
+    line = one_error_line(err)
+    assert "campaign.conditions[1].name" in line and "no letter or digit" in line, line
+
+
+def test_unicode_condition_names_keep_their_letters(tmp_path, monkeypatch, capsys):
+    """S11: "ünïcödé-名前" became "n-c-d"."""
+    monkeypatch.chdir(tmp_path)
+    _campaign(tmp_path, '[[campaign.conditions]]\nname = "ünïcödé-名前"\n'
+                        '"training.lr" = 1e-4\n\n[[campaign.conditions]]\nname = "a/b:c"\n'
+                        '"training.lr" = 2e-4\n')
+    code, out, err = cli(capsys, "explain", "camp.toml", "--json")
+    assert code == 0, err
+    names = sorted(r["name"] for r in json.loads(out)["runs"])
+    assert names == ["a-b-c_s1", "ünïcödé-名前_s1"], names
+
+
+OVERFLOW_ENV = '''
+from retrain.environments import Environment, Step
+
+
+class Overflow(Environment):
+    """Two turns of 1e308 each: finite step rewards whose sum is inf."""
+
+    def reset(self, seed):
+        self.turn = 0
+        return [{"role": "user", "content": f"Say anything ({seed})."}]
+
+    def step(self, reply):
+        self.turn += 1
+        big = 1e308 if len(reply) % 2 else 1.0
+        return Step(messages=[{"role": "user", "content": "again"}], reward=big,
+                    done=self.turn >= 2)
+'''
+
+
+def test_environment_rewards_that_sum_to_inf_are_environment_errors(tmp_path, monkeypatch,
+                                                                   capsys, tiny_model):
+    """Item 1 for multi-turn environments: an episode's reward sum that overflows became inf
+    and compute_advantages raised (a traceback). Now it is an environment error, scored as
+    environment.on_env_error says, and the run trains on."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "overflow_env.py").write_text(OVERFLOW_ENV)
+    write_config(tmp_path, environment={"kind": "python", "factory": "overflow_env.py:Overflow",
+                                        "on_length": "continue"},
+                 data={"eval_size": 0},
+                 training={**STEPS, "max_steps": 2, "batch_size": 1, "max_tokens": 5})
+    code, out, err = cli(capsys, "run.toml")
+    assert code == 0, err
+    got = rows(tmp_path / "logs" / "run")
+    assert sum(r["env_errors"] for r in got) > 0, got
+    for row in got:
+        assert math.isfinite(row["mean_reward"]) and row["skipped_nonfinite"] is False, row
+    assert "beyond a float" in out + err

@@ -22,7 +22,7 @@ from retrain.config import Config, ConfigError
 from retrain.config_file import dumps_config, loads_config, parse, to_dict
 from tests.plans import GRPO_VS_RLOO
 
-SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+SAFE = re.compile(r"^[^\W_][\w.+=-]*$")  # letters and digits of any script (issue 28 S11)
 
 CAMPAIGN = """
 [training]

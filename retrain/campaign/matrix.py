@@ -1,8 +1,9 @@
 """Campaign matrix: conditions x grid x seeds -> run specs with stable, folder-safe names.
 
 Pure: no I/O. Names are `<condition>_s<seed>`, where the condition label folds in the grid
-values (`rloo_lr-2e-05_s1`), and are safe as folder names: no separators, no leading dots,
-no collisions (a name that repeats after cleaning gets `-2`, `-3`, ... in matrix order).
+values (`rloo_lr-2e-05_s1`), and are safe as folder names: letters of any script kept, no
+separators, no leading dots, no collisions (a name that repeats after cleaning gets `-2`,
+`-3`, ... in matrix order).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import hashlib
 import itertools
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ RESERVED_KEYS = {
     "backend.max_concurrent_min": "the API cap is campaign-wide; set it in [backend]",
     "backend.max_concurrent_max": "the API cap is campaign-wide; set it in [backend]",
 }
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
+_UNSAFE = re.compile(r"[^\w.+=-]+")  # \w: letters and digits of every script, and _
 
 
 @dataclass
@@ -107,8 +109,9 @@ def matrix_hash(run_configs: dict[str, Config]) -> str:
 
 
 def safe_name(text: str, fallback: str = "run") -> str:
-    """A readable folder name: unsafe characters become '-', no leading dots, bounded length."""
-    cleaned = _UNSAFE.sub("-", text).strip("-._+=")
+    """A readable folder name: letters (of any script) and digits kept, unsafe characters
+    become '-', no leading dots, bounded length."""
+    cleaned = _UNSAFE.sub("-", unicodedata.normalize("NFC", text)).strip("-._+=")
     cleaned = re.sub(r"-{2,}", "-", cleaned)
     if not cleaned:
         return fallback

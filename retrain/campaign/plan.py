@@ -114,6 +114,10 @@ def _conditions(value: Any, issues: list[ConfigIssue]) -> list[Condition]:
         if not isinstance(name, str):
             issues.append(ConfigIssue(f"{where}.name", f"expected a string, got {show(name)}"))
             name = ""
+        elif "name" in table and not any(ch.isalnum() for ch in name):
+            issues.append(ConfigIssue(f"{where}.name", f"{show(name)} holds no letter or digit "
+                                      "to name the runs' folders; give the condition a name, "
+                                      "or leave name out to have one made from its overrides"))
         overrides = flatten({k: v for k, v in table.items() if k != "name"}, FILE_SECTIONS)
         for key, val in overrides.items():
             problem = check_override(key, val)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -163,6 +164,10 @@ class Rollout:
                 self._fail(e, closed.message)
             elif e.ended != "error":
                 e.reward += closed
+        for e in flat:  # finite step rewards whose sum overflows: an environment error
+            if e.ended != "error" and not math.isfinite(e.reward):
+                self._fail(e, f"its rewards sum to {e.reward} (beyond a float); scored as "
+                              "environment.on_env_error says")
         drop = self.cfg.on_env_error == "drop_group"
         for e in flat:
             if e.ended == "error":

@@ -30,6 +30,7 @@ from retrain.backends.base import (
     BackendError,
     Completion,
     Datum,
+    DivergedError,
     LossConfig,
     LossOutput,
     SamplingParams,
@@ -123,7 +124,12 @@ class LocalEngine:
                           metrics)
 
     def optim_step(self, model_id: str, adam: AdamParams) -> dict[str, float]:
-        out = self._backend(model_id).optim_step(adam)
+        """A non-finite loss or gradient is not applied (metrics `skipped_nonfinite` = 1); an
+        update that would make the weights non-finite is undone and refused."""
+        try:
+            out = self._backend(model_id).optim_step(adam)
+        except DivergedError as exc:
+            raise EngineError(f"optim_step not applied: {exc}") from None
         return {"grad_norm": out.grad_norm, **out.metrics}
 
     # ------------------------------------------------------------------ checkpoints
@@ -131,7 +137,10 @@ class LocalEngine:
     def save_state(self, model_id: str, folder: Path) -> None:
         backend = self._backend(model_id)
         backend.checkpoint_dir = folder.parent  # the local backend writes <dir>/<name>
-        backend.save_state(folder.name)
+        try:
+            backend.save_state(folder.name)
+        except DivergedError as exc:  # never saves non-finite weights
+            raise EngineError(str(exc)) from None
 
     def load_state(self, model_id: str, folder: Path, optimizer: bool) -> None:
         backend = self._backend(model_id)
@@ -199,6 +208,8 @@ class LocalEngine:
                 with self._lock:
                     batch = self._queued.pop(key, [])
                 self._decode(batch, snap, n, params)
+        if isinstance(mine.error, DivergedError):  # the client's weights, not a server fault
+            raise EngineError(str(mine.error))
         if mine.error is not None:
             raise mine.error
         stops = set(params.stop_tokens) - self.model.eos_ids

@@ -72,6 +72,9 @@ def check_sample_extras(topk_prompt_logprobs: int, topk_sample_logprobs: int,
         raise RequestError("target_prompt_logprobs is not supported by retrain serve")
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_adam(adam: AdamParams) -> None:
     """Optimizer settings of one optim_step."""
     for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
@@ -86,6 +89,14 @@ def check_adam(adam: AdamParams) -> None:
         raise RequestError(f"adam_params.eps must be > 0, got {adam.eps}")
     if adam.weight_decay < 0 or adam.grad_clip_norm < 0:
         raise RequestError("adam_params.weight_decay and grad_clip_norm must be >= 0")
+    if adam.learning_rate > FLOAT32_MAX:
+        raise RequestError(f"adam_params.learning_rate = {adam.learning_rate:g} does not fit "
+                           "the float32 weights")
+    if adam.learning_rate * adam.weight_decay >= 1:
+        raise RequestError("adam_params.learning_rate x weight_decay = "
+                           f"{adam.learning_rate * adam.weight_decay:.3g} must be < 1: AdamW "
+                           "multiplies every weight by 1 - lr x weight_decay, which then flips "
+                           "and grows it until the weights diverge")
 
 
 def check_datums(data: Sequence[Datum], config: dict[str, float], vocab_size: int,
