@@ -30,7 +30,7 @@ from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, Traffic
 from retrain.serve.inflate import inflate_zstd
-from retrain.serve.service import SESSION_TIMEOUT_S, TinkerService
+from retrain.serve.service import REAP_EVERY_S, SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
 log = logging.getLogger("retrain.serve")
@@ -237,7 +237,7 @@ async def _too_large(request: Request, exc: Exception) -> Response:
 
 def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
-              reap_every_s: float = 60.0, delay_s: float = 0.0, max_sessions: int = 0,
+              reap_every_s: float = REAP_EVERY_S, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
               max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service.
