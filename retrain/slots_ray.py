@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from retrain import ray_address
 from retrain.slot_semaphore import SlotSemaphore
 
 NAMESPACE = "retrain"
@@ -148,9 +149,16 @@ def find_broker(name: str) -> Any | None:
         return None
 
 
+def explicit_address(address: str = "") -> str:
+    """The address a `connect(address)` would join by name: `address`, else $RAY_ADDRESS
+    ('' or "auto": the cluster running on this machine, or a new one)."""
+    return (address or os.environ.get("RAY_ADDRESS", "")).strip()
+
+
 def connect(address: str = "", start: bool = False) -> None:
     """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here
-    when `start` (else ConnectionError). Keeps this process's SIGTERM handler: ray.init
+    when `start` (else ConnectionError; also for an address that is malformed or does not
+    answer). Keeps this process's SIGTERM handler: ray.init
     replaces it with an exit, and the trainer's handler is what checkpoints on SIGTERM."""
     import signal
 
@@ -161,25 +169,27 @@ def connect(address: str = "", start: bool = False) -> None:
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        _init(address or os.environ.get("RAY_ADDRESS", ""), start)
+        _init(explicit_address(address), start)
     finally:
         if main and previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
 def _init(target: str, start: bool) -> None:
-    """ray.init, after a quick TCP probe: Ray itself waits minutes on an address nobody
-    answers (a stale ray_current_cluster file left by a head that crashed)."""
+    """ray.init, after the address is parsed and probed (2 s): Ray itself answers a malformed
+    address with a traceback and waits minutes on one nobody answers (a stale
+    ray_current_cluster file left by a head that crashed)."""
     import ray
 
     kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
                   configure_logging=False)
-    if target and target != "auto":
-        if "://" not in target and not _reachable(target):
-            raise ConnectionError(f"no Ray cluster answers at {target} ([campaign] ray_address "
-                                  "or $RAY_ADDRESS); start it with `ray start --head`, or fix "
-                                  "the address")
-        ray.init(address=target, **kwargs)
+    try:
+        address = ray_address.parse(target)
+    except ValueError as exc:
+        raise ConnectionError(str(exc)) from None
+    if address is not None:
+        _check_answers(address)
+        ray.init(address=target.strip(), **kwargs)
         return
     found = _address_of_this_machines_cluster()
     if found and _reachable(found):
@@ -189,6 +199,21 @@ def _init(target: str, start: bool) -> None:
         raise ConnectionError("no Ray cluster is running on this machine"
                               + (f" ({found}, recorded by Ray, does not answer)" if found else ""))
     ray.init(address="local", include_dashboard=False, **kwargs)  # a one-machine cluster
+
+
+def _check_answers(address: ray_address.RayAddress) -> None:
+    """ConnectionError unless the address answers and, for ray://, Ray Client is installed."""
+    if not _answers(address):
+        raise ConnectionError(f"no Ray cluster answers at {address} ([campaign] ray_address "
+                              "or $RAY_ADDRESS); start it with `ray start --head`, or fix "
+                              "the address")
+    if address.scheme == "ray":
+        from ray._private.utils import get_ray_client_dependency_error
+
+        if get_ray_client_dependency_error() is not None:
+            raise ConnectionError(f"{address} is a Ray Client address, which needs "
+                                  "`pip install 'ray[client]'`; or give the head's host:port "
+                                  "(6379) from a machine of the cluster")
 
 
 def _address_of_this_machines_cluster() -> str:
@@ -205,12 +230,21 @@ def _address_of_this_machines_cluster() -> str:
         return ""
 
 
-def _reachable(address: str, timeout_s: float = 2.0) -> bool:
-    host, _, port = address.rpartition(":")
+def _reachable(text: str) -> bool:
+    """Whether `text` is a host:port that answers (what Ray recorded may be stale)."""
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        address = ray_address.parse(text)
+    except ValueError:
+        return False
+    return address is not None and _answers(address)
+
+
+def _answers(address: ray_address.RayAddress, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts a TCP connection at the address within `timeout_s`."""
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout_s):
             return True
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # refused, unknown host, timeout
         return False
 
 
