@@ -8,6 +8,12 @@
   daemon thread; the actor releases a lease not renewed for LEASE_S (its holder's process or
   node died). LEASE_S is ten heartbeats so a briefly starved holder keeps its slot.
   (Measured release time: bench/ray_semaphore.py, bench/RESULTS.md.)
+- A stalled holder (SIGSTOP, the GIL held for seconds) can be granted a slot that expires
+  before it sees the grant: when the grant took over half a lease to arrive, the holder asks
+  the actor whether it still holds it before going on, and queues again if not.
+- The actor restarted (its node died): it comes back with an empty table, so for one lease it
+  grants nothing new while live holders re-register through their renewals; calls sent to it
+  meanwhile are retried on the new instance. The cap holds across the restart.
 - The actor counts the peak number of holders, grants and expired leases, so tests and
   `status` can check that `max_concurrent` held across every node.
 
@@ -37,20 +43,29 @@ LEASE_S = 5.0
 class SlotBroker:
     """The actor's state: who holds a slot (with their last renewal) and who waits, in order."""
 
-    def __init__(self, max_concurrent: int, lease_s: float = LEASE_S):
+    def __init__(self, max_concurrent: int, lease_s: float = LEASE_S,
+                 restarted: bool | None = None):
         self.max_concurrent = max_concurrent
         self.lease_s = lease_s
         self.holders: dict[str, float] = {}              # holder id -> last renewal (monotonic)
         self.queue: OrderedDict[str, asyncio.Future] = OrderedDict()
-        self.peak = self.grants = self.expired = 0
+        self.peak = self.grants = self.expired = self.reregistered = 0
+        self.restarted = _restarted_by_ray() if restarted is None else restarted
+        # Restarted with an empty table: the slots it forgot may still be in use. Grant nothing
+        # new for one lease; live holders re-register meanwhile (their renewals), the others'
+        # leases would have expired by then.
+        self.recover_until = time.monotonic() + lease_s if self.restarted else 0.0
         self._reaper: asyncio.Task | None = None
+
+    def recovering(self) -> bool:
+        return time.monotonic() < self.recover_until
 
     async def acquire(self, holder: str) -> bool:
         """Wait for a slot in arrival order; True once `holder` holds it."""
         self._start_reaper()
         if holder in self.holders:
             return True
-        if len(self.holders) < self.max_concurrent and not self.queue:
+        if len(self.holders) < self.max_concurrent and not self.queue and not self.recovering():
             self._grant(holder)
             return True
         future = asyncio.get_running_loop().create_future()
@@ -71,11 +86,16 @@ class SlotBroker:
 
     async def renew(self, holders: list[str]) -> list[str]:
         """Extend these leases; returns the ones it no longer knows (expired)."""
+        self._start_reaper()
         now = time.monotonic()
         lost = []
         for h in holders:
             if h in self.holders:
                 self.holders[h] = now
+            elif self.recovering() and len(self.holders) < self.max_concurrent:
+                self.holders[h] = now  # a holder from before the restart re-registers
+                self.reregistered += 1
+                self.peak = max(self.peak, len(self.holders))
             else:
                 lost.append(h)
         return lost
@@ -87,7 +107,9 @@ class SlotBroker:
     async def stats(self) -> dict[str, Any]:
         return {"max_concurrent": self.max_concurrent, "in_use": len(self.holders),
                 "waiting": len(self.queue), "peak": self.peak, "grants": self.grants,
-                "expired": self.expired, "lease_s": self.lease_s}
+                "expired": self.expired, "lease_s": self.lease_s,
+                "restarted": self.restarted, "reregistered": self.reregistered,
+                "recovering": self.recovering()}
 
     def _grant(self, holder: str) -> None:
         self.holders[holder] = time.monotonic()
@@ -95,8 +117,8 @@ class SlotBroker:
         self.peak = max(self.peak, len(self.holders))
 
     def _hand_on(self) -> None:
-        """Give free slots to the head of the line."""
-        while self.queue and len(self.holders) < self.max_concurrent:
+        """Give free slots to the head of the line (none while recovering from a restart)."""
+        while not self.recovering() and self.queue and len(self.holders) < self.max_concurrent:
             holder, future = self.queue.popitem(last=False)
             if future.done():
                 continue
@@ -114,9 +136,19 @@ class SlotBroker:
             dead = [h for h, t in self.holders.items() if t < cutoff]
             for h in dead:
                 del self.holders[h]
-            if dead:
-                self.expired += len(dead)
+            self.expired += len(dead)
+            if dead or self.queue:  # also when a restart's recovery has just ended
                 self._hand_on()
+
+
+def _restarted_by_ray() -> bool:
+    """Whether this is a Ray actor that Ray restarted (after its process or node died)."""
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not inside a Ray actor
+        return False
 
 
 def broker_name(campaign_key: str) -> str:
@@ -129,12 +161,13 @@ def ensure_broker(name: str, max_concurrent: int, lease_s: float = LEASE_S) -> A
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     # On the driver's node (a worker node may leave); restarted elsewhere if that node dies,
-    # with an empty table: holders then re-acquire as their requests end (a brief overshoot).
+    # with an empty table: it then grants nothing for a lease while holders re-register, and
+    # calls made to it meanwhile are retried on the new instance (max_task_retries).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor_cls = ray.remote(SlotBroker)
     broker = actor_cls.options(name=name, namespace=NAMESPACE, lifetime="detached",
                                get_if_exists=True, num_cpus=0, max_concurrency=10_000,
-                               max_restarts=-1, scheduling_strategy=here
+                               max_restarts=-1, max_task_retries=-1, scheduling_strategy=here
                                ).remote(max_concurrent, lease_s)
     ray.get(broker.resize.remote(max_concurrent))
     return broker
@@ -261,6 +294,7 @@ class RaySlots(SlotSemaphore):
         self.max_concurrent = max_concurrent
         self.timeout = timeout
         self.wait_s = 0.0
+        self.lost = 0  # grants found expired on arrival (the holder had stalled), re-queued
         self._held: set[str] = set()
         self._mine = threading.local()
         self._lock = threading.Lock()
@@ -276,7 +310,13 @@ class RaySlots(SlotSemaphore):
         holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         start = time.monotonic()
         try:
-            ray.get(broker.acquire.remote(holder), timeout=timeout)
+            while True:
+                asked = time.monotonic()
+                left = None if timeout is None else max(0.0, start + timeout - asked)
+                ray.get(broker.acquire.remote(holder), timeout=left)
+                if time.monotonic() - asked < LEASE_S / 2 or self._still_held(holder):
+                    break
+                self.lost += 1  # granted while this process stalled, and expired: wait again
         except ray.exceptions.GetTimeoutError:
             ray.get(broker.abandon.remote(holder))
             return False
@@ -298,6 +338,13 @@ class RaySlots(SlotSemaphore):
         with self._lock:
             self._held.discard(holder)
         ray.get(self._broker.release.remote(holder))
+
+    def _still_held(self, holder: str) -> bool:
+        """Ask the actor (renewing the lease): a grant that came while this process was
+        stalled (SIGSTOP, a GIL held for seconds) may have expired before it was seen."""
+        import ray
+
+        return not ray.get(self._broker.renew.remote([holder]))
 
     @property
     def where(self) -> str:

@@ -187,3 +187,35 @@ def test_joining_the_cluster_keeps_the_trainers_sigterm_handler(cluster):
     done = subprocess.run([sys.executable, "-c", KEEPS_HANDLER], env=env, text=True,
                           capture_output=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "kept", done.stderr[-2000:]
+
+
+def _peak(holds) -> int:
+    edges = sorted([(a, 1) for _, a, _ in holds] + [(b, -1) for _, _, b in holds])
+    alive = peak = 0
+    for _, d in edges:
+        alive += d
+        peak = max(peak, alive)
+    return peak
+
+
+def test_the_cap_holds_across_a_restart_of_the_slot_actor(cluster):
+    """Kill the slot actor while holders on every node take and give back slots: Ray restarts
+    it empty; it grants nothing new until the holders re-register or their leases expire, so
+    the holders' log of grants never shows more than the cap at once."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name = "slots:test-restart"
+    broker = slots_ray.ensure_broker(name, 2)
+    task = ray.remote(num_cpus=0)(_hammer)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote(name, 2, 3, 3.0) for node in nodes for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while _stats(name)["grants"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ray.kill(broker, no_restart=False)  # Ray restarts it, with an empty table
+    holds = [h for hs in ray.get(refs, timeout=300) for h in hs]
+    stats = _stats(name)
+    assert stats["restarted"] and stats["reregistered"] >= 1, stats
+    assert len(holds) == 6 * 3 and stats["in_use"] == 0
+    assert stats["peak"] <= 2 and _peak(holds) <= 2, (stats, _peak(holds))
