@@ -1,6 +1,7 @@
 """Back-pressure on a real run: fixed batch 8 vs objective = throughput vs objective = goodput.
 
     python bench/backpressure_real.py [--out bench-out/bp-real] [--rounds 3] [--slice 240]
+                                      [--arms fixed-8,bp-throughput,bp-goodput]
 
 The quickstart task (SmolLM2-135M-Instruct, one-digit arithmetic, group_size 8, max_tokens
 48) on the local CPU, three arms that differ only in [backpressure]. The arms are interleaved
@@ -11,7 +12,7 @@ next round resumes it. An arm's time axis is its own training time (the sum of i
 
 Prints, per arm: steps, completions, median tokens/s, the batch-size trajectory, the mean
 reward of the last 5 steps, the held-out greedy accuracy at each eval against training time;
-and draws `retrain plot` for the goodput arm.
+and draws `retrain plot` for the goodput arm (else the throughput arm).
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ INSTRUCTION = ("End your reply with the result written as \\\\boxed{result}, e.g
 ARMS = {"fixed-8": None, "bp-throughput": "throughput", "bp-goodput": "goodput"}
 
 
-def write_configs(out: Path) -> dict[str, Path]:
+def write_configs(out: Path, arms: list[str]) -> dict[str, Path]:
     paths = {}
-    for name, objective in ARMS.items():
+    for name in arms:
+        objective = ARMS[name]
         text = BASE.format(log_dir=out / "logs", name=name, instruction=INSTRUCTION)
         if objective:
             text += BP.format(objective=objective)
@@ -131,10 +133,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out/bp-real")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--slice", type=float, default=240.0)
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help="comma-separated, of: " + ", ".join(ARMS))
     args = ap.parse_args()
+    arms = args.arms.split(",")
+    if unknown := [a for a in arms if a not in ARMS]:
+        sys.exit(f"error: --arms: unknown arm(s) {unknown}; choose from {list(ARMS)}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    configs = write_configs(out)
+    configs = write_configs(out, arms)
     for k in range(args.rounds):
         for name, path in configs.items():
             t0 = time.time()
@@ -145,8 +152,10 @@ def main() -> None:
     for name, s in results.items():
         print(f"\n## {name}\n" + "\n".join(f"{k}: {v}" for k, v in s.items()))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "retrain", "plot", str(out / "logs" / "bp-goodput")],
-                   env=env, check=False)
+    drawn = "bp-goodput" if "bp-goodput" in configs else "bp-throughput"
+    if drawn in configs:
+        subprocess.run([sys.executable, "-m", "retrain", "plot", str(out / "logs" / drawn)],
+                       env=env, check=False)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over seeds):
 - dirchg: sign changes of the batch-size moves after settling;
 - recovery: steps after a hardware change until the batch size settles again;
 - OOMs: out-of-memory failures reported to the controller;
+- p/own: the final batch size over the controller's own target (that of its last fit): 1.00
+  when it landed on what its own refit asks for (not held below it by the hysteresis);
 - alarms: drift alarms (re-explorations) the simulated machine did not cause, summed over all
   seeds: pure noise crossing the CUSUM limit (one per hardware change is expected and not
-  counted). Each costs a few steps at probe sizes, and shows in `settle`'s worst seed;
+  counted; in the RL scenarios the machine never changes, so every alarm counts). Each
+  costs a few steps at probe sizes, and shows in `settle`'s worst seed;
 - us/obs: mean wall time of one `observe` call (noisy on a shared machine; the header prints
   how long `sum(range(1000))` takes here, to compare machines);
 - SE 1st/win/best: how precisely the data can locate p* at all. The Cramér-Rao bound on the
@@ -27,6 +30,10 @@ TOKENS_PER_SEQ tokens; step_time_s = tokens / X. Per scenario (over seeds):
   decision rests on), for the first 100 steps (the window of the last refit), and for the best
   possible placement of 100 steps within the allowed batch sizes. No unbiased estimator does
   better, so a final p within 10% of the target needs these well under 0.10.
+
+"RL completions /2": the machine does not change, but from step 150 the completions are half
+as long (see `rl_work`), as when a policy learns; the controller gets each step's `StepWork`.
+"same, tokens only" feeds it the sampled tokens alone, as the controller was fed before.
 
 Cells show the median over seeds and, after a slash, the worst seed.
 """
@@ -47,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from retrain.config import BackpressureConfig  # noqa: E402
 from retrain.control.backpressure import BackpressureController, usl_p_star, usl_throughput  # noqa: E402
+from retrain.control.work import StepWork  # noqa: E402
 
 TOKENS_PER_SEQ = 300
 GROUP = 16
@@ -64,6 +72,8 @@ class Scenario:
     oom_at: int | None = None                        # batch sizes >= this run out of memory
     slow_every: int | None = None                    # every n-th step takes 3x as long
     steps: int = 300
+    halve_at: int | None = None          # RL drift: completions halve here, machine unchanged
+    raw_tokens: bool = False             # feed sampled tokens only (no StepWork), as before
 
 
 @dataclass
@@ -74,6 +84,7 @@ class Result:
     dirchg: list[float] = field(default_factory=list)
     recovery: list[float] = field(default_factory=list)
     ratio2: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
     ooms: list[float] = field(default_factory=list)
     us: list[float] = field(default_factory=list)
     false_alarms: list[int] = field(default_factory=list)
@@ -180,10 +191,10 @@ def direction_changes(batches: list[int]) -> int:
 
 
 def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
-    rng = random.Random(seed)
+    rng, wrng = random.Random(seed), random.Random(seed + 1000)
     ctl = BackpressureController(cfg, GROUP)
     b = ctl.first_batch_size(8)
-    batches, ooms, spent, calls, alarms = [], 0, 0.0, 0, []
+    batches, ooms, spent, calls, alarms, warm = [], 0, 0.0, 0, [], None
     for step in range(sc.steps):
         usl = sc.after if sc.after is not None and step >= sc.change_at else sc.usl
         while sc.oom_at is not None and b >= sc.oom_at:
@@ -193,15 +204,16 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
         x = usl_throughput(b * GROUP, *usl) * math.exp(sc.noise * rng.gauss(0.0, 1.0))
         if sc.slow_every and step % sc.slow_every == sc.slow_every - 1:
             x /= SLOW_STEP     # a checkpoint save, a GC pause, a hiccup of a hosted API
-        tokens = b * GROUP * TOKENS_PER_SEQ
+        tokens, seconds, work = rl_work(sc, step, b * GROUP, x, wrng)
         t0 = time.perf_counter()
-        d = ctl.observe(b, tokens, tokens / x)
+        d = ctl.observe(b, tokens, seconds, work=None if sc.raw_tokens else work)
         spent, calls = spent + time.perf_counter() - t0, calls + 1
         batches.append(b)
         b = d.batch_size
         if "drifted" in d.reason:
             alarms.append(step)
-    warm = cfg.warmup_steps + 1                   # steps that ran at warm-up sizes
+        if warm is None and d.regime != "warmup":
+            warm = step + 1                       # steps that ran at warm-up sizes
     end1 = sc.change_at if sc.after is not None else sc.steps
     phase1 = batches[warm:end1]
     s = settle_index(phase1)
@@ -220,6 +232,9 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
         res.ratio2.append(phase2[-1] * GROUP / target_p(sc.after, cfg, sc.oom_at))
         res.dirchg[-1] += direction_changes(phase2[s2:] if s2 is not None else phase2)
     res.ooms.append(ooms)
+    own = ctl.target_batch_size
+    if own is not None:
+        res.own.append(batches[-1] / own)
     # Drift alarms the machine did not cause: all of them, less one after a hardware change.
     caused = sc.after is not None and any(a >= sc.change_at for a in alarms)
     res.false_alarms.append(len(alarms) - caused)
@@ -228,6 +243,20 @@ def run(sc: Scenario, seed: int, cfg: BackpressureConfig, res: Result) -> None:
         se = p_star_se([v * GROUP for v in steps], sc.usl, sc.noise)
         if se is not None:
             getattr(res, key).append(se)
+
+
+def rl_work(sc: Scenario, step: int, p: int, x: float,
+            rng: random.Random) -> tuple[int, float, StepWork | None]:
+    """(sampled tokens, step time, work) of a step at p on a machine doing x tokens/s of the
+    reference mix (TOKENS_PER_SEQ: 100 prompt + 200 completion tokens per sequence). With
+    `halve_at`, completions vary by 15% a step and halve from that step on; 60% of a step's
+    cost does not depend on their length (prompt, per-step costs), 40% does."""
+    if sc.halve_at is None:
+        tokens = p * TOKENS_PER_SEQ
+        return tokens, tokens / x, None
+    c = (200 if step < sc.halve_at else 100) * math.exp(0.15 * rng.gauss(0.0, 1.0))
+    work = StepWork(prompt_tokens=100 * p, completion_tokens=round(c * p))
+    return work.sampled_tokens, p * TOKENS_PER_SEQ / x * (0.6 + 0.4 * c / 200), work
 
 
 def scenarios() -> list[Scenario]:
@@ -251,6 +280,8 @@ def scenarios() -> list[Scenario]:
         Scenario("OOM b>=8 (A, p*=221)", a, oom_at=8),
         Scenario("OOM b>=8 (A), 10%", a, noise=0.10, oom_at=8),
         Scenario("OOM b>=16 (B, p*=424)", b, oom_at=16),
+        Scenario("RL completions /2 5%", a, noise=0.05, halve_at=150),
+        Scenario("  same, tokens only", a, noise=0.05, halve_at=150, raw_tokens=True),
     ]
 
 
@@ -272,7 +303,8 @@ def main() -> None:
     args = ap.parse_args()
     cfg = BackpressureConfig(enabled=True)
     head = (f"{'scenario':22} {'settle':>8} {'p/target':>11} {'thr50':>11} {'dirchg':>6} "
-            f"{'recovery':>8} {'p2/tgt2':>11} {'OOMs':>5} {'alarms':>6} {'us/obs':>7} "
+            f"{'recovery':>8} {'p2/tgt2':>11} {'p/own':>9} {'OOMs':>5} {'alarms':>6} "
+            f"{'us/obs':>7} "
             f"{'SE 1st/win/best':>16}")
     print(f"{args.seeds} seeds x {args.steps} steps, group_size={GROUP}, "
           f"batch {cfg.min_batch_size}..{cfg.max_batch_size}, warmup_steps={cfg.warmup_steps}")
@@ -289,6 +321,7 @@ def main() -> None:
         print(f"{sc.name:22} {cell(res.settle, '.0f'):>8} {cell(res.ratio, '.2f', far):>11} "
               f"{cell(res.thr, '.3f', min):>11} {cell(res.dirchg, '.0f'):>6} "
               f"{cell(res.recovery, '.0f'):>8} {cell(res.ratio2, '.2f', far):>11} "
+              f"{cell(res.own, '.2f', far):>9} "
               f"{cell(res.ooms, '.0f'):>5} {sum(res.false_alarms):>6} "
               f"{statistics.median(res.us):>7.1f} "
               f"{se_cell(res, sc, cfg):>16}")

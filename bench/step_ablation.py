@@ -9,6 +9,8 @@ warm-up of each:
   - no shared prefill: the same prompts repeated `group` times, one completion each;
   - finished rows kept: EOS ignored, so every row decodes `max_tokens` (an upper bound of
     keeping finished rows in the batch; the completions then differ);
+  - multinomial draw: `torch.multinomial` (one random number per vocabulary entry) instead of
+    one uniform per row through the cumulative distribution (the completions then differ);
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import platform
 from pathlib import Path
+from unittest import mock
 
 from bench.timing import timed
 from retrain.cpu import auto_threads
@@ -59,6 +62,24 @@ def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
     return float(total.detach())
 
 
+def multinomial_draw(logprobs, params, generator):
+    """The draw before issue 29: `torch.multinomial`, one exponential per vocabulary entry."""
+    import torch
+
+    if params.temperature == 0:
+        return logprobs.argmax(dim=-1)
+    probs = logprobs.exp()
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(dim=-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    if isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)
+                      for i, g in enumerate(generator)]).squeeze(-1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -73,7 +94,7 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from retrain.backends import local_loss
+    from retrain.backends import local_loss, local_sampling
     from retrain.backends.base import LossConfig, SamplingParams, make_datum
     from retrain.backends.local import LocalModel
     from retrain.backends.local_sampling import sample_batch
@@ -96,7 +117,7 @@ def main() -> None:
     def no_eos():  # sample_batch runs under inference_mode itself
         return sample_batch(model.net, prompts, n, params, eos_ids=set(), pad_id=model.pad_id,
                             generator=torch.Generator().manual_seed(1),
-                            make_cache=backend._make_cache)
+                            make_cache=backend._make_cache, cache_key=model.cache_key)
 
     rows = []
     t_sample, groups = timed(lambda: backend.sample(prompts, n, params), r)
@@ -107,6 +128,10 @@ def main() -> None:
     rows.append(("  without shared prefill", t, f"{t / t_sample:.2f}x"))
     t, out = timed(no_eos, r)
     rows.append(("  finished rows kept (EOS ignored)", t,
+                 f"{t / t_sample:.2f}x, {sum(len(c.tokens) for g in out for c in g)} tokens"))
+    with mock.patch.object(local_sampling, "draw", multinomial_draw):
+        t, out = timed(lambda: backend.sample(prompts, n, params), r)
+    rows.append(("  multinomial draw", t,
                  f"{t / t_sample:.2f}x, {sum(len(c.tokens) for g in out for c in g)} tokens"))
 
     loss = LossConfig(temperature=args.temperature)

@@ -20,6 +20,11 @@ Methods (m = group mean, s = population std, EPS = 1e-6):
 Every output is finite for finite input: rewards beyond 1e150 in magnitude are rescaled by
 a power of two before squaring, and a result too large for a float saturates at +-max float.
 `mean_and_std` is the same guard for the reward statistics the trainer logs.
+
+`bounded_for_loss` is applied by the trainer before the (float32) loss: advantages beyond
+LOSS_LIMIT in magnitude (dr_grpo, rloo and grpo with std_scale = "none" keep reward units, so
++-1e20 rewards give +-1e20 advantages) are all divided by one power of two, which keeps their
+order and ratios, so the gradient stays finite and keeps its direction.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ STD_SCALES = ("group", "batch", "none")
 EPS = 1e-6
 _BIG = 1e150  # beyond this, squares could overflow: rescale first
 _MAX = sys.float_info.max
+LOSS_LIMIT = 2.0 ** 16  # largest |advantage| the loss is given (see bounded_for_loss)
 
 
 def is_uniform(group: list[float]) -> bool:
@@ -67,6 +73,20 @@ def compute_advantages(rewards: list[list[float]], method: str,
         out = [[_saturate(a * scale) for a in g] for g in out]  # these keep reward units
     return [[0.0 if is_uniform(g) else _saturate(a) for a in adv]
             for g, adv in zip(groups, out, strict=True)]
+
+
+def bounded_for_loss(advantages: list[list[float]]) -> tuple[list[list[float]], float]:
+    """(advantages, divisor): when the largest |advantage| exceeds LOSS_LIMIT, every one is
+    divided by the same power of two (exact, order and ratios kept) and clamped into
+    [-LOSS_LIMIT, LOSS_LIMIT]; the divisor is 1.0 when nothing changed."""
+    peak = max((abs(float(a)) for g in advantages for a in g), default=0.0)
+    if not math.isfinite(peak):
+        raise ValueError("advantages must be finite numbers")
+    if peak <= LOSS_LIMIT:
+        return [[float(a) for a in g] for g in advantages], 1.0
+    divisor = 2.0 ** math.ceil(math.log2(peak / LOSS_LIMIT))
+    return [[max(-LOSS_LIMIT, min(LOSS_LIMIT, a / divisor)) for a in g]
+            for g in advantages], divisor
 
 
 def mean_and_std(values: list[float]) -> tuple[float, float]:

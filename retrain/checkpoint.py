@@ -35,7 +35,8 @@ from retrain.errors import UserError
 
 # Keys that may differ between the first launch and a resume without changing the math.
 RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval_every",
-                     "training.micro_batch_size", "model.threads", "model.device",
+                     "training.micro_batch_size", "training.max_nonfinite_steps",
+                     "model.threads", "model.device",
                      "reward.timeout_s", "backend.max_concurrent", "backend.request_timeout_s",
                      "logging.")
 PREFIX = runlog.CHECKPOINT_PREFIX
@@ -123,6 +124,20 @@ class PendingCommit:
         runlog.save_state(run_dir, self.state)
         prune(run_dir / runlog.CHECKPOINT_DIR, self.state.step, save_every, max_steps)
         return self.state
+
+
+DIVERGED = "diverged-"  # a checkpoint set aside: resume and prune both leave it alone
+
+
+def set_aside(run_dir: Path, step: int) -> str:
+    """Rename checkpoint `step` and its resume point to `diverged-step-N` (kept, never
+    resumed from); returns the new folder's path relative to the run folder."""
+    folder = run_dir / runlog.CHECKPOINT_DIR
+    name = checkpoint_name(step)
+    for old in (folder / name, folder / f"{name}{POINT_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            old.replace(folder / f"{DIVERGED}{old.name}")
+    return f"{runlog.CHECKPOINT_DIR}/{DIVERGED}{name}"
 
 
 def _read_point(path: Path) -> runlog.RunState | None:

@@ -125,16 +125,38 @@ def status(
 
 
 @app.command()
-def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>).",
-                                            metavar="RUN_DIR")],
-    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png).")]
-    = None,
+def compare(
+    campaign_dir: Annotated[Path, typer.Argument(help="A campaign folder (logs/<campaign>).",
+                                                 metavar="CAMPAIGN_DIR")],
+    baseline: Annotated[str | None, typer.Option(
+        help="The condition the others are compared with (default: the first).",
+        metavar="NAME")] = None,
+    last: Annotated[int | None, typer.Option(
+        help="Final reward = mean over a run's last N steps (default: 10% of its steps).",
+        metavar="N")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        help="Reward whose first crossing is timed (default: median final reward).")] = None,
+    json_: JsonOpt = False,
 ) -> None:
-    """Draw the back-pressure picture: observations, fitted USL curve, p*, reward, step time."""
-    from retrain.plot import plot_run
+    """Compare a campaign's conditions across seeds: means, 95% intervals, verdicts."""
+    from retrain.results import compare_view
 
-    typer.echo(f"wrote {plot_run(run_dir, out)}")
+    compare_view.show(campaign_dir, as_json=json_, baseline=baseline, last=last,
+                      threshold=threshold)
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (logs/<run>) or a campaign "
+                                            "folder (logs/<campaign>).", metavar="DIR")],
+    out: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/usl.png, "
+                                             "CAMPAIGN_DIR/curves.png).")] = None,
+) -> None:
+    """Draw a run's back-pressure picture (observations, fitted USL curve, p*, reward, step
+    time), or a campaign's reward and eval curves per condition (mean over seeds, 95% band)."""
+    from retrain.plot import plot
+
+    typer.echo(f"wrote {plot(run_dir, out)}")
 
 
 @app.command()
@@ -152,18 +174,30 @@ def serve(
     delay_ms: Annotated[float, typer.Option(
         help="Added latency before every API request, in ms (tests and benchmarks: a "
              "stand-in for a network round trip).", min=0)] = 0.0,
+    load_model: Annotated[str, typer.Option(
+        help="Simulate a hosted endpoint's capacity curve: 'base_ms=B,sigma=S,kappa=K,"
+             "fail_above=F'. With N API requests in flight each waits "
+             "B*(1+S*(N-1)+K*N*(N-1)) ms on top of the real work, and one arriving while "
+             "more than F are in flight gets HTTP 502 (tests and benchmarks of "
+             "max_concurrent = \"auto\").")] = "",
     max_sessions: Annotated[int, typer.Option(
         help="Training clients alive at once (0 = no limit); one more gets HTTP 429 until "
              "a session finishes or stops heart-beating.", min=0)] = 0,
 ) -> None:
     """Serve the Tinker API over the local backend (for the official tinker SDK)."""
     from retrain.serve import serve_forever
+    from retrain.serve.guard import LoadModel
 
+    try:
+        load = LoadModel.parse(load_model) if load_model.strip() else None
+    except ValueError as exc:
+        raise UserError(f"--load-model {load_model!r}: {exc}; expected e.g. "
+                        "'base_ms=50,sigma=0.05,kappa=0.005,fail_above=24'") from None
     serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype,
-                  delay_ms=delay_ms, max_sessions=max_sessions)
+                  delay_ms=delay_ms, max_sessions=max_sessions, load=load)
 
 
-COMMANDS = ("run", "init", "explain", "status", "plot", "serve")
+COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "serve")
 
 
 def _route(argv: list[str]) -> list[str]:
@@ -206,6 +240,9 @@ def run_app(argv: list[str]) -> int:
 
 def main() -> None:
     """Console entry point."""
+    from retrain.stop_request import exit_quietly_on_interrupt
+
+    exit_quietly_on_interrupt()  # Ctrl-C while torch/transformers import: 130, one line
     try:
         code = run_app(sys.argv[1:])
         sys.stdout.flush()

@@ -91,7 +91,8 @@ class RewardConfig:
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
 
 
-ENVIRONMENT_KINDS = ("task", "python", "reasoning_gym", "verifiers", "textarena")
+ENVIRONMENT_KINDS = ("task", "python", "guess_number", "lookup", "reasoning_gym", "verifiers",
+                     "textarena")
 
 
 @dataclass
@@ -156,14 +157,17 @@ class TrainingConfig:
     max_tokens: int = opt(10240, "upper bound on new tokens per completion", lo=1,
                           hi=MAX_TOKENS)
     max_steps: int = opt(100, "training steps per run", lo=1, hi=MAX_STEPS)
-    lr: float = opt(5e-5, "AdamW learning rate", lo=0, lo_open=True)
+    lr: float = opt(5e-5, "AdamW learning rate (AdamW moves every weight by about lr per "
+                    "step: above 1 it diverges)", lo=0, hi=1, lo_open=True)
     beta1: float = opt(0.9, "AdamW beta1", lo=0, hi=0.999999)
     beta2: float = opt(0.95, "AdamW beta2", lo=0, hi=0.999999)
     adam_eps: float = opt(1e-8, "AdamW epsilon", lo=0, lo_open=True)
-    weight_decay: float = opt(0.0, "AdamW decoupled weight decay", lo=0)
+    weight_decay: float = opt(0.0, "AdamW decoupled weight decay (lr x weight_decay must stay "
+                              "below 1)", lo=0)
     grad_clip_norm: float = opt(1.0, "clip the gradient norm to this (0 = off)", lo=0)
-    temperature: float = opt(1.0, "sampling temperature (also used for the trainer's log-probs)",
-                             lo=0, lo_open=True)
+    temperature: float = opt(1.0, "sampling temperature (also used for the trainer's log-probs); "
+                             "at least 0.01: below, sampling is greedy in all but name",
+                             lo=0.01)
     top_p: float = opt(1.0, "nucleus sampling; < 1 biases the importance ratio (see README)",
                        lo=0, hi=1, lo_open=True)
     micro_batch_size: int = opt(0, "sequences per forward/backward chunk (0 = automatic)", lo=0,
@@ -172,6 +176,9 @@ class TrainingConfig:
                           lo=0, hi=MAX_STEPS)
     eval_every: int = opt(0, "greedy eval on the held-out split every N steps (0 = start and end)",
                           lo=0, hi=MAX_STEPS)
+    max_nonfinite_steps: int = opt(3, "stop the run after this many steps in a row whose loss "
+                                   "or gradient norm was not finite (such steps are never "
+                                   "applied)", lo=1, hi=MAX_STEPS)
     max_steps_off_policy: int = opt(
         0, "tinker: 1 = sample the next step while this one trains (samples one update old); "
         "0 = on-policy", lo=0, hi=1)
@@ -179,19 +186,37 @@ class TrainingConfig:
 
 @dataclass
 class BackendConfig:
+    """`slot_count` and `auto_concurrency` say what max_concurrent means for the campaign."""
+
     backend: str = opt("local", "where sampling and training run", choices=("local", "tinker"))
-    max_concurrent: int = opt(4, "campaign-wide cap on concurrent remote API calls", lo=1,
-                              hi=MAX_WORKERS)
+    max_concurrent: int | str = opt(
+        4, "campaign-wide cap on concurrent remote API calls; \"auto\" = one controller per "
+        "campaign fits the endpoint's USL curve and sets the cap (429/5xx cut it at once)",
+        lo=1, hi=MAX_WORKERS, words=("auto",))
+    max_concurrent_min: int = opt(1, "auto: the lowest cap the controller may set", lo=1,
+                                  hi=MAX_WORKERS)
+    max_concurrent_max: int = opt(64, "auto: the highest cap the controller may set", lo=1,
+                                  hi=MAX_WORKERS)
     base_url: str = opt("", "tinker: service URL (default: $TINKER_BASE_URL or the SDK's)")
     request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True,
                                    hi=MAX_WAIT_S)
     options: dict = opt({}, "free-form backend options", factory=True)
 
+    @property
+    def auto_concurrency(self) -> bool:
+        return self.max_concurrent == "auto"
+
+    @property
+    def slot_count(self) -> int:
+        """How many slots the campaign's semaphore has: the fixed cap, or the auto ceiling."""
+        return self.max_concurrent_max if self.auto_concurrency else int(self.max_concurrent)
+
 
 @dataclass
 class BackpressureConfig:
     enabled: bool = opt(False, "let the USL controller pick the batch size")
-    warmup_steps: int = opt(10, "steps to collect before fitting", lo=0, hi=MAX_STEPS)
+    warmup_steps: int = opt(10, "steps to collect before fitting (at least two per doubling size)",
+                            lo=0, hi=MAX_STEPS)
     ema_decay: float = opt(0.9, "EMA decay for throughput smoothing", lo=0, hi=0.999999)
     throttle_margin: float = opt(0.85, "target fraction of p* (safe operating point)",
                                  lo=0, hi=1, lo_open=True)
@@ -336,10 +361,21 @@ def cross_checks(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
                                   f"{t.batch_size * t.group_size:_} completions per step, more "
                                   f"than {MAX_COMPLETIONS:_}; lower batch_size or group_size"))
+    if t.lr * t.weight_decay >= 1:
+        issues.append(ConfigIssue("training.weight_decay", f"x training.lr = "
+                                  f"{t.lr * t.weight_decay:.3g}: AdamW multiplies every weight "
+                                  "by 1 - lr x weight_decay each step, which then flips its sign "
+                                  "and grows it until the weights diverge; keep weight_decay "
+                                  f"below 1 / lr = {1 / t.lr:.3g} (0.0 to 0.1 is usual)"))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
                                   "the local backend samples and trains on the same device, one "
                                   "at a time, so overlap only makes samples stale; set it to 0"))
+    be = cfg.backend
+    if be.max_concurrent_min > be.max_concurrent_max:
+        issues.append(ConfigIssue("backend.max_concurrent_min", f"({be.max_concurrent_min}) "
+                                  "must be <= backend.max_concurrent_max "
+                                  f"({be.max_concurrent_max})"))
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "

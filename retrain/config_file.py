@@ -115,8 +115,67 @@ def parse_toml(data: bytes | str, source: str) -> dict:
             where = f"{len(lines)}:{len(lines[-1]) + 1}"
         else:
             raise ConfigError(source, [ConfigIssue("", f"invalid TOML: {msg}")]) from None
+        if m:
+            reason, where = _name_the_key(reason, data, int(m.group(1)), int(m.group(2)))
         raise ConfigError(f"{source}:{where}",
                           [ConfigIssue("", f"invalid TOML: {reason}")]) from None
+
+
+_HEADER = re.compile(r"\s*\[\[?\s*([^\]]*?)\s*\]")
+_KEY = re.compile(r"\s*([^=#\[]+?)\s*=")
+
+
+def _name_the_key(reason: str, text: str, line: int, col: int) -> tuple[str, str]:
+    """tomllib's reason and `line:col`, with the key named where tomllib does not name it: a
+    key or table set twice, a bare key with characters TOML does not allow (non-ASCII)."""
+    lines = text.split("\n")
+    here = lines[line - 1] if 0 < line <= len(lines) else ""
+    where = f"{line}:{col}"
+    header, pair = _HEADER.match(here), _KEY.match(here)
+    if reason.startswith(("Cannot overwrite", "Cannot declare", "Cannot mutate")):
+        if header:
+            return f"table [{header.group(1)}] is declared twice (or clashes with a key)", where
+        if pair:
+            key = _dotted(_table_at(lines, line), pair.group(1))
+            first = _first_set(lines, line, pair.group(1))
+            again = f" (first set on line {first})" if first else ""
+            return (f"duplicate key '{key}'{again}; keep one of them",
+                    f"{line}:{here.index(pair.group(1)) + 1}")
+        return reason, where
+    raw = header.group(1) if header else pair.group(1) if pair else here.strip().split(" ")[0]
+    odd = next((i for i, ch in enumerate(raw) if ord(ch) > 127), None)
+    if odd is not None and not raw.lstrip().startswith(('"', "'")):
+        column = here.index(raw) + odd + 1
+        return (f"bare key '{raw}' holds a non-ASCII character ({raw[odd]!r}); a bare key "
+                f"may use only A-Z a-z 0-9 _ -: quote it (\"{raw}\") or rename it",
+                f"{line}:{column}")
+    return reason, where
+
+
+def _table_at(lines: list[str], line: int) -> str:
+    """The [table] a line belongs to ('' for the top level)."""
+    for text in reversed(lines[: line - 1]):
+        header = _HEADER.match(text)
+        if header and not text.lstrip().startswith("#"):
+            return header.group(1)
+    return ""
+
+
+def _first_set(lines: list[str], line: int, key: str) -> int | None:
+    """The earlier line of the same table that sets `key`, if any."""
+    for number in range(line - 1, 0, -1):
+        text = lines[number - 1]
+        if _HEADER.match(text):
+            return None
+        pair = _KEY.match(text)
+        if pair and _dotted("", pair.group(1)) == _dotted("", key):
+            return number
+    return None
+
+
+def _dotted(table: str, key: str) -> str:
+    key = ".".join(part.strip().strip('"').strip("'") for part in key.split("."))
+    return f"{table}.{key}" if table else key
 
 
 

@@ -81,7 +81,8 @@ def _range(section: str, key: str) -> str:
     op = ">" if meta.get("lo_open") else ">="
     low = f"{op} {format_bound(lo)}" if lo is not None else ""
     high = f"<= {format_bound(hi)}" if hi is not None else ""
-    return ", ".join(x for x in (low, high) if x)
+    words = [f'`"{w}"`' for w in meta.get("words") or ()]
+    return ", ".join(x for x in (low, high) if x) + "".join(f" or {w}" for w in words)
 
 
 def _default(value: object) -> str:

@@ -1,4 +1,5 @@
-"""Greedy evaluation on the held-out split: eval_accuracy = fraction of correct completions."""
+"""Greedy evaluation on the held-out split: eval_accuracy = fraction of correct completions
+(for an environment: of successful held-out episodes, with their mean reward)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from retrain.backends.base import Backend, SamplingParams, TokenIds
 from retrain.environments.answers import Problem
+from retrain.environments.rollout import Rollout
 
 
 @dataclass
@@ -32,4 +34,15 @@ def evaluate(backend: Backend, prompts: list[TokenIds], problems: list[Problem],
     n = len(problems)
     return EvalResult(accuracy=sum(scores.correct) / n if n else 0.0,
                       mean_reward=sum(scores.rewards) / n if n else 0.0,
+                      seconds=time.perf_counter() - start, n=n)
+
+
+def evaluate_episodes(rollout: Rollout, seeds: list[int], max_tokens: int) -> EvalResult:
+    """One greedy episode per held-out seed: the success rate and the mean episode reward."""
+    start = time.perf_counter()
+    result = rollout.run(seeds, 1, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    episodes = [g[0] for g in result.groups]
+    n = len(episodes)
+    return EvalResult(accuracy=sum(e.success for e in episodes) / n if n else 0.0,
+                      mean_reward=sum(e.reward for e in episodes) / n if n else 0.0,
                       seconds=time.perf_counter() - start, n=n)

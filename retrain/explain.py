@@ -152,7 +152,8 @@ def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
             "training.group_size", "training.max_tokens", "training.max_steps", "training.lr",
             "training.seed", "backpressure.enabled", "logging.log_dir"]
     if cfg.backend.backend == "tinker":
-        keys.append("backend.max_concurrent")
+        keys += ["backend.max_concurrent", "backend.max_concurrent_min",
+                 "backend.max_concurrent_max"]
     settings = {k: _get(cfg, k) for k in keys}
     if camp.is_campaign:
         settings |= {f"campaign.{k}": getattr(camp, k)
@@ -253,7 +254,11 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
                         f"seed {s['training.seed']}"),
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
     if "backend.max_concurrent" in s:
-        out.append(("API calls", f"at most {s['backend.max_concurrent']} in flight"))
+        cap = s["backend.max_concurrent"]
+        out.append(("API calls", f"at most {cap} in flight" if cap != "auto" else
+                    f"auto: {s['backend.max_concurrent_min']} to "
+                    f"{s['backend.max_concurrent_max']} in flight, set by the campaign's "
+                    "controller (logs/<campaign>/concurrency.jsonl)"))
     if r.kind == "campaign":
         mode = (f"parallel, max_workers {s['campaign.max_workers']}, stagger "
                 f"{s['campaign.stagger_seconds']}s" if s["campaign.parallel"] else "one at a time")

@@ -38,6 +38,10 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
     if t.group_size == 1:
         out.append("training.group_size = 1: every group advantage is 0, so nothing is learned; "
                    "use 2 or more")
+    if t.lr > LARGE_LR:
+        out.append(f"training.lr = {t.lr:g} is far above the usual LoRA range (1e-5 to 1e-3): "
+                   "AdamW moves every weight by about lr per step, so the weights are likely "
+                   "to diverge (the run then stops with 'weights diverged')")
     if t.top_p < 1:
         out.append(f"training.top_p = {t.top_p}: sampling from a truncated distribution biases "
                    "the importance ratio; keep 1.0 unless you know you need it")
@@ -46,11 +50,13 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
         out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
                    "only the final checkpoint is saved")
     out += _backend_warnings(cfg)
+    out += _roofline_hints(cfg)
     out += _file_warnings(cfg, path)
     out += _campaign_warnings(cfg, camp, runs, overrides)
     return out
 
 
+LARGE_LR = 0.01                    # AdamW steps this large blow LoRA weights up
 # Beyond these a configuration is legal but almost surely a typo or a memory problem.
 LARGE_STEP_TOKENS = 50_000_000     # tokens one step may sample
 LARGE_PROBLEMS = 1_000_000         # generated problems held in memory
@@ -80,6 +86,30 @@ def _runs_on_cpu(cfg: Config) -> bool:
     if cfg.model.device != "auto":
         return cfg.model.device == "cpu"
     return not (Path("/proc/driver/nvidia").exists() or sys.platform == "darwin")
+
+
+def _roofline_hints(cfg: Config) -> list[str]:
+    """Back-pressure on this CPU without the roofline hints: offer the measured peaks."""
+    from retrain.cpu import auto_threads, cpu_has_native_bf16
+    from retrain.machine.peaks import load_peaks
+
+    bp = cfg.backpressure
+    if not (bp.enabled and cfg.backend.backend == "local" and _runs_on_cpu(cfg)) or (
+            bp.peak_gflops > 0 and bp.peak_bw_gb_s > 0):
+        return []
+    dtype = cfg.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
+    threads = cfg.model.threads or auto_threads()
+    head = ("backpressure.peak_gflops and peak_bw_gb_s are not both set, so the controller "
+            "cannot place steps on the roofline")
+    peaks = load_peaks(dtype, threads)
+    if peaks is None:
+        return [f"{head}; measure this machine with `python -m retrain.machine --dtype {dtype} "
+                f"--threads {threads}` and set them"]
+    return [f"{head}; this machine measured {peaks.gflops:.0f} GFLOP/s ({dtype} matmul, "
+            f"{threads} threads) and {peaks.bw_gb_s:.0f} GB/s on {peaks.measured}: set "
+            f"peak_gflops = {peaks.gflops:.0f} and peak_bw_gb_s = {peaks.bw_gb_s:.0f}"]
 
 
 def _backend_warnings(cfg: Config) -> list[str]:

@@ -1,4 +1,5 @@
 """`retrain plot RUN_DIR`: one PNG of a run's throughput curve, operating points, reward, step time.
+(`retrain plot CAMPAIGN_DIR` draws the conditions' curves instead: retrain.results.campaign_plot.)
 
 matplotlib is an optional extra (`pip install 'retrain[plot]'`), imported only here.
 """
@@ -12,10 +13,20 @@ from retrain import toml_io
 from retrain.config import BackpressureConfig
 from retrain.control.backpressure import usl_throughput
 from retrain.errors import UserError
-from retrain.runlog import CONFIG_FILE, METRICS_FILE, PLOT_FILE, read_metrics
+from retrain.runlog import CONFIG_FILE, METRICS_FILE, PLOT_FILE, is_campaign_dir, read_metrics
 
 REGIME_COLORS = {"warmup": "#9e9e9e", "retrograde": "#d62728", "memory_bound": "#1f77b4",
                  "compute_bound": "#9467bd", "optimal": "#2ca02c"}
+
+
+def plot(folder: Path, out: Path | None = None) -> Path:
+    """A campaign folder: its conditions' curves (retrain.results.campaign_plot); a run
+    folder: its back-pressure picture. Returns the PNG's path."""
+    if is_campaign_dir(Path(folder)):
+        from retrain.results.campaign_plot import plot_campaign
+
+        return plot_campaign(Path(folder), out)
+    return plot_run(folder, out)
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+SKIPPED_NOTE = "skipped_nonfinite (loss or grad norm not finite: update not applied)"
+
 
 def step_summary(row: dict) -> str:
     """The few numbers worth reading every step."""
@@ -16,6 +18,8 @@ def step_summary(row: dict) -> str:
              f"reward {row['reward_time_s']:.1f} train {row['train_time_s']:.1f})"]
     if "bp_regime" in row:
         parts.append(f"bp {row['bp_regime']}")
+    if row.get("skipped_nonfinite"):
+        parts.append(SKIPPED_NOTE)
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.3f}")
     return "  ".join(parts)
@@ -55,6 +59,8 @@ class Progress:
             info = (f"reward {_short(row['mean_reward'])}  {row['step_time_s']:.1f}s/step"
                     + (f"  bp {row['bp_regime']}" if "bp_regime" in row else ""))
             self._bar.update(self._task, completed=row["step"], info=info)
+            if row.get("skipped_nonfinite"):
+                self.say(f"step {row['step']}: {SKIPPED_NOTE}")
             if row.get("eval_accuracy") is not None:
                 self.say(f"step {row['step']}: eval accuracy {row['eval_accuracy']:.3f}")
         else:

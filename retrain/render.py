@@ -29,6 +29,38 @@ class Table:
     title: str = ""
 
 
+@dataclass(frozen=True)
+class Block:
+    """A line of text or a table; `gap` puts a blank line before it."""
+
+    text: str = ""
+    table: Table | None = None
+    style: str = ""        # rich style of a text line ("bold", "red", ...)
+    indent: str = ""       # plain text only
+    gap: bool = False
+
+
+def plain_blocks(blocks: list[Block]) -> list[str]:
+    """Blocks as plain lines."""
+    lines: list[str] = []
+    for b in blocks:
+        if b.gap:
+            lines.append("")
+        if b.table is not None:
+            lines += plain_table(b.table, indent=b.indent)
+        else:
+            lines.append(b.indent + b.text)
+    return lines
+
+
+def rich_blocks(blocks: list[Block]) -> list[Any]:
+    """Blocks as rich renderables (imports rich)."""
+    from rich.text import Text
+
+    return [rich_table(b.table) if b.table is not None else
+            Text(("\n" if b.gap else "") + b.text, style=b.style) for b in blocks]
+
+
 def plain_table(table: Table, indent: str = "") -> list[str]:
     """Aligned columns, no colour, no box drawing: friendly to grep and diff."""
     cells = [table.headers, *table.rows]

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,9 +40,12 @@ MAX_WAIT_S = 604_800.0            # timeouts and gaps: a week (beyond, waits ove
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, lo: float | None = None,
-        hi: float | None = None, lo_open: bool = False, factory: bool = False) -> Any:
-    """A config field with its meaning and allowed values attached."""
-    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open}
+        hi: float | None = None, lo_open: bool = False, factory: bool = False,
+        words: tuple[str, ...] = ()) -> Any:
+    """A config field with its meaning and allowed values attached. `words` are the strings an
+    `int | str` field takes besides its numbers (e.g. ("auto",))."""
+    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open,
+            "words": words}
     if factory:
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -132,6 +136,8 @@ _TYPE_NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"),
 
 def _type_name(tp: Any) -> str:
     """'an integer', 'a list of strings', ...: what a key expects, in words."""
+    if is_number_or_word(tp):
+        return " or ".join(_TYPE_NAMES[a][0] for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return "a list of " + _TYPE_NAMES[typing.get_args(tp)[0]][1]
     return _TYPE_NAMES.get(tp, (str(tp), ""))[0]
@@ -141,6 +147,15 @@ def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
     """Coerce `value` to the field's type and check its range; return (value, problem)."""
     tp = hints_of(cls)[key]
     shown = show(value)
+    if is_number_or_word(tp):
+        words = fields_of(cls)[key].metadata.get("words") or ()
+        if isinstance(value, str):
+            return value, None if value in words else \
+                f"expected an integer or {' or '.join(show(w) for w in words)}, got {shown}"
+        tp = int
+        if not _is_type(value, int):
+            return value, f"expected an integer or {' or '.join(show(w) for w in words)}, " \
+                f"got {shown}"
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if typing.get_origin(tp) is list:
@@ -158,6 +173,11 @@ def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
     if not toml_io.is_tomlable(value):
         return value, f"cannot be stored in TOML (invalid text?), got {shown}"
     return value, _bounds_problem(fields_of(cls)[key].metadata, value, shown)
+
+
+def is_number_or_word(tp: Any) -> bool:
+    """An `int | str` field: a number, or one of the words its metadata names."""
+    return typing.get_origin(tp) is types.UnionType and typing.get_args(tp) == (int, str)
 
 
 def _bounds_problem(meta: Mapping[str, Any], value: Any, shown: str) -> str | None:

@@ -26,6 +26,14 @@ How the file semaphore stays correct and fair:
   each other there. Keep the campaign folder on a local disk.
 - Slot descriptors are close-on-exec; do not `os.fork()` while holding a slot (the child
   would share it).
+- A cap that changes (`max_concurrent = "auto"`): the folder then holds `cap`, a number the
+  campaign runner's controller replaces atomically (write, then rename: a reader sees the old
+  or the new number, never half). The head of the line reads it each round and takes a slot
+  only while fewer than `cap` of the `max_concurrent` slot files are held, so after a cut no
+  new call starts until the calls in flight are below the new cap.
+- Usage meters: each semaphore object writes its counts (`slot_semaphore.Usage`) to
+  `meters/<pid>-<id>.json` every PUBLISH_EVERY_S while it is used; `usage_of(folder)` sums
+  them for the controller.
 """
 
 from __future__ import annotations
@@ -33,17 +41,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import random
 import select
 import stat
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
 from retrain.errors import UserError
-from retrain.slot_semaphore import SlotSemaphore
+from retrain.slot_semaphore import SlotSemaphore, Usage
 
 ENV_VAR = "RETRAIN_API_SLOTS"
 QUEUE_FILE = "queue.lock"
@@ -52,6 +62,9 @@ SLOT_GLOB = "slot-*.lock"
 FIRST_POLL_S = 0.0002   # the head of the line polls with exponential backoff up to POLL_CAP_S
 POLL_CAP_S = 0.002
 RAY_PREFIX = "ray:"       # RETRAIN_API_SLOTS=ray:<actor name>:<max_concurrent> names a RaySlots
+CAP_FILE = "cap"          # the current cap, when the campaign's controller owns it
+METERS_DIR = "meters"
+PUBLISH_EVERY_S = 0.5
 
 
 class ApiSlots(Protocol):
@@ -66,9 +79,15 @@ class ApiSlots(Protocol):
 
     def __exit__(self, *exc: object) -> None: ...
 
+    def record(self, completions: int = 0, tokens: int = 0) -> None:
+        """Count what one call served."""
+
+    def record_error(self, status: int) -> None:
+        """Count an overload answer (HTTP 429/502/503/504)."""
+
 
 class NoSlots:
-    """The semaphore of a standalone run: never waits."""
+    """The semaphore of a standalone run: never waits, counts nothing."""
 
     wait_s = 0.0
 
@@ -76,6 +95,12 @@ class NoSlots:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        return None
+
+    def record(self, completions: int = 0, tokens: int = 0) -> None:
+        return None
+
+    def record_error(self, status: int) -> None:
         return None
 
 
@@ -100,6 +125,11 @@ class CountingSemaphore(SlotSemaphore):
         self._held = threading.local()
         self._wait_lock = threading.Lock()
         self._bell = _open_doorbell(self.folder / DOORBELL_FILE)
+        self._cap_path = self.folder / CAP_FILE
+        self._meter_init()
+        self._meter_path = self.folder / METERS_DIR / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        self._publisher: threading.Thread | None = None
+        self._dirty = threading.Event()
 
     def acquire(self, timeout: float | None = None) -> bool:
         if getattr(self._held, "fd", None) is not None:
@@ -111,9 +141,12 @@ class CountingSemaphore(SlotSemaphore):
             if queue_fd is None:
                 return False
             try:
-                return self._take_slot(deadline)
+                won = self._take_slot(deadline)
             finally:
                 os.close(queue_fd)  # closing drops the flock: the next in line becomes head
+            if won:
+                self._held_from()
+            return won
         finally:
             with self._wait_lock:
                 self.wait_s += time.monotonic() - start
@@ -124,6 +157,7 @@ class CountingSemaphore(SlotSemaphore):
             raise self.not_held()
         self._held.fd = None
         os.close(fd)
+        self._held_until()
         if self._bell is not None:
             # A full pipe means rings nobody read yet: the head wakes anyway.
             with contextlib.suppress(BlockingIOError):
@@ -145,17 +179,17 @@ class CountingSemaphore(SlotSemaphore):
         return str(self.folder)
 
     def _take_slot(self, deadline: float | None) -> bool:
-        """As head of the line: poll every slot in random order until one is ours."""
+        """As head of the line: poll every slot in random order until one is ours (with a
+        cap file: only while fewer than the cap are held)."""
         fds = [_open(p) for p in self._slots]
         won = None
         try:
             delay = FIRST_POLL_S
             while won is None:
-                for i in random.sample(range(len(fds)), len(fds)):
-                    if _try_lock(fds[i]):
-                        won = i
-                        self._held.fd = fds[i]
-                        break
+                if self._under_cap(fds):
+                    won = self._lock_any(fds)
+                if won is not None:
+                    self._held.fd = fds[won]
                 else:
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
@@ -168,6 +202,54 @@ class CountingSemaphore(SlotSemaphore):
             for i, fd in enumerate(fds):
                 if i != won:
                     os.close(fd)
+
+    @staticmethod
+    def _lock_any(fds: list[int]) -> int | None:
+        for i in random.sample(range(len(fds)), len(fds)):
+            if _try_lock(fds[i]):
+                return i
+        return None
+
+    def _under_cap(self, fds: list[int]) -> bool:
+        """Whether the cap file (if any) allows one more holder right now."""
+        cap = read_cap(self.folder, self._cap_path)
+        if cap is None or cap >= len(fds):
+            return True
+        held = 0
+        for fd in fds:  # only the head of the line takes slots: the count can only fall
+            if _try_lock(fd, fcntl.LOCK_SH):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            else:
+                held += 1
+        return held < cap
+
+    def _publish(self) -> None:
+        """Wake the publisher thread (started on first use), which writes the meter file."""
+        self._dirty.set()
+        if self._publisher is None:
+            with self._meter_lock:
+                if self._publisher is None:
+                    self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
+                                                       name="retrain-slot-meter")
+                    self._publisher.start()
+
+    def _publish_loop(self) -> None:
+        while True:
+            self._dirty.wait()
+            time.sleep(PUBLISH_EVERY_S)
+            with self._meter_lock:
+                busy = bool(self._taken)
+            if not busy:
+                self._dirty.clear()  # a slot still held keeps its slot-seconds flowing
+            self.flush_meter()
+
+    def flush_meter(self) -> None:
+        """Write this object's counts now (atomically: write, then rename)."""
+        with contextlib.suppress(OSError):
+            self._meter_path.parent.mkdir(exist_ok=True)
+            tmp = self._meter_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.usage_now().to_dict()))
+            os.replace(tmp, self._meter_path)
 
     def _sleep(self, seconds: float) -> None:
         """Sleep until a release rings the doorbell or `seconds` pass (a killed holder cannot)."""
@@ -247,6 +329,44 @@ def slots_in_use(folder: str | Path) -> int:
         finally:
             os.close(fd)
     return held
+
+
+def read_cap(folder: str | Path, path: Path | None = None) -> int | None:
+    """The cap the campaign's controller set in `folder`, or None (a fixed cap: no file)."""
+    try:
+        text = (path or Path(folder) / CAP_FILE).read_text()
+    except OSError:
+        return None
+    try:
+        return max(1, int(text))
+    except ValueError:
+        return None  # cannot happen with write_cap's rename; be safe anyway
+
+
+def write_cap(folder: str | Path, cap: int) -> None:
+    """Set the cap every worker's head of the line reads (atomically: write, then rename)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{CAP_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(f"{int(cap)}\n")
+    os.replace(tmp, folder / CAP_FILE)
+
+
+def clear_cap(folder: str | Path) -> None:
+    """Back to a fixed cap (the slot files themselves are the cap)."""
+    with contextlib.suppress(FileNotFoundError):
+        (Path(folder) / CAP_FILE).unlink()
+
+
+def usage_of(folder: str | Path) -> Usage:
+    """The usage every worker of the campaign has reported through `folder` so far."""
+    total = Usage()
+    for path in sorted(Path(folder, METERS_DIR).glob("*.json")):
+        try:
+            total = total + Usage.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def env_value(folder: str | Path, max_concurrent: int) -> str:

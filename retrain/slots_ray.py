@@ -16,6 +16,10 @@
   meanwhile are retried on the new instance. The cap holds across the restart.
 - The actor counts the peak number of holders, grants and expired leases, so tests and
   `status` can check that `max_concurrent` held across every node.
+- With `max_concurrent = "auto"` the actor owns the cap: the campaign runner's controller
+  calls `resize`, and after a cut no slot is granted until the holders are below the new cap.
+  The actor meters slot-seconds held and calls exactly (it sees every grant and release);
+  workers add completions, tokens and overload answers with their heartbeat (`report`).
 
 Ray is imported inside the functions here; importing this module costs nothing.
 """
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain import ray_address
-from retrain.slot_semaphore import SlotSemaphore
+from retrain.slot_semaphore import SlotSemaphore, Usage
 
 NAMESPACE = "retrain"
 HEARTBEAT_S = 0.5
@@ -48,6 +52,8 @@ class SlotBroker:
         self.max_concurrent = max_concurrent
         self.lease_s = lease_s
         self.holders: dict[str, float] = {}              # holder id -> last renewal (monotonic)
+        self.granted_at: dict[str, float] = {}           # holder id -> when it got its slot
+        self.usage = Usage()
         self.queue: OrderedDict[str, asyncio.Future] = OrderedDict()
         self.peak = self.grants = self.expired = self.reregistered = 0
         self.restarted = _restarted_by_ray() if restarted is None else restarted
@@ -75,7 +81,19 @@ class SlotBroker:
 
     async def release(self, holder: str) -> None:
         self.holders.pop(holder, None)
+        self._stop_clock(holder)
         self._hand_on()
+
+    async def report(self, delta: dict) -> None:
+        """A worker's completions, tokens and overload answers since its last report."""
+        d = Usage.from_dict(delta)
+        self.usage = self.usage + Usage(completions=d.completions, tokens=d.tokens,
+                                        errors=d.errors)
+
+    def _stop_clock(self, holder: str) -> None:
+        t = self.granted_at.pop(holder, None)
+        if t is not None:
+            self.usage.held_s += time.monotonic() - t
 
     async def abandon(self, holder: str) -> None:
         """A waiter gave up (timeout): leave the line, or give back a slot granted meanwhile."""
@@ -93,7 +111,7 @@ class SlotBroker:
             if h in self.holders:
                 self.holders[h] = now
             elif self.recovering() and len(self.holders) < self.max_concurrent:
-                self.holders[h] = now  # a holder from before the restart re-registers
+                self.holders[h] = self.granted_at[h] = now  # held since before the restart
                 self.reregistered += 1
                 self.peak = max(self.peak, len(self.holders))
             else:
@@ -105,14 +123,17 @@ class SlotBroker:
         self._hand_on()
 
     async def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        held = sum(now - t for t in self.granted_at.values())
+        usage = self.usage + Usage(calls=self.grants, held_s=held)
         return {"max_concurrent": self.max_concurrent, "in_use": len(self.holders),
                 "waiting": len(self.queue), "peak": self.peak, "grants": self.grants,
                 "expired": self.expired, "lease_s": self.lease_s,
                 "restarted": self.restarted, "reregistered": self.reregistered,
-                "recovering": self.recovering()}
+                "recovering": self.recovering(), "usage": usage.to_dict()}
 
     def _grant(self, holder: str) -> None:
-        self.holders[holder] = time.monotonic()
+        self.holders[holder] = self.granted_at[holder] = time.monotonic()
         self.grants += 1
         self.peak = max(self.peak, len(self.holders))
 
@@ -136,6 +157,7 @@ class SlotBroker:
             dead = [h for h, t in self.holders.items() if t < cutoff]
             for h in dead:
                 del self.holders[h]
+                self._stop_clock(h)
             self.expired += len(dead)
             if dead or self.queue:  # also when a restart's recovery has just ended
                 self._hand_on()
@@ -300,6 +322,8 @@ class RaySlots(SlotSemaphore):
         self._lock = threading.Lock()
         self._broker: Any = None
         self._beat: threading.Thread | None = None
+        self._meter_init()
+        self._sent = Usage()      # what the heartbeat has reported to the actor so far
 
     def acquire(self, timeout: float | None = None) -> bool:
         import ray
@@ -350,6 +374,9 @@ class RaySlots(SlotSemaphore):
     def where(self) -> str:
         return f"Ray actor {self.name}"
 
+    def _publish(self) -> None:
+        """Nothing now: the heartbeat thread sends the counts (`_report`)."""
+
     def _connect(self) -> Any:
         with self._lock:
             if self._broker is None:
@@ -373,3 +400,13 @@ class RaySlots(SlotSemaphore):
                 held = list(self._held)
             if held:
                 self._broker.renew.remote(held)  # fire and forget: the next beat follows
+            self._report()
+
+    def _report(self) -> None:
+        with self._meter_lock:
+            now = Usage(completions=self.usage.completions, tokens=self.usage.tokens,
+                        errors=self.usage.errors)
+        delta = now - self._sent
+        if delta != Usage():
+            self._broker.report.remote(delta.to_dict())
+            self._sent = now

@@ -5,25 +5,16 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from retrain import render
 from retrain.control import capacity
 from retrain.errors import UserError
+from retrain.render import Block
+from retrain.results import compare, compare_view
 from retrain.status import CampaignStatus, RunStatus, StatusReport, scan
-
-
-@dataclass(frozen=True)
-class Block:
-    """A line of text or a table; `gap` puts a blank line before it."""
-
-    text: str = ""
-    table: render.Table | None = None
-    style: str = ""        # rich style of a text line ("bold", "red", ...)
-    indent: str = ""       # plain text only
-    gap: bool = False
 
 
 def blocks(report: StatusReport) -> list[Block]:
@@ -41,6 +32,8 @@ def blocks(report: StatusReport) -> list[Block]:
         if c.runs:
             out += [Block(table=runs_table(c.runs, True), indent="  ", gap=True),
                     *_failures(c.runs)]
+        if compare.has_seeds_to_compare(c.runs):
+            out += compare_view.status_blocks(c.path)
     runs = _all_runs(report)
     if any(r.bad_lines for r in runs):
         out.append(Block("bad lines = torn or garbage lines in metrics.jsonl, skipped", gap=True))
@@ -52,15 +45,7 @@ def blocks(report: StatusReport) -> list[Block]:
 
 def plain_lines(report: StatusReport) -> list[str]:
     """The report as plain text."""
-    lines: list[str] = []
-    for b in blocks(report):
-        if b.gap:
-            lines.append("")
-        if b.table is not None:
-            lines += render.plain_table(b.table, indent=b.indent)
-        else:
-            lines.append(b.indent + b.text)
-    return lines
+    return render.plain_blocks(blocks(report))
 
 
 def rich_view(report: StatusReport) -> Any:
@@ -68,12 +53,7 @@ def rich_view(report: StatusReport) -> Any:
     from rich.console import Group
     from rich.text import Text
 
-    parts: list[Any] = []
-    for b in blocks(report):
-        if b.table is not None:
-            parts.append(render.rich_table(b.table))
-        else:
-            parts.append(Text(("\n" if b.gap else "") + b.text, style=b.style))
+    parts: list[Any] = render.rich_blocks(blocks(report))
     if not report.message:
         parts.append(Text(time.strftime("updated %H:%M:%S"), style="dim"))
     return Group(*parts)
@@ -205,13 +185,26 @@ def show(logdir: str | Path, as_json: bool = False, watch: bool = False,
         return
     report = scan(logdir)
     if as_json:
-        print(render.dump_json(asdict(report)))
+        print(render.dump_json(as_json_dict(report)))
     elif render.stdout_is_terminal():
         from rich.console import Console
 
         Console().print(rich_view(report))
     else:
         print("\n".join(plain_lines(report)))
+
+
+def as_json_dict(report: StatusReport) -> dict:
+    """The report for --json: each campaign with >= 2 seeds in a condition carries its
+    `comparison` (the `retrain compare --json` report)."""
+    data = asdict(report)
+    for c, out in zip(report.campaigns, data["campaigns"], strict=True):
+        if compare.has_seeds_to_compare(c.runs):
+            try:
+                out["comparison"] = compare_view.to_json(compare.build(c.path))
+            except UserError:
+                out["comparison"] = None
+    return data
 
 
 def watch_status(logdir: str | Path, interval: float = 2.0, iterations: int | None = None,

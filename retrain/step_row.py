@@ -7,6 +7,7 @@ import sys
 import time
 
 from retrain.backends.base import Datum
+from retrain.control.work import StepWork
 
 ROW_ORDER = ("step", "batch_size", "group_size", "num_completions", "mean_reward", "reward_std",
              "correct_rate", "max_token_hit_rate", "mean_completion_tokens", "loss",
@@ -43,3 +44,15 @@ def max_rss_mb() -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
+
+def step_work(sizes: list[list[tuple[int, int]]], advantages: list[list[float]]) -> StepWork:
+    """Tokens sampled and trained, and groups trained (a uniform group has no advantage).
+    `sizes` holds, per group and episode, (context tokens, sampled tokens): the context is the
+    prompt and everything the environment wrote."""
+    sampled = [(p, c, a != 0.0)
+               for group, adv in zip(sizes, advantages, strict=True)
+               for (p, c), a in zip(group, adv, strict=True)]
+    return StepWork(prompt_tokens=sum(p for p, _, _ in sampled),
+                    completion_tokens=sum(c for _, c, _ in sampled),
+                    trained_tokens=sum(p + c for p, c, trained in sampled if trained),
+                    groups_trained=sum(any(a != 0.0 for a in adv) for adv in advantages))

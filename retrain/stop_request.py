@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -34,3 +35,24 @@ class StopRequest:
     @property
     def exit_code(self) -> int:
         return 128 + (self.signum or signal.SIGINT)
+
+
+def exit_quietly_on_interrupt() -> None:
+    """Until a command installs its own handler (the trainer's StopRequest, the campaign
+    runner, serve): Ctrl-C ends the process at once with status 130 and one line.
+
+    A KeyboardInterrupt raised inside `import torch` or transformers' lazy imports leaves
+    half-imported modules behind (the next access fails with a long chained traceback) or
+    aborts in C++; nothing worth cleaning up exists before training starts, so exit."""
+    import os
+
+    def handler(_signum: int, _frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a stream mid-write or closed: exit anyway
+                stream.flush()
+        with contextlib.suppress(OSError):
+            os.write(2, b"interrupted\n")
+        os._exit(128 + signal.SIGINT)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from retrain import checkpoint, runlog
-from retrain.advantages import compute_advantages, mean_and_std, uniform_group_rate
+from retrain.advantages import (
+    bounded_for_loss,
+    compute_advantages,
+    mean_and_std,
+    uniform_group_rate,
+)
 from retrain.backends import create_backend
 from retrain.backends.base import (
     AdamParams,
@@ -39,25 +44,35 @@ from retrain.backends.base import (
     BackendError,
     BackendOOMError,
     Datum,
+    DivergedError,
     LossConfig,
     SamplingParams,
-    make_datum,
+    skipped_nonfinite,
 )
 from retrain.config import Config, run_config
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
+from retrain.control.work import StepWork
+from retrain.environments.rollout import (
+    RolloutResult,
+    Rollouts,
+    build_rollouts,
+    episode_datum,
+    uses_scorer,
+)
 from retrain.environments.scorer import build_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.errors import UserError
-from retrain.eval import evaluate
+from retrain.eval import evaluate, evaluate_episodes
 from retrain.offpolicy import Overlap
 from retrain.progress import Progress
 from retrain.slots import slots_from_env
-from retrain.step_row import groups_of, logprob_diff, max_rss_mb, ordered
+from retrain.step_row import logprob_diff, max_rss_mb, ordered, step_work
 from retrain.stop_request import StopRequest
 from retrain.trackers import Trackers
 
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
+ADVANTAGE_NOTE = "+-65536"  # retrain.advantages.LOSS_LIMIT, as the note shows it
 
 
 def derive_seed(seed: int, step: int, purpose: str) -> int:
@@ -83,16 +98,22 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     checkpoint.ensure_writable(run_dir)
     config_dir = config_path.resolve().parent
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
-    scorer = build_scorer(cfg.reward, config_dir)
+    scorer = build_scorer(cfg.reward, config_dir) if uses_scorer(cfg.environment) else None
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     backend = create_backend(cfg, slots, config_dir=config_dir,
                              checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
-    cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable as is
-    trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path)
+    rollouts = None
     try:
+        rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
+                                  config_dir, backend, scorer, splits.train)
+        cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
+        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts)
         return trainer.run(start.state, start.fallbacks)
     finally:
-        scorer.close()
+        if rollouts is not None:
+            rollouts.close()
+        if scorer is not None:
+            scorer.close()
         backend.close()
 
 
@@ -106,13 +127,14 @@ class _Sampled:
     flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
     bytes_moved: float | None = None
     noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
+    work: StepWork | None = None         # what the step did, for the back-pressure controller
 
 
 class Trainer:
     """Owns the order of the stages; the backend, scorer and controller do the work."""
 
     def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
-                 backend: Backend, slots: Any, config_path: Path):
+                 backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts):
         from retrain.control.backpressure import BackpressureController
 
         self.cfg = cfg
@@ -120,6 +142,7 @@ class Trainer:
         self.run_dir = run_dir
         self.splits = splits
         self.scorer = scorer
+        self.rollouts = rollouts
         self.backend = backend
         self.slots = slots
         self.config_path = config_path
@@ -133,10 +156,11 @@ class Trainer:
         self.state = runlog.RunState()
         self.batch_size = self.training.batch_size
         self.reward_errors_shown = 0
-        self._prompts: dict[int, list[int]] = {}
         self._eval_prompts: list[list[int]] | None = None
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
+        self.nonfinite_streak = 0      # steps in a row not applied for a non-finite loss/grad
+        self._scaled_noted = False     # advantages were scaled down for the loss (said once)
 
     # ------------------------------------------------------------------ the run
 
@@ -188,6 +212,8 @@ class Trainer:
                 self.cursor.load_state_dict(saved.data_cursor)
                 self.controller.load_state_dict(saved.controller)
                 self.noise.load_state_dict(saved.extra.get("grad_noise"))
+                streak = saved.extra.get("nonfinite_streak", 0)
+                self.nonfinite_streak = streak if isinstance(streak, int) and streak > 0 else 0
                 break
             except (BackendError, ValueError, TypeError, KeyError, AttributeError) as exc:
                 failures.append(f"{saved.checkpoint!r} ({type(exc).__name__}: {exc})"[:300])
@@ -216,23 +242,28 @@ class Trainer:
         if self.backend.summary:
             self.progress.say(f"model: {self.backend.summary}")
         initial = None
-        if first == 1 and self.splits.eval:
+        if first == 1 and self._has_eval():
             initial = self._evaluate()
             self.progress.say(f"eval accuracy before training: {initial.accuracy:.3f} "
                               f"({initial.n} held-out problems, {initial.seconds:.1f}s)")
         self.progress.start(self.training.max_steps, first - 1)
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
             for step in range(first, self.training.max_steps + 1):
-                row = self._step(step)
+                row = self._guarded(step, self._step, step)
                 if initial is not None:
                     row["initial_eval_accuracy"] = initial.accuracy
                     initial = None
-                self._maybe_evaluate(step, row)
+                self._guarded(step, self._maybe_evaluate, step, row, saved=False)
+                self.nonfinite_streak = self.nonfinite_streak + 1 if row["skipped_nonfinite"] \
+                    else 0
+                stop = self.nonfinite_streak >= self.training.max_nonfinite_steps
                 writer.write(row)
                 trackers.log(row)
                 self.progress.step(row)
                 self._commit(step, wait=step == self.training.max_steps
-                             or self.stop.signum is not None)
+                             or self.stop.signum is not None or stop)
+                if stop:
+                    raise self._too_many_nonfinite(step)
                 if self.progress.output_closed and self.stop.signum is None:
                     self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
                 if self.stop.signum is not None and step < self.training.max_steps:
@@ -282,7 +313,7 @@ class Trainer:
         # The controller measures the batch size that ran: failed attempts are not its time.
         decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start,
                                            flops=sampled.flops, bytes_moved=sampled.bytes_moved,
-                                           noise_scale=sampled.noise_scale)
+                                           noise_scale=sampled.noise_scale, work=sampled.work)
         self.batch_size = max(1, decision.batch_size)
         if decision.action != "hold" or "rejected" in decision.reason:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
@@ -295,51 +326,73 @@ class Trainer:
         training = self.training
         random.seed(derive_seed(training.seed, step, "python"))  # for user reward code using random
         t0 = time.perf_counter()
-        ahead = self.overlap.take(step)  # sampled while the previous step trained
+        ahead = self.overlap.take(step)  # turn 0, sampled while the previous step trained
         if ahead is None:
-            index = self.cursor.take(batch_size)
-            prompts = [self._prompt(i) for i in index]
-            groups = self.backend.sample(prompts, training.group_size, self._sampling_params(step))
+            index, first = self._take(step, batch_size), None
         else:
-            index, groups = ahead.index, ahead.groups
-            prompts = [self._prompt(i) for i in index]
+            index, first = ahead.index, ahead.groups
             self.cursor.load_state_dict(ahead.cursor_after)
-        problems = [self.splits.train[i] for i in index]
+        rollout = self.rollouts.train
+        result = rollout.run(index, training.group_size, self._sampling_params(step), first)
         t1 = time.perf_counter()
-        self._sample_ahead(step + 1)  # overlap: runs while this step scores and trains
-        decode = self.backend.tokenizer.decode
-        texts = [decode(c.tokens, skip_special_tokens=True) for g in groups for c in g]
-        scores = self.scorer.score(texts, [p for p in problems for _ in range(training.group_size)])
-        rewards = groups_of(scores.rewards, training.group_size)
+        self._sample_ahead(step + 1)  # overlap: runs while this step trains
+        rewards = result.rewards()
         advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
                                         self.cfg.algorithm.std_scale)
+        advantages, divisor = bounded_for_loss(advantages)  # float32-safe, order kept
+        if divisor != 1.0 and not self._scaled_noted:
+            self._scaled_noted = True
+            self.progress.say(f"step {step}: advantages beyond {ADVANTAGE_NOTE} were divided "
+                              f"by {divisor:.3g} before the loss (rewards in large units; "
+                              "said once)")
         t2 = time.perf_counter()
-        datums = [make_datum(prompts[g], c, a)
-                  for g, (group, adv) in enumerate(zip(groups, advantages, strict=True))
-                  for c, a in zip(group, adv, strict=True) if a != 0.0]
+        datums = [episode_datum(e, a)
+                  for group, adv, dropped in zip(result.groups, advantages, result.dropped,
+                                                 strict=True) if not dropped
+                  for e, a in zip(group, adv, strict=True) if a != 0.0]
         train = self._train(datums, batch_size)
         t3 = time.perf_counter()
-        completions = [c for g in groups for c in g]
-        n = len(completions)
-        mean_reward, reward_std = mean_and_std(scores.rewards)  # overflow-safe (1e200 rewards)
-        row = {
-            "batch_size": batch_size, "group_size": training.group_size, "num_completions": n,
-            "mean_reward": mean_reward,
-            "reward_std": reward_std,
-            "correct_rate": sum(scores.correct) / n,
-            "max_token_hit_rate": sum(c.finish_reason == "length" for c in completions) / n,
-            "mean_completion_tokens": sum(len(c.tokens) for c in completions) / n,
-            **train, "lr": self._lr(batch_size),
-            "sample_time_s": t1 - t0, "reward_time_s": t2 - t1, "train_time_s": t3 - t2,
-            "reward_uniform_group_rate": uniform_group_rate(rewards),
-            "reward_failures": scores.failures, "trained_completions": len(datums),
-            "sample_staleness": ahead.staleness if ahead is not None else 0,
-        }
-        tokens = sum(len(prompts[g]) + len(c.tokens) for g, group in enumerate(groups)
-                     for c in group)
-        sampled = _Sampled(row=row, tokens=tokens, errors=getattr(scores, "errors", []))
-        self._add_estimates(sampled, prompts, groups, batch_size)
+        row = self._row(result, batch_size, rewards, train)
+        row.update(sample_time_s=t1 - t0 - result.env_seconds,
+                   reward_time_s=t2 - t1 + result.env_seconds, train_time_s=t3 - t2,
+                   trained_completions=len(datums),
+                   sample_staleness=ahead.staleness if ahead is not None else 0)
+        episodes = [e for g in result.groups for e in g]
+        work = step_work([[(len(e.ledger.tokens) - e.ledger.sampled_tokens,
+                            e.ledger.sampled_tokens) for e in g] for g in result.groups],
+                         advantages)
+        sampled = _Sampled(row=row, tokens=work.sampled_tokens, work=work,
+                           errors=list(rollout.host.errors)
+                           + [f"episode {e.id}: {e.error}" for e in episodes if e.error])
+        self._add_estimates(sampled, result, batch_size)
         return sampled
+
+    def _row(self, result: RolloutResult, batch_size: int, rewards: list[list[float]],
+             train: dict) -> dict:
+        episodes = [e for g in result.groups for e in g]
+        n, replies = len(episodes), sum(e.turns for e in episodes)
+        flat = [r for g in rewards for r in g]
+        mean_reward, reward_std = mean_and_std(flat)  # overflow-safe (1e200 rewards)
+        row = {
+            "batch_size": batch_size, "group_size": self.training.group_size,
+            "num_completions": n, "mean_reward": mean_reward, "reward_std": reward_std,
+            "correct_rate": sum(e.success for e in episodes) / n,
+            "max_token_hit_rate": sum(e.cut_replies for e in episodes) / max(1, replies),
+            "mean_completion_tokens": sum(e.ledger.sampled_tokens for e in episodes) / n,
+            **train, "lr": self._lr(batch_size),
+            "reward_uniform_group_rate": uniform_group_rate(rewards),
+            "reward_failures": self.rollouts.train.host.failures,
+        }
+        if not uses_scorer(self.cfg.environment):
+            row.update(result.metrics())
+        return row
+
+    def _take(self, step: int, batch_size: int) -> list[int]:
+        """The groups of a step: problem indices from the data cursor (task kind), else
+        episode seeds derived from (training.seed, step, group index)."""
+        if uses_scorer(self.cfg.environment) or self.cfg.environment.kind == "task":
+            return self.cursor.take(batch_size)
+        return [derive_seed(self.training.seed, step, f"episode:{g}") for g in range(batch_size)]
 
     def _lr(self, batch_size: int) -> float:
         """training.lr, scaled for a batch the controller chose ([backpressure] lr_scaling)."""
@@ -349,14 +402,15 @@ class Trainer:
         ratio = batch_size / self.training.batch_size
         return self.training.lr * (math.sqrt(ratio) if bp.lr_scaling == "sqrt" else ratio)
 
-    def _add_estimates(self, sampled: _Sampled, prompts: list[list[int]], groups: list,
+    def _add_estimates(self, sampled: _Sampled, result: RolloutResult,
                        batch_size: int) -> None:
         """FLOPs and bytes for the roofline; the noise scale in prompts for goodput."""
         metrics = self._train_metrics
         cost = self.backend.cost_model
         if cost is not None:
-            est = step_cost(cost, [len(p) for p in prompts],
-                            [[len(c.tokens) for c in g] for g in groups],
+            est = step_cost(cost, [len(g[0].ledger.tokens) - g[0].ledger.sampled_tokens
+                                   for g in result.groups],
+                            [[e.ledger.sampled_tokens for e in g] for g in result.groups],
                             int(metrics.get("tokens", 0)),
                             int(metrics.get("grad_micro_batches", 1)))
             sampled.flops, sampled.bytes_moved = est.flops, est.bytes_moved
@@ -369,7 +423,8 @@ class Trainer:
         self._train_metrics = {}
         if not datums:  # every group uniform: nothing to learn from this step
             self._land_commit()
-            return {"loss": 0.0, "grad_norm": 0.0, "sampler_trainer_logprob_diff": None,
+            return {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": False,
+                    "sampler_trainer_logprob_diff": None,
                     "grad_noise_scale": None, "grad_coherence": None}
         training, alg = self.training, self.cfg.algorithm
         loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
@@ -384,8 +439,10 @@ class Trainer:
                           grad_clip_norm=training.grad_clip_norm)
         opt = self.backend.optim_step(adam)
         self._land_commit()  # the last step's save landed while this step's update ran
-        self.overlap.updated()
-        return {"loss": out.loss, "grad_norm": opt.grad_norm,
+        skipped = skipped_nonfinite(out.loss, opt.grad_norm, opt.metrics)
+        if not skipped:  # a skipped update leaves the weights (and the staleness) as they were
+            self.overlap.updated()
+        return {"loss": out.loss, "grad_norm": opt.grad_norm, "skipped_nonfinite": skipped,
                 "sampler_trainer_logprob_diff": logprob_diff(datums, out.logprobs),
                 "grad_noise_scale": self.noise.update(stats),
                 "grad_coherence": stats.coherence if stats else None,
@@ -402,7 +459,7 @@ class Trainer:
         if not self.overlap.enabled or step > self.training.max_steps:
             return
         before = self.cursor.state_dict()
-        index = self.cursor.take(self.batch_size)
+        index = self._take(step, self.batch_size)
         self.overlap.start(step, index, [self._prompt(i) for i in index], self.training.group_size,
                            self._sampling_params(step), before, self.cursor.state_dict())
 
@@ -411,14 +468,21 @@ class Trainer:
         return self.slots.wait_s + self.backend.rate_limit_wait_s
 
     def _prompt(self, index: int) -> list[int]:
-        if index not in self._prompts:
-            self._prompts[index] = render_prompt(self.backend.tokenizer,
-                                                 self.splits.train[index], self.cfg.data)
-        return self._prompts[index]
+        """The turn-0 prompt of a group: a problem index (task kind) or an episode seed."""
+        return self.rollouts.train.prompt(index)
 
     # ------------------------------------------------------------------ eval, checkpoints
 
+    def _has_eval(self) -> bool:
+        if self.rollouts.make_eval is None:
+            return bool(self.splits.eval)
+        return self.cfg.data.eval_size > 0
+
     def _evaluate(self):
+        if self.rollouts.make_eval is not None:  # an environment: held-out episodes
+            seeds = [derive_seed(self.training.seed, 0, f"eval-episode:{i}")
+                     for i in range(self.cfg.data.eval_size)]
+            return evaluate_episodes(self.rollouts.eval, seeds, self.training.max_tokens)
         if self._eval_prompts is None:
             self._eval_prompts = [render_prompt(self.backend.tokenizer, p, self.cfg.data)
                                   for p in self.splits.eval]
@@ -428,10 +492,12 @@ class Trainer:
 
     def _maybe_evaluate(self, step: int, row: dict) -> None:
         every, last = self.training.eval_every, self.training.max_steps
-        if not self.splits.eval or not (step == last or (every and step % every == 0)):
+        if not self._has_eval() or not (step == last or (every and step % every == 0)):
             return
         result = self._evaluate()
         row["eval_accuracy"] = result.accuracy
+        if self.rollouts.make_eval is not None:
+            row["eval_mean_reward"] = result.mean_reward
         row["eval_time_s"] = result.seconds
         self.state.extra["eval_accuracy"] = result.accuracy
 
@@ -445,6 +511,7 @@ class Trainer:
         s.data_cursor, s.controller = self.cursor.state_dict(), self.controller.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra["grad_noise"] = self.noise.state_dict()
+        s.extra["nonfinite_streak"] = self.nonfinite_streak
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         self._in_flight = checkpoint.PendingCommit(s, saved)
         if wait or not self.overlap.enabled:
@@ -471,6 +538,45 @@ class Trainer:
               f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
               file=sys.stderr, flush=True)
         return self.stop.exit_code
+
+    def _guarded(self, step: int, call: Any, *args: Any, saved: bool = True) -> Any:
+        """`call(*args)` for `step`; a DivergedError becomes the one-line "weights diverged"
+        error. `saved`: the weights it samples from are the last checkpoint's (not so for the
+        evaluation after an update, which is saved only after it)."""
+        try:
+            return call(*args)
+        except DivergedError as exc:
+            raise self._diverged(step, exc, saved) from None
+
+    def _diverged(self, step: int, exc: DivergedError, saved: bool) -> DivergedError:
+        """Name the last sound checkpoint. An update that diverged was undone and never
+        saved; weights that sample NaN/inf were saved as the last checkpoint, which is moved
+        aside (to `diverged-step-N`) so that a resume starts from the one before."""
+        with contextlib.suppress(BackendError):
+            self._land_commit()
+        fix = ("Lower training.lr or training.weight_decay and start over with --new "
+               "(resuming as is repeats the divergence)")
+        bad = self.state.step
+        if not (exc.sampling and saved) or bad < 1:
+            return DivergedError(f"weights diverged at step {step}: {exc}. Nothing non-finite "
+                                 f"was saved; the last checkpoint is step {bad}'s. {fix}")
+        moved = checkpoint.set_aside(self.run_dir, bad)
+        points = checkpoint.resume_points(self.run_dir, None)
+        self.state = copy.deepcopy(points[0]) if points else runlog.RunState()
+        back = f"step {self.state.step}" if points else "the start"
+        return DivergedError(f"weights diverged at step {bad}: sampling step {step} met "
+                             f"non-finite probabilities. Its checkpoint was moved to {moved}; "
+                             f"the run now resumes from {back}, the last checkpoint whose "
+                             f"sampling was finite. {fix}")
+
+    def _too_many_nonfinite(self, step: int) -> DivergedError:
+        n = self.nonfinite_streak
+        return DivergedError(
+            f"{n} steps in a row (steps {step - n + 1}-{step}) had a non-finite loss or "
+            f"gradient norm and were not applied (training.max_nonfinite_steps = "
+            f"{self.training.max_nonfinite_steps}); stopped. The weights are unchanged since "
+            f"step {step - n}; checkpoint {self.state.checkpoint} holds them. Check the reward "
+            "and lower training.lr, then start over with --new")
 
     def _fail(self, exc: BaseException) -> None:
         with contextlib.suppress(BackendError):

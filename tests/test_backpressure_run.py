@@ -57,7 +57,7 @@ def test_low_peaks_make_a_real_run_compute_bound(workdir):
     bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "peak_gflops": 0.001,
           "peak_bw_gb_s": 1000.0}
     path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
-                        training={"max_steps": 8})
+                        training={"max_steps": 14})
     assert run(path) == 0
     _assert_roofline_regime(rows(workdir / "logs" / "run"), "compute_bound")
 
@@ -74,7 +74,7 @@ def test_high_bandwidth_demand_makes_it_memory_bound(workdir):
     bp = {"enabled": True, "warmup_steps": 3, "max_batch_size": 4, "peak_gflops": 1e9,
           "peak_bw_gb_s": 1e-3}
     path = write_config(workdir, backpressure=bp, data={"eval_size": 0},
-                        training={"max_steps": 8})
+                        training={"max_steps": 14})
     assert run(path) == 0
     got = rows(workdir / "logs" / "run")
     _assert_roofline_regime(got, "memory_bound")

@@ -326,6 +326,8 @@ def _field_strategy(section: str, f: dataclasses.Field):
     lo, hi = meta.get("lo"), meta.get("hi")
     if tp is int:
         return st.integers(int(lo) if lo is not None else -2**40, int(hi) if hi else 2**40)
+    if tp == int | str:   # a number or one of its words ("auto")
+        return st.one_of(st.integers(int(lo), int(hi)), st.sampled_from(meta["words"]))
     if tp is float:
         lo_v = lo if lo is not None else -1e9
         return st.floats(lo_v, hi if hi is not None else 1e9, exclude_min=bool(meta["lo_open"]),
@@ -389,6 +391,10 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         t.max_steps_off_policy = 0
+    be = cfg.backend
+    be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
+    if t.lr * t.weight_decay >= 1:
+        t.weight_decay = 0.5 / t.lr
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

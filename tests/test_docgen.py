@@ -15,7 +15,7 @@ def test_every_key_is_documented_with_its_default():
     for section, key, _default, _help in config_file.describe_keys():
         assert f"## [{section}]" in text
         assert f"| `{key}` |" in text
-    assert "| `max_concurrent` | `4` | >= 1, <= 4096 |" in text
+    assert "| `max_concurrent` | `4` | >= 1, <= 4096 or `\"auto\"` |" in text
     assert "| `batch_size` | `8` | >= 1, <= 65536 |" in text
     assert "`grpo` \\| `dr_grpo`" in text
 

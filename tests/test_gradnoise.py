@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from retrain.control.goodput import goodput_batch, statistical_efficiency
 from retrain.control.gradnoise import GradStats, NoiseScale, two_batch_estimates
-from retrain.control.stepcost import ModelCost, step_cost
+from retrain.control.stepcost import (
+    ModelCost,
+    StepCost,
+    decode_cost,
+    prefill_cost,
+    sample_cost,
+    step_cost,
+    train_cost,
+)
 from retrain.control.usl import UslFit
 
 FAST = settings(max_examples=200, deadline=None)
@@ -108,7 +116,19 @@ def test_goodput_prefers_small_batches_when_the_gradient_is_clean():
 def test_step_cost_counts_by_hand():
     m = ModelCost(parameters=1000, weight_bytes=4000, kv_bytes_per_token=10)
     c = step_cost(m, [5], [[2, 3]], trained_tokens=5, micro_batches=2)
-    # sampled tokens (prompt + completion of each sequence): 7 + 8 = 15
-    assert c.flops == 2 * 1000 * 15 + 4 * 1000 * 5
+    # the prompt is prefilled once (5 tokens), then 2 + 3 sampled tokens
+    assert c.flops == 2 * 1000 * (5 + 5) + 4 * 1000 * 5
     # passes: prefill + 3 decode steps + 2 per micro-batch; cached: (2*5+1) + (3*5+3)
     assert c.bytes_moved == 4000 * (1 + 3 + 4) + 10 * (11 + 18)
+
+
+def test_phase_costs_split_body_and_lm_head():
+    m = ModelCost(parameters=1300, weight_bytes=4000, kv_bytes_per_token=10,
+                  body_parameters=1000, head_parameters=200)
+    # prompts through the body, logits only at their last position
+    assert prefill_cost(m, [5, 7]).flops == 2 * 1000 * 12 + 2 * 200 * 2
+    assert decode_cost(m, [5, 7], [[2], [3, 1]]).flops == 2 * 1200 * 6
+    assert sample_cost(m, [5], [[2]]) == prefill_cost(m, [5]) + decode_cost(m, [5], [[2]])
+    t = train_cost(m, trained_tokens=6, micro_batches=3, prefix_tokens=4)
+    assert t.flops == 4 * 1200 * 6 + 4 * 1000 * 4 and t.bytes_moved == 4000 * 6
+    assert train_cost(m, 0, 0) == StepCost(0.0, 0.0)

@@ -55,6 +55,13 @@ class CountingSlots:
             self.held -= 1
         self._sem.release()
 
+    def record(self, completions: int = 0, tokens: int = 0) -> None:
+        with self._lock:
+            self.completions = getattr(self, "completions", 0) + completions
+
+    def record_error(self, status: int) -> None:
+        return None
+
 
 def _engine(tiny_model, **kw):
     return BigramEngine(vocab=260, eos=EOS, tokenizer_id=tiny_model, **kw)
@@ -182,6 +189,7 @@ def test_every_request_holds_a_slot(tmp_path, sdk_env, tiny_model, n_slots):
             backend.save_state(f"step-{step}")  # the third save deletes the first
         backend.close()
         assert slots.held == 0 and slots.entries >= 3 * (8 + 3 + 1) + 1
+        assert slots.completions == 3 * 8 * 2   # reported through the slots, for the meter
         assert served.traffic.peak <= n_slots
         if n_slots == 2:
             assert served.engine.peak == 2  # parallel sampling did happen

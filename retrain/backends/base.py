@@ -135,6 +135,25 @@ class BackendOOMError(BackendError):
     """Out of memory: the trainer retries the step with a smaller batch and tells the controller."""
 
 
+class DivergedError(BackendError):
+    """The weights are no longer finite numbers (or sample NaN/inf probabilities): an update
+    diverged. Nothing non-finite is ever saved; the trainer names the last sound checkpoint.
+    `sampling`: raised by sampling, i.e. the weights in use (not an update) are unsound."""
+
+    def __init__(self, message: str, *, sampling: bool = False):
+        super().__init__(message)
+        self.sampling = sampling
+
+
+def skipped_nonfinite(loss: float, grad_norm: float, metrics: dict[str, float]) -> bool:
+    """Whether an optimizer step was left out because its loss or gradient was not finite
+    (the backend's metrics say so, or the numbers show it)."""
+    import math
+
+    return (bool(metrics.get("skipped_nonfinite")) or not math.isfinite(loss)
+            or not math.isfinite(grad_norm))
+
+
 @runtime_checkable
 class Backend(Protocol):
     """The contract. A backend that writes checkpoints itself is given the run's checkpoints

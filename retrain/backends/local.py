@@ -11,6 +11,7 @@ see `local_sampling` for top_p and `local_loss` for the token aggregation.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -29,6 +30,7 @@ from retrain.backends.base import (
     BackendOOMError,
     Completion,
     Datum,
+    DivergedError,
     LossConfig,
     LossOutput,
     OptimOutput,
@@ -37,7 +39,7 @@ from retrain.backends.base import (
     finished,
 )
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
-from retrain.backends.local_sampling import sample_batch, token_logprobs
+from retrain.backends.local_sampling import cache_keyword, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
 from retrain.cpu import auto_threads
 from retrain.errors import UserError
@@ -59,6 +61,7 @@ class LocalModel:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.cache_key = cache_keyword(model)  # `cache` or `past_key_values`, by version
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
         self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
@@ -97,9 +100,14 @@ class LocalModel:
         head_dim = int(getattr(cfg, "head_dim", 0) or
                        (getattr(cfg, "hidden_size", 0) // heads if heads else 0))
         element = params[0].element_size() if params else 4
-        return ModelCost(parameters=sum(p.numel() for p in params),
+        total = sum(p.numel() for p in params)
+        embed = self.base.get_input_embeddings().weight
+        head = self.base.get_output_embeddings().weight
+        lookup = embed.numel() + (0 if head.data_ptr() == embed.data_ptr() else head.numel())
+        return ModelCost(parameters=total,
                          weight_bytes=sum(p.numel() * p.element_size() for p in params),
-                         kv_bytes_per_token=2 * layers * kv_heads * head_dim * element)
+                         kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,
+                         body_parameters=max(total - lookup, 1), head_parameters=head.numel())
 
     @property
     def net(self) -> Any:
@@ -197,6 +205,7 @@ class LocalBackend:
         self.generator = torch.Generator(model.device).manual_seed(seed)
         self._snapshots = 0
         self._cost: ModelCost | None = None
+        self._loss_finite = True  # the gradient waiting for optim_step came from a finite loss
 
     @classmethod
     def from_config(cls, cfg: Config, config_dir: Path | None = None,
@@ -262,7 +271,7 @@ class LocalBackend:
             net.eval()
             return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
                                 pad_id=self.model.pad_id, generator=gen,
-                                make_cache=self._make_cache)
+                                make_cache=self._make_cache, cache_key=self.model.cache_key)
 
     def _make_cache(self) -> Any:
         from transformers import DynamicCache
@@ -295,7 +304,9 @@ class LocalBackend:
         while True:
             try:
                 with self.model.lock, oom_as_backend_error("forward_backward"):
-                    return self._forward_backward(datums, loss, size)
+                    out = self._forward_backward(datums, loss, size)
+                    self._loss_finite = self._loss_finite and math.isfinite(out.loss)
+                    return out
             except BackendOOMError:
                 self._zero_grad()
                 largest = max((len(u.index) for u in self._plan(datums, size)), default=1)
@@ -353,16 +364,16 @@ class LocalBackend:
         else:
             cache = self._make_cache()
             positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+            key = self.model.cache_key
             net(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
-                position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+                position_ids=positions, **{key: cache}, use_cache=True, logits_to_keep=1)
             rows = batch.row_prefix
             if rows.numel() != batch.prefix_ids.shape[0] or bool((rows != torch.arange(
                     rows.numel(), device=rows.device)).any()):
                 cache.batch_select_indices(rows)
             mask = torch.cat([batch.prefix_mask[rows], batch.suffix_mask], dim=1)
             logits = net(input_ids=batch.input_ids, attention_mask=mask,
-                         position_ids=batch.positions, past_key_values=cache, use_cache=True,
+                         position_ids=batch.positions, **{key: cache}, use_cache=True,
                          logits_to_keep=batch.keep).logits
         lp = token_logprobs(logits, temperature)
         return lp.gather(-1, batch.targets[:, None]).squeeze(-1)
@@ -386,24 +397,36 @@ class LocalBackend:
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.
 
-        A non-finite gradient skips the update (and says so in the metrics) instead of
-        poisoning the weights and the optimizer state.
+        A non-finite loss or gradient skips the update (metrics `skipped` and
+        `skipped_nonfinite` = 1) instead of poisoning the weights and the optimizer state. An
+        update that leaves non-finite weights is undone and raises DivergedError.
         """
         with self.model.lock:
+            loss_finite, self._loss_finite = self._loss_finite, True
             params = [p for p in self.params.values() if p.grad is not None]
             if not params:
-                return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0})
+                return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0,
+                                                           "skipped_nonfinite": 0.0})
             clip = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
             norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-            if not torch.isfinite(torch.tensor(norm)):
+            if not (math.isfinite(norm) and loss_finite):
                 self._zero_grad()
-                return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0})
+                return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0,
+                                                            "skipped_nonfinite": 1.0})
             for group in self.optimizer.param_groups:
                 group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2),
                              eps=adam.eps, weight_decay=adam.weight_decay)
+            before = [p.detach().clone() for p in params]
             self.optimizer.step()
             self._zero_grad()
-            return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0})
+            if not local_checkpoint.all_finite(params):
+                with torch.no_grad():  # put the last finite weights back
+                    for p, old in zip(params, before, strict=True):
+                        p.copy_(old)
+                raise DivergedError("the AdamW update made the adapter weights non-finite "
+                                    "(overflow); lower training.lr or training.weight_decay")
+            return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0,
+                                                        "skipped_nonfinite": 0.0})
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from retrain.backends.base import BackendError
+from retrain.backends.base import BackendError, DivergedError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -27,6 +27,9 @@ def save_state(folder: Path, model: Any, adapter: str, optimizer: torch.optim.Op
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
+    if not all_finite(model.adapter_params(adapter).values()):
+        raise DivergedError(f"refusing to save checkpoint {folder.name}: the adapter weights "
+                            "are not finite (the training diverged)")
     tmp = folder.parent / f".{folder.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -70,6 +73,9 @@ def _load_files(path: Path, model: Any, adapter: str, optimizer: torch.optim.Opt
 
     with model.lock:
         weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(model.device))
+        if not all_finite(weights.values()):
+            raise BackendError(f"checkpoint {path} holds non-finite (NaN or infinite) weights; "
+                               "it cannot be resumed from")
         result = set_peft_model_state_dict(model.peft, weights, adapter_name=adapter)
         missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
         if missing:
@@ -79,6 +85,11 @@ def _load_files(path: Path, model: Any, adapter: str, optimizer: torch.optim.Opt
         rng = torch.load(path / "rng.pt", weights_only=True)
         generator.set_state(rng["generator"])
         optimizer.zero_grad(set_to_none=True)
+
+
+def all_finite(tensors: Any) -> bool:
+    """Whether every element of every tensor is a finite number."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _patch_base_path(folder: Path, base: str) -> None:

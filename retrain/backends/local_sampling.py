@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from retrain.backends.base import Completion, SamplingParams, TokenIds
+from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
 
 
 @dataclass
@@ -31,6 +31,15 @@ class _Rows:
     tokens: list[list[int]]
     logprobs: list[list[float]]
     finished: list[bool]
+
+
+def cache_keyword(model) -> str:
+    """The name a model's forward takes its KV cache under: `cache` in transformers >= 5.2x
+    (which deprecates `past_key_values`), `past_key_values` before."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def left_pad(prompts: list[TokenIds], pad_id: int, device: torch.device):
@@ -46,11 +55,18 @@ def left_pad(prompts: list[TokenIds], pad_id: int, device: torch.device):
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+MIN_DIVISOR = 1e-30  # a float32 number: 1e-300 would round to 0 and give 0 / 0
+
+
 def token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature."""
+    """Log-probs of the sampling distribution: float32 log_softmax of logits / temperature.
+    The largest logit is subtracted before dividing (the same distribution), so a tiny
+    temperature sends the others to -inf (probability 0) instead of overflowing to inf."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+        if temperature < 1.0:
+            logits = logits - logits.amax(dim=-1, keepdim=True)
+        logits = logits / max(temperature, MIN_DIVISOR)
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -66,24 +82,42 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
         sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return inverse_cdf(probs, uniforms(probs.shape[0], generator, probs.device))
+
+
+def uniforms(rows: int, generator: torch.Generator | list[torch.Generator],
+             device: torch.device) -> torch.Tensor:
+    """One draw in (0, 1] per row, from the shared generator or each row's own."""
     if isinstance(generator, torch.Generator):
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)
-                      for i, g in enumerate(generator)]).squeeze(-1)
+        u = torch.rand(rows, generator=generator, device=device, dtype=torch.float64)
+    else:
+        u = torch.cat([torch.rand(1, generator=g, device=device, dtype=torch.float64)
+                       for g in generator])
+    return 1.0 - u
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token whose cumulative probability first reaches u x the row's total: one uniform
+    per row instead of one random number per vocabulary entry (what `multinomial` draws).
+    u > 0, so a token of probability 0 is never drawn."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    target = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 @torch.inference_mode()
 def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams, *,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
-                 make_cache) -> list[list[Completion]]:
+                 make_cache, cache_key: str = "past_key_values") -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
-    `generator`: one for the whole batch, or one per prompt (for its `n` rows)."""
+    `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
+    see `cache_keyword`."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = make_cache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                **{cache_key: cache}, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
     if n > 1:
         cache.batch_repeat_interleave(n)
@@ -95,6 +129,9 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     eos = torch.tensor(sorted(eos_ids), device=device)
     for step in range(params.max_tokens):
         lp = token_logprobs(logits, params.temperature)
+        if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
+            raise DivergedError("sampling: the next-token probabilities are not finite (NaN "
+                                "or infinite logits): the weights diverged", sampling=True)
         ids_now = active.tolist()
         gen = generator if isinstance(generator, torch.Generator) else \
             [generator[row // n] for row in ids_now]
@@ -111,7 +148,7 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         positions = mask.sum(dim=1, keepdim=True) - 1
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length")
             for t, lp, f in zip(rows.tokens, rows.logprobs, rows.finished, strict=True)]

@@ -32,6 +32,7 @@ import numpy as np
 
 from retrain import runlog
 from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
+from retrain.backends.tinker_overload import SDK_LOGGER, watch_overload
 from retrain.backends.tinker_pending import PendingLoss, SampleJob
 from retrain.backends.tinker_rate_limit import RateLimited, RateLimitWait, is_rate_limited
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
@@ -104,6 +105,8 @@ class TinkerBackend:
         self.base_url = base_url or os.environ.get("TINKER_BASE_URL") or None
         self.timeout_s = request_timeout_s
         self.slots: ApiSlots = slots or NoSlots()
+        self._overload = None if isinstance(self.slots, NoSlots) else \
+            watch_overload(self.slots.record_error)  # a campaign: its controller counts them
         self._service = tinker.ServiceClient(base_url=self.base_url)
         self._training: Any = None
         self._sampler: Any = None
@@ -307,7 +310,9 @@ class TinkerBackend:
             sampler = sampler_job.result()  # its save may still be landing: wait here, not above
             res = self._call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
-            return [completion_of(s, set(stop)) for s in res.sequences]
+            out = [completion_of(s, set(stop)) for s in res.sequences]
+            self.slots.record(completions=len(out), tokens=sum(len(c.tokens) for c in out))
+            return out
 
         return SampleJob([self._sample_pool.submit(one, i, p) for i, p in enumerate(prompts)])
 
@@ -446,6 +451,8 @@ class TinkerBackend:
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sample_pool.shutdown(wait=False, cancel_futures=True)
+        if self._overload is not None:
+            logging.getLogger(SDK_LOGGER).removeFilter(self._overload)
 
 
 def _grad_norm(metrics: dict[str, float]) -> float:

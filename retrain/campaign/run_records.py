@@ -101,7 +101,7 @@ def _describe_campaign(manifest: Manifest, cfg: Config, c: CampaignPlan, config_
     manifest.status = "running"
     manifest.parallel, manifest.max_workers = c.parallel, c.max_workers
     manifest.stagger_seconds = c.stagger_seconds
-    manifest.max_concurrent, manifest.slots_dir = cfg.backend.max_concurrent, SLOTS_DIR
+    manifest.max_concurrent, manifest.slots_dir = cfg.backend.slot_count, SLOTS_DIR
     manifest.executor, manifest.ray_address = c.executor, c.ray_address
     if c.executor == "ray":
         from retrain.campaign.ray_executor import campaign_key

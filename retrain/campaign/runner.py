@@ -19,6 +19,7 @@ from pathlib import Path
 
 from retrain import runlog
 from retrain.campaign import executor as ex
+from retrain.campaign.concurrency import CampaignConcurrency, FileCap, RayCap
 from retrain.campaign.manifest import (
     SLOTS_DIR,
     WORKER_LOG,
@@ -41,7 +42,7 @@ from retrain.config import Config, ConfigError
 from retrain.config_paths import anchor_paths
 from retrain.cpu import AUTO_THREADS_ENV, available_cores
 from retrain.errors import UserError
-from retrain.slots import ENV_VAR, env_value
+from retrain.slots import ENV_VAR, clear_cap, env_value
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
 TICK_S = 0.005          # scheduler poll interval after an event (a waitpid per worker) ...
@@ -65,15 +66,30 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
     campaign_dir.mkdir(parents=True, exist_ok=True)
     with runner_lock(campaign_dir):
         executor = executor or executor_for(cfg, campaign, campaign_dir)
+        concurrency = concurrency_for(cfg, campaign_dir, executor)
         if hasattr(executor, "prepare"):  # e.g. Ray: join the cluster, check shared storage
-            executor.prepare(cfg.backend.max_concurrent)
+            executor.prepare(concurrency.cap if concurrency else cfg.backend.slot_count)
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
         manifest, adopted = prepare_manifest(cfg, campaign, config_path, campaign_dir, plans,
                                              force, executor)
-        runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor)
+        runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor, concurrency)
         return runner.run(adopted)
+
+
+def concurrency_for(cfg: Config, campaign_dir: Path,
+                    executor: ex.Executor) -> CampaignConcurrency | None:
+    """The campaign's concurrency controller under max_concurrent = "auto" (None when fixed:
+    a cap file left by an earlier auto campaign is removed)."""
+    slots_dir = campaign_dir / SLOTS_DIR
+    if not cfg.backend.auto_concurrency:
+        clear_cap(slots_dir)
+        return None
+    owner = RayCap(executor.broker_name) if hasattr(executor, "broker_name") \
+        else FileCap(slots_dir)
+    return CampaignConcurrency(campaign_dir, cfg.backend, cfg.backpressure.throttle_margin,
+                               owner)
 
 
 def executor_for(cfg: Config, campaign: CampaignPlan, campaign_dir: Path) -> ex.Executor:
@@ -144,7 +160,8 @@ class Runner:
     """Schedules the runs of one campaign and keeps its manifest up to date."""
 
     def __init__(self, cfg: Config, c: CampaignPlan, campaign_dir: Path,
-                 plans: list[PlannedRun], manifest: Manifest, executor: ex.Executor):
+                 plans: list[PlannedRun], manifest: Manifest, executor: ex.Executor,
+                 concurrency: CampaignConcurrency | None = None):
         self.dir = campaign_dir
         self.plans = {p.spec.name: p for p in plans}
         self.manifest = manifest
@@ -153,10 +170,11 @@ class Runner:
         n = len(plans)
         self.max_workers = (c.max_workers or n) if c.parallel else 1
         self.stagger = c.stagger_seconds if c.parallel else 0.0
-        self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.max_concurrent),
+        self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.slot_count),
                     **thread_share_env(cfg, min(self.max_workers, n))}
         if hasattr(executor, "worker_env"):  # Ray: the slot actor instead of a local folder
-            self.env = executor.worker_env(cfg.backend.max_concurrent)
+            self.env = executor.worker_env(cfg.backend.slot_count)
+        self.concurrency = concurrency
         self.alive: dict[str, ex.Worker] = {}
         self.todo: list[RunEntry] = []
         self.stop = _Stop()
@@ -175,6 +193,11 @@ class Runner:
                  f"{len(todo)} to run" + (f", {len(gave_up)} failed too often (max_retries = "
                                           f"{self.max_retries})" if gave_up else "")
                  + f"; manifest {self.dir / runlog.MANIFEST_FILE}")
+        if self.concurrency is not None:
+            self.concurrency.start()
+            self.say(f"API concurrency auto: cap {self.concurrency.cap}"
+                     + (f", {self.concurrency.resumed}" if self.concurrency.resumed else "")
+                     + f"; decisions in {self.dir / 'concurrency.jsonl'}")
         with self._signals():
             self._schedule(todo)
             if self.stop.signum is not None:
@@ -204,6 +227,8 @@ class Runner:
             if now >= next_progress:
                 next_progress = now + PROGRESS_EVERY_S
                 self._progress()
+            if self.concurrency is not None:
+                self._tune_concurrency()
             wait = tick
             if todo and len(self.alive) < self.max_workers:
                 wait = min(wait, max(0.0, next_launch - now))
@@ -270,6 +295,17 @@ class Runner:
             self.say(f"{entry.name}: its node or actor died; retrying on another node "
                      f"(failure {entry.failures} of max_retries = {self.max_retries} + 1)")
             self.todo.append(entry)
+
+    def _tune_concurrency(self) -> None:
+        """One decision of the campaign's concurrency controller, when one is due."""
+        old = self.concurrency.cap
+        try:
+            decision = self.concurrency.tick()
+        except Exception as exc:  # a lost Ray actor, a full disk: the cap stays, runs go on
+            self.say(f"API concurrency: no decision this interval ({exc})")
+            return
+        if decision is not None and decision.cap != old:
+            self.say(f"API concurrency: cap {old} -> {decision.cap}: {decision.reason}")
 
     def _progress(self) -> None:
         changed = [record_progress(self.manifest.entry(n), self.plans[n].run_dir)

@@ -20,18 +20,21 @@ from retrain.control.usl import (
     WINDOW,
     UslFit,
     UslSums,
+    doubling_sizes,
     observed_throughput,
     sweep_sizes,
     throughput_ratio,
     usl_p_star,
     usl_throughput,
 )
+from retrain.control.work import StepWork, WorkModel
 
 # Re-exported for the tests, `plot` and the bench; the fit itself lives in `usl`.
 __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roofline",
            "sweep_sizes", "usl_p_star", "usl_throughput"]
 
 P_MAX = 10**7              # largest concurrency accepted as an observation
+TRANSIENT = 2.0            # an exploring sample this far off the others at its size: a transient
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
                "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency")
@@ -116,13 +119,15 @@ class BackpressureController:
         self.oom_ceiling = OomCeiling()    # the run's one out-of-memory ceiling
         self._exploring = True
         self._explore_n = 0                # observations in the current exploration
-        self._explore_len = self.config.warmup_steps + 1
+        self._planned = self._warmup_plan()   # the exploration's batch sizes, in order
+        self._explore_len = len(self._planned)
         self._retries = 0                  # out-of-memory retries in this exploration
-        self._probes: list[int] = []       # empty = the warm-up sweep
+        self._checked = False              # the exploration's samples were checked for transients
         self._refit_left = 0               # refits left before the fit is frozen
-        self._land = False                 # at the last refit, go to its target (after a drift)
+        self._land = False                 # at the last refit, go to its target
         self._approaching = False          # the last increase was cut short by the bisection
         self._watch = drift.DriftWatch()   # smoothed throughput at this p, drift check
+        self._work = WorkModel()           # step time from the step's work: throughput in work
         self._noise_scale: float | None = None  # gradient noise scale, in prompts
         self._regime = "warmup"
         self._next: int | None = None      # the last proposed batch size
@@ -140,10 +145,12 @@ class BackpressureController:
 
     def observe(self, batch_size: int, tokens: float, step_time_s: float, *, oom: bool = False,
                 flops: float | None = None, bytes_moved: float | None = None,
-                noise_scale: float | None = None) -> Decision:
+                noise_scale: float | None = None, work: StepWork | None = None) -> Decision:
         """Record one step (or an out-of-memory failure) and decide the next batch size.
 
-        `noise_scale`: the gradient noise scale in prompts (goodput); None = not measured."""
+        `noise_scale`: the gradient noise scale in prompts (goodput); None = not measured.
+        `work`: what the step did; with it, throughput is counted in work (retrain.control.work)
+        rather than in `tokens`."""
         if not self.enabled:
             return self._disabled(batch_size, oom)
         if is_positive(noise_scale):
@@ -153,8 +160,8 @@ class BackpressureController:
             return self._reject(self.lo, 0, f"batch_size={batch_size!r} is not usable")
         if oom:
             return self._out_of_memory(b)
-        x = observed_throughput(tokens, step_time_s)
         p = b * self.group_size
+        x = observed_throughput(self._work_tokens(p, tokens, work, step_time_s), step_time_s)
         if isinstance(x, str):
             return self._reject(b, p, x)
         roof = roofline(flops, bytes_moved, step_time_s, self.config.peak_gflops,
@@ -167,6 +174,14 @@ class BackpressureController:
         if self._exploring:
             return self._explore(b, p, roof)
         return self._track(b, p, x, predicted, roof)
+
+    def _work_tokens(self, p: int, tokens: float, work: StepWork | None,
+                     step_time_s: float) -> float:
+        """The step's work in tokens of the reference mix (`tokens` without a usable `work`)."""
+        if work is None or not work.usable() or not is_positive(step_time_s):
+            return tokens
+        self._work.add(p, work, float(step_time_s))
+        return self._work.equivalent_tokens(p, work)
 
     def state_dict(self) -> dict:
         """Everything needed to continue with the same fit and decisions (JSON-able); when
@@ -181,9 +196,11 @@ class BackpressureController:
                 "ceiling": ceiling.failed, "ok_max": ceiling.ok_max,
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
-                "probes": list(self._probes), "refit_left": self._refit_left, "land": self._land,
+                "probes": list(self._planned), "checked": self._checked,
+                "refit_left": self._refit_left, "land": self._land,
                 "approaching": self._approaching, **self._watch.state_dict(),
-                "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next}
+                "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next,
+                "work": self._work.state_dict()}
 
     def load_state_dict(self, d: dict) -> bool:
         """Continue from `state_dict()`; a missing, foreign or broken state starts fresh.
@@ -217,11 +234,14 @@ class BackpressureController:
         self._exploring = bool(d["exploring"])
         self._explore_n, self._explore_len = int(d["explore_n"]), int(d["explore_len"])
         self._retries = int(d["retries"])
-        self._probes = [int(v) for v in d["probes"]]
+        # States saved before the warm-up plan was kept have [] there: the warm-up sweep.
+        self._planned = [int(v) for v in d["probes"]] or self._warmup_plan()
+        self._checked = bool(d.get("checked", False))
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
         self._watch = drift.DriftWatch.from_state(d)
+        self._work = WorkModel.from_state(d.get("work"))
         scale = d.get("noise_scale")
         self._noise_scale = float(scale) if is_positive(scale) else None
         self._regime = str(d["regime"])
@@ -239,17 +259,31 @@ class BackpressureController:
         """Largest batch size the controller may propose (bounds and out-of-memory ceiling)."""
         return self.oom_ceiling.largest(self.lo, self.hi)
 
+    @property
+    def target_batch_size(self) -> int | None:
+        """The current fit's target batch size (None before the first fit)."""
+        return self._goal(self._fit)[0] if self._fit is not None else None
+
     def _bound(self, b: int) -> int:
         """b within the bounds; untested sizes under an out-of-memory ceiling by bisection."""
         return self.oom_ceiling.bound(b, self.lo, self.hi)
 
+    def _warmup_plan(self) -> list[int]:
+        """The sweep's first k sizes, twice over and interleaved (a transient in one sample
+        shows against the other): k is at least the doubling sizes and (warmup_steps + 1) / 2."""
+        sizes = sweep_sizes(self.lo, self.hi)
+        half = math.ceil((self.config.warmup_steps + 1) / 2)
+        k = min(len(sizes), max(len(doubling_sizes(self.lo, self.hi)), half))
+        return sizes[:k] * 2
+
     def _plan(self) -> int:
         """The next exploration size (an out-of-memory retry does not use up a planned size)."""
-        n = self._explore_n - self._retries
-        if self._probes:
-            return self._bound(self._probes[min(n, len(self._probes) - 1)])
-        sizes = sweep_sizes(self.lo, self.largest)
-        return self._bound(sizes[n % len(sizes)])
+        n = max(0, self._explore_n - self._retries)
+        return self._bound(self._planned[min(n, len(self._planned) - 1)])
+
+    def _plan_more(self, sizes: list[int]) -> None:
+        self._planned += sizes
+        self._explore_len += len(sizes)
 
     def _goal(self, fit: UslFit) -> tuple[int, float, str]:
         """(target batch size, target concurrency, which bound set it).
@@ -321,20 +355,30 @@ class BackpressureController:
         if self._explore_n < self._explore_len:
             return self._decision("hold", "warmup", self._plan(), p,
                                   f"exploring ({self._explore_n}/{self._explore_len - 1})")
+        if not self._checked:
+            self._checked = True
+            again = self._sums.disagreeing(self._explore_n, TRANSIENT)
+            if again:
+                self._plan_more([q // self.group_size for q in again])
+                return self._decision("hold", "warmup", self._plan(), p,
+                                      f"repeating {len(again)} size(s) whose two samples "
+                                      f"disagree by more than {TRANSIENT:g}x")
+        dropped = self._sums.drop_transients(self._explore_n, TRANSIENT)
         fit = self._sums.fit()
         if isinstance(fit, str):
             if self.largest - self.lo < 2:
                 return self._decision("hold", "warmup", self._bound(b), p,
                                       f"batch size range allows fewer than 3 sizes: {fit}")
-            self._probes = []        # keep sweeping until the data support a fit
-            self._explore_len += 1
+            sweep = sweep_sizes(self.lo, self.largest)      # keep sweeping until a fit
+            self._plan_more([sweep[len(self._planned) % len(sweep)]])
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
-        self._fit, self._exploring, self._probes = fit, False, []
+        self._fit, self._exploring, self._land = fit, False, True
+        note = f"; {dropped} transient sample(s) left out" if dropped else ""
         self._refit_left = self._sums.window - len(self._sums)
         self._watch.cusum = drift.NO_DRIFT
         if self._watch.noise2 is None:
             self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
-        return self._decide(b, p, roof, "first fit after exploring", rule="first")
+        return self._decide(b, p, roof, "first fit after exploring" + note, rule="first")
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
                roof: Roofline | None) -> Decision:
@@ -349,7 +393,7 @@ class BackpressureController:
             else:
                 self._fit = fit
             if self._refit_left == 0 and self._land:
-                rule, self._land = "landing", False   # the re-exploration's last refit
+                rule, self._land = "landing", False   # the exploration's last refit
         if predicted:
             direction, since = self._watch.check(math.log(throughput_ratio(x, predicted)))
             if direction:
@@ -424,12 +468,13 @@ class BackpressureController:
 
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
         """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
-        self._probes = drift.probe_sizes(b, direction, self._bound)
+        self._planned = drift.probe_sizes(b, direction, self._bound) * 2
+        self._checked = False
         self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
-        self._explore_n, self._explore_len, self._retries = 0, len(self._probes), 0
+        self._explore_n, self._explore_len, self._retries = 0, len(self._planned), 0
         self._watch.cusum = drift.NO_DRIFT
         word = "faster" if direction > 0 else "slower"
-        nxt = self._plan() if self._probes else b
+        nxt = self._plan() if self._planned else b
         return self._decision("hold", "warmup", nxt, p,
                               f"throughput drifted {word} than the fit at p={p}: re-exploring")

@@ -7,6 +7,7 @@ Pure: no torch, no numpy, no I/O. p is concurrency (sequences in flight), X toke
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from retrain.control.roofline import is_positive
 WINDOW = 100               # observations the fit sees (the oldest leaves when a new one arrives)
 LAMBDA_MAX = 1e15          # a fit claiming more tokens/s at p = 1 than this is rejected
 X_RANGE = (1e-6, 1e12)     # plausible tokens/s; anything outside is rejected as a bad timing
+SLOW_OUTLIER = 1.5         # a point this much slower than the first fit keeps its own weight
 
 
 def usl_throughput(p: float, sigma: float, kappa: float, lam: float) -> float:
@@ -48,13 +50,18 @@ def observed_throughput(tokens: object, step_time_s: object) -> float | str:
     return x
 
 
-def sweep_sizes(lo: int, hi: int) -> list[int]:
-    """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
+def doubling_sizes(lo: int, hi: int) -> list[int]:
+    """lo, 2lo, 4lo, ... up to hi (hi itself last)."""
     first, b = [], lo
     while b < hi:
         first.append(b)
         b *= 2
-    first.append(hi)
+    return first + [hi]
+
+
+def sweep_sizes(lo: int, hi: int) -> list[int]:
+    """Warm-up batch sizes: lo, 2lo, 4lo, ... up to hi, then the geometric midpoints."""
+    first = doubling_sizes(lo, hi)
     mids = {round(math.sqrt(x * y)) for x, y in zip(first, first[1:], strict=False)}
     return first + sorted(mids - set(first))
 
@@ -105,18 +112,58 @@ class UslSums:
         newest = list(self.points)[-k:] if k > 0 else []
         self.points = deque(newest, maxlen=self.window)
 
-    def sums(self) -> tuple[list[float], list[float]]:
-        """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/y²."""
-        qs = [((p - self.center) / self.scale, y) for p, y in self.points]
-        w = [math.fsum(q**k / (y * y) for q, y in qs) for k in range(5)]
-        v = [math.fsum(q**k / y for q, y in qs) for k in range(3)]
+    def _newest_by_p(self, newest: int) -> dict[int, list[tuple[int, float]]]:
+        """The newest `newest` points as {p: [(index in the window, y), ...]}."""
+        by_p: dict[int, list[tuple[int, float]]] = {}
+        start = max(0, len(self.points) - newest)
+        for i, (p, y) in enumerate(list(self.points)[start:], start):
+            by_p.setdefault(p, []).append((i, y))
+        return by_p
+
+    def disagreeing(self, newest: int, factor: float) -> list[int]:
+        """The p's with exactly two of the newest points, one more than `factor` times the
+        other (which one is the transient takes a third sample to tell)."""
+        return [p for p, pts in self._newest_by_p(newest).items() if len(pts) == 2
+                and max(y for _, y in pts) > factor * min(y for _, y in pts)]
+
+    def drop_transients(self, newest: int, factor: float) -> int:
+        """Among the newest points, drop those more than `factor` off the median of their p
+        (for p's with three or more of them); returns how many were dropped."""
+        drop = set()
+        for pts in self._newest_by_p(newest).values():
+            if len(pts) >= 3:
+                med = statistics.median(y for _, y in pts)
+                drop |= {i for i, y in pts if not med / factor <= y <= med * factor}
+        kept = [pt for i, pt in enumerate(self.points) if i not in drop]
+        self.points = deque(kept, maxlen=self.window)
+        return len(drop)
+
+    def sums(self, fitted: UslFit | None = None) -> tuple[list[float], list[float]]:
+        """(Σ w q^k for k = 0..4, Σ w q^k y for k = 0..2) with w = 1/r², where r is the
+        point's own y, or with a previous fit its fitted y (see `_weight_base`)."""
+        qs = [((p - self.center) / self.scale, y, y if fitted is None
+               else _weight_base(y, p / fitted.throughput(p))) for p, y in self.points]
+        w = [math.fsum(q**k / (r * r) for q, _, r in qs) for k in range(5)]
+        v = [math.fsum(q**k * y / (r * r) for q, y, r in qs) for k in range(3)]
         return w, v
 
     def fit(self) -> UslFit | str:
-        """Weighted least-squares USL fit with σ, κ >= 0, or the reason there is none."""
+        """Weighted least-squares USL fit with σ, κ >= 0, or the reason there is none.
+
+        Step-time noise is multiplicative, so a point counts by its relative error. Weighting
+        by the point's own y favours the points that happened to be fast, so the fit is done
+        twice, the second time weighted by the first fit's y (iteratively reweighted); an
+        outlying slow step, a checkpoint save or a hiccup, still counts by its own y: little."""
         if self.distinct < 3:
             return f"fewer than 3 distinct concurrencies in the window ({self.distinct})"
-        (s0, s1, s2, s3, s4), (t0, t1, t2) = self.sums()
+        first = self._fit_weighted(None)
+        if isinstance(first, str):
+            return first
+        second = self._fit_weighted(first)
+        return first if isinstance(second, str) else second
+
+    def _fit_weighted(self, fitted: UslFit | None) -> UslFit | str:
+        (s0, s1, s2, s3, s4), (t0, t1, t2) = self.sums(fitted)
         abc = _solve3([[s0, s1, s2], [s1, s2, s3], [s2, s3, s4]], [t0, t1, t2])
         if abc is None:
             return "singular least-squares system"
@@ -160,6 +207,12 @@ class UslSums:
         self.__init__(self.window, center, scale)
         for p, y in d["points"][-self.window:]:
             self.add(int(p), float(y))
+
+
+def _weight_base(y: float, fitted: float) -> float:
+    """The y a point is weighted by in the second pass: the fitted one, or its own when it is
+    more than SLOW_OUTLIER times slower than the fit (so it keeps counting little)."""
+    return y if y > SLOW_OUTLIER * fitted else fitted
 
 
 def _solve2(m00: float, m01: float, m11: float, r0: float, r1: float) -> tuple[float, float]:

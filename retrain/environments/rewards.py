@@ -36,9 +36,10 @@ from retrain.errors import UserError
 _FORMAT_HINT = "use 'module:function' or 'path/to/file.py:function'"
 
 
-def load_custom(spec: str, config_dir: Path) -> Callable[..., Any]:
-    """Import the function named by reward.function, relative to the config file's folder."""
-    where = f"reward.function = {spec!r}"
+def load_custom(spec: str, config_dir: Path, key: str = "reward.function") -> Callable[..., Any]:
+    """Import the function named by `key` (reward.function, environment.factory, ...),
+    relative to the config file's folder."""
+    where = f"{key} = {spec!r}"
     target, sep, name = spec.strip().rpartition(":")
     if not sep or not target or not name.isidentifier():
         raise UserError(f"{where}: {_FORMAT_HINT}")

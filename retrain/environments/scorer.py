@@ -119,12 +119,13 @@ def build_scorer(reward: RewardConfig, config_dir: Path) -> Scorer:
 class WorkerProcess:
     """Parent side of the child process: one request at a time."""
 
-    def __init__(self, setup: dict, startup_timeout_s: float):
+    def __init__(self, setup: dict, startup_timeout_s: float, child: str = _CHILD,
+                 what: str = "the reward worker process"):
         env = dict(os.environ)
         # The child must import this very `retrain`, wherever the parent found it.
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env)
         self._buf = b""
         status, reply = self.call(setup, startup_timeout_s)
@@ -132,7 +133,7 @@ class WorkerProcess:
             self.close()
             if status == "ok":
                 raise StartupError(reply["error"])
-            raise StartupError("the reward worker process " + (
+            raise StartupError(f"{what} " + (
                 f"did not start within {startup_timeout_s:g}s" if status == "timeout"
                 else "exited during start-up (its error is printed above)"))
 
@@ -183,8 +184,11 @@ def main() -> None:
     sys.stdout = sys.stderr
 
     def reply(obj: Any) -> None:
-        replies.write(json.dumps(obj) + "\n")
-        replies.flush()
+        try:
+            replies.write(json.dumps(obj) + "\n")
+            replies.flush()
+        except OSError:  # the parent is gone (Ctrl-C during its start-up): nobody to answer
+            os._exit(0)
 
     first = sys.stdin.readline()
     if not first:  # the parent went away before asking anything

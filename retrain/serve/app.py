@@ -28,7 +28,7 @@ from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
-from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, Traffic
+from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
 from retrain.serve.inflate import inflate_zstd
 from retrain.serve.service import REAP_EVERY_S, SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
@@ -239,10 +239,12 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
               reap_every_s: float = REAP_EVERY_S, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
-              max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Guard, TinkerService]:
+              max_body_bytes: int = MAX_BODY_BYTES,
+              load: LoadModel | None = None) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service.
 
-    `delay_s` is added before every API request (`--delay-ms`); `max_sessions` caps the
+    `delay_s` is added before every API request (`--delay-ms`), `load` simulates a hosted
+    endpoint's capacity curve (`--load-model`); `max_sessions` caps the
     training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429).
     """
     service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s),
@@ -265,4 +267,4 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
                     exception_handlers={404: _not_found, 405: _not_allowed,
                                         413: _too_large})
     return Guard(app, api_key=api_key, faults=faults, traffic=Traffic(),
-                 delay_s=delay_s, max_body_bytes=max_body_bytes), service
+                 delay_s=delay_s, max_body_bytes=max_body_bytes, load=load), service

@@ -4,6 +4,12 @@ fault injection.
 Added latency (`delay_s`, `retrain serve --delay-ms`): every API request waits that long
 before it is handled, a stand-in for a network round trip in tests and benchmarks.
 
+A load model (`LoadModel`, `retrain serve --load-model "base_ms=B,sigma=S,kappa=K,fail_above=F"`)
+simulates a hosted endpoint with a known capacity curve: with N API requests in flight (this
+one included), a request first waits B*(1 + S*(N-1) + K*N*(N-1)) ms, on top of the real work,
+and one that arrives while more than F others are in flight gets HTTP 502. Served throughput
+then follows the Universal Scalability Law with p* = sqrt((1-S)/K).
+
 Traffic counts concurrent API requests (heartbeat and telemetry excluded: the SDK sends
 them from a background loop, outside any client-side throttling). A request stops
 counting just before its last byte is sent, so a client can never see a reply while the
@@ -95,6 +101,54 @@ class FaultPlan:
         return None
 
 
+LOAD_KEYS = ("base_ms", "sigma", "kappa", "fail_above")
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """Added latency that grows with the requests in flight, and a hard limit (502 beyond)."""
+
+    base_ms: float = 0.0
+    sigma: float = 0.0
+    kappa: float = 0.0
+    fail_above: int | None = None   # None: never refuse
+
+    def __post_init__(self):
+        for key in ("base_ms", "sigma", "kappa"):
+            value = getattr(self, key)
+            if not (value >= 0 and value < float("inf")):
+                raise ValueError(f"{key} must be a finite number >= 0, got {value}")
+        if self.fail_above is not None and self.fail_above < 0:
+            raise ValueError(f"fail_above must be an integer >= 0, got {self.fail_above}")
+
+    @classmethod
+    def parse(cls, text: str) -> LoadModel:
+        """'base_ms=50,sigma=0.05,kappa=0.005,fail_above=20' (every key optional)."""
+        kwargs: dict = {}
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = (x.strip() for x in item.partition("="))
+            if key not in LOAD_KEYS or not eq:
+                raise ValueError(f"{item!r} is not KEY=VALUE with KEY one of "
+                                 + ", ".join(LOAD_KEYS))
+            if key in kwargs:
+                raise ValueError(f"{key} is given twice")
+            try:
+                kwargs[key] = int(value) if key == "fail_above" else float(value)
+            except ValueError:
+                kind = "an integer" if key == "fail_above" else "a number"
+                raise ValueError(f"{key}={value!r} is not {kind}") from None
+        return cls(**kwargs)
+
+    def delay_s(self, in_flight: int) -> float:
+        """Seconds a request waits with `in_flight` requests in flight, itself included."""
+        n = max(1, in_flight)
+        return self.base_ms / 1000.0 * (1.0 + self.sigma * (n - 1) + self.kappa * n * (n - 1))
+
+    def refuses(self, in_flight: int) -> bool:
+        """A request that arrives while more than fail_above others are in flight: 502."""
+        return self.fail_above is not None and in_flight - 1 > self.fail_above
+
+
 @dataclass
 class Traffic:
     """Concurrent API requests now and at peak, and how many faults were injected."""
@@ -117,18 +171,19 @@ class Traffic:
 
 
 class Guard:
-    """ASGI middleware: key check, then counting, then the added delay, then fault injection,
-    then the app."""
+    """ASGI middleware: key check, then counting, then the load model, then the added delay,
+    then fault injection, then the app."""
 
     def __init__(self, app, api_key: str | None = None, faults: FaultPlan | None = None,
                  traffic: Traffic | None = None, delay_s: float = 0.0,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 max_body_bytes: int = MAX_BODY_BYTES, load: LoadModel | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.api_key = api_key
         self.faults = faults
         self.traffic = traffic or Traffic()
         self.delay_s = delay_s
+        self.load = load
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -158,6 +213,14 @@ class Guard:
             await send(message)
 
         try:
+            if self.load is not None:
+                n = self.traffic.inflight
+                if self.load.refuses(n):
+                    self.traffic.faults["502"] = self.traffic.faults.get("502", 0) + 1
+                    return await _json(counted_send, 502, {
+                        "error": f"overloaded: {n - 1} requests already in flight (--load-model "
+                                 f"fail_above={self.load.fail_above})", "category": "server"})
+                await asyncio.sleep(self.load.delay_s(n))
             await self._delay(path)
             fault = self.faults.draw(route) if self.faults else None
             if fault is None:

@@ -15,7 +15,7 @@ import uvicorn
 from retrain.errors import UserError
 from retrain.serve.app import build_app
 from retrain.serve.engine import Engine
-from retrain.serve.guard import FaultPlan, Guard
+from retrain.serve.guard import FaultPlan, Guard, LoadModel
 
 log = logging.getLogger("retrain.serve")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -115,7 +115,8 @@ class ServerThread:
 def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
                   api_key: str | None = None, dtype: str = "auto",
                   engine: Engine | None = None, state_dir: Path | None = None,
-                  delay_ms: float = 0.0, max_sessions: int = 0) -> None:
+                  delay_ms: float = 0.0, max_sessions: int = 0,
+                  load: LoadModel | None = None) -> None:
     """`retrain serve`: the Tinker API over the local backend, until Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
@@ -127,5 +128,5 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
         print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
     app, _ = build_app(engine, state_dir or default_state_dir(), api_key=api_key,
                        faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
-                       max_sessions=max_sessions)
+                       max_sessions=max_sessions, load=load)
     run(app, host, sock)

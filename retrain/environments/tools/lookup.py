@@ -1,0 +1,92 @@
+"""The built-in tool task, `kind = "lookup"`: look a value up with a tool and report it.
+
+Each episode hides a small table of names and codes behind the `lookup` tool and asks for
+one name's code. The code is random, so the only way to the reward is to call the tool and
+copy its answer: reward 1 when the reply's answer (inside <answer></answer>, else its last
+number) is the code, 0 otherwise. Small enough for SmolLM2-135M to learn on a CPU.
+
+    [environment]
+    kind = "lookup"
+    max_turns = 3
+    params = {entries = 5, digits = 3}
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+
+from retrain.config import EnvironmentConfig
+from retrain.environments.kinds import KindContext
+from retrain.environments.protocol import Environment, Message, Step
+from retrain.environments.tools.wrapper import ToolEnvironment
+from retrain.errors import UserError
+
+NAMES = ("apple", "river", "tiger", "cloud", "stone", "maple", "ocean", "pepper", "violet",
+         "falcon", "copper", "lemon", "harbor", "cedar", "ember", "willow", "comet", "badger",
+         "meadow", "quartz", "saffron", "walnut", "glacier", "orchid", "lantern", "pebble",
+         "thistle", "cobalt", "juniper", "marble")
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"\d+")
+
+
+class LookupTask(Environment):
+    """One episode: find the code of one name with the `lookup` tool."""
+
+    def __init__(self, entries: int = 5, digits: int = 3):
+        if not 1 <= entries <= len(NAMES):
+            raise UserError(f"environment.params.entries = {entries}: use 1 to {len(NAMES)}")
+        if not 1 <= digits <= 9:
+            raise UserError(f"environment.params.digits = {digits}: use 1 to 9")
+        self.entries, self.digits = entries, digits
+        self.table: dict[str, str] = {}
+        self.target = ""
+        self.tools = [self.lookup]
+
+    def reset(self, seed: int) -> list[Message]:
+        rng = random.Random(seed)
+        names = rng.sample(NAMES, self.entries)
+        low = 10 ** (self.digits - 1) if self.digits > 1 else 0
+        self.table = {n: str(rng.randint(low, 10 ** self.digits - 1)) for n in names}
+        self.target = rng.choice(names)
+        return [{"role": "user", "content": (
+            f"What is the code of {self.target}? Find it with the lookup tool: "
+            f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{self.target}"}}}}'
+            "</tool_call>\nThen reply with the code as <answer>CODE</answer>.")}]
+
+    def lookup(self, key: str) -> str:
+        """Look up the code stored under a name.
+
+        Args:
+            key: the name to look up.
+        """
+        code = self.table.get(str(key).strip().lower())
+        if code is None:
+            return f"no entry named {key!r}"
+        return code
+
+    def step(self, reply: str) -> Step:
+        found = _ANSWER.findall(reply)
+        numbers = _NUMBER.findall(found[-1] if found else reply)
+        solved = bool(numbers) and numbers[-1] == self.table.get(self.target)
+        return Step(reward=float(solved), done=True, metrics={"correct": float(solved)})
+
+
+def build(cfg: EnvironmentConfig, ctx: KindContext) -> Callable[[], Environment]:
+    """The `lookup` kind: episodes of LookupTask with its own tool."""
+    params = dict(cfg.params)
+    unknown = sorted(set(params) - {"entries", "digits"})
+    if unknown:
+        raise UserError(f"environment.params: lookup has no {', '.join(unknown)}; "
+                        "it takes entries (names in the table) and digits (of each code)")
+    for key, value in params.items():
+        if type(value) is not int:
+            raise UserError(f"environment.params.{key} = {value!r}: use a whole number")
+    LookupTask(**params)  # bad values fail here, in the parent, not in every episode
+    max_chars = cfg.tool_max_chars
+
+    def make() -> Environment:
+        return ToolEnvironment(LookupTask(**params), [], max_chars)
+
+    return make

@@ -1,0 +1,223 @@
+"""`retrain compare logs/<campaign>`: each condition (grid cell) across its seeds, as means
+with 95% intervals, and each condition against a baseline (Welch) with a verdict.
+
+One report model (`CompareReport`), rendered plain, rich or as JSON by `compare_view`.
+Only completed runs enter the means; failed, running and unfinished runs are listed apart.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrain import runlog
+from retrain.errors import UserError
+from retrain.results.run_rows import number, read_rows, series
+from retrain.results.stats import Difference, Estimate, estimate, welch
+from retrain.status import RunStatus, scan_campaign
+
+LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
+COMPARED = (("final_reward", "final reward"), ("eval_accuracy", "eval accuracy"))
+
+
+@dataclass
+class RunFigures:
+    """One run's figures (None where its metrics lack them)."""
+
+    name: str
+    path: str
+    condition: str
+    seed: int | None
+    state: str
+    steps: int = 0
+    bad_lines: int = 0
+    last_k: int = 0                         # steps averaged into final_reward
+    final_reward: float | None = None
+    eval_accuracy: float | None = None      # at the last eval
+    eval_step: int | None = None
+    best_eval: float | None = None
+    best_eval_step: int | None = None
+    steps_to_threshold: int | None = None   # None: never reached
+    seconds_to_threshold: float | None = None
+    tokens_per_second: float | None = None
+    error: str = ""
+
+    @property
+    def included(self) -> bool:
+        return self.state == "completed"
+
+
+@dataclass
+class ConditionSummary:
+    """A condition (or grid cell) across its completed seeds."""
+
+    name: str
+    overrides: dict[str, Any]
+    runs: int
+    completed: int
+    final_reward: Estimate
+    eval_accuracy: Estimate
+    best_eval: Estimate
+    best_eval_step: Estimate
+    steps_to_threshold: Estimate
+    seconds_to_threshold: Estimate
+    tokens_per_second: Estimate
+    reached: int = 0                          # completed runs that reached the threshold
+    rank: int | None = None                   # by final reward, 1 = highest
+    vs_baseline: list[Difference] = field(default_factory=list)
+
+
+@dataclass
+class CompareReport:
+    campaign: str
+    path: str
+    baseline: str
+    threshold: float | None
+    threshold_source: str                     # "--threshold" or how the default was found
+    last: int | None                          # --last, or None for 10% of each run's steps
+    conditions: list[ConditionSummary] = field(default_factory=list)
+    runs: list[RunFigures] = field(default_factory=list)
+    bad_lines: int = 0
+
+    @property
+    def excluded(self) -> list[RunFigures]:
+        return [r for r in self.runs if not r.included]
+
+
+def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | None = None,
+          threshold: float | None = None) -> CompareReport:
+    """The comparison of the campaign in `campaign_dir` (see the module docstring)."""
+    folder = Path(campaign_dir)
+    _check_folder(folder)
+    if last is not None and last < 1:
+        raise UserError(f"--last {last}: give a number of steps >= 1")
+    if threshold is not None and not math.isfinite(threshold):
+        raise UserError(f"--threshold {threshold}: give a finite reward")
+    camp = scan_campaign(folder)
+    names = [str(c) for c in camp.conditions] or sorted({r.condition or "-" for r in camp.runs})
+    if baseline is not None and baseline not in names:
+        raise UserError(f"--baseline {baseline!r} is not a condition of {folder}; its "
+                        f"conditions are {', '.join(names)}")
+    runs = [_figures(r, last) for r in camp.runs]
+    report = CompareReport(campaign=camp.name, path=str(folder), baseline=baseline or names[0],
+                           threshold=threshold, threshold_source="--threshold", last=last,
+                           runs=runs, bad_lines=sum(r.bad_lines for r in runs))
+    if threshold is None:
+        finals = [r.final_reward for r in runs if r.included and r.final_reward is not None]
+        report.threshold = statistics.median(finals) if finals else None
+        report.threshold_source = "median final reward of all completed runs"
+    rows_of = {r.path: read_rows(Path(r.path)) for r in runs if r.included}
+    for r in runs:
+        if r.included and report.threshold is not None:
+            _reach(r, rows_of[r.path], report.threshold, last)
+    overrides = _overrides(folder)
+    report.conditions = [_summary(n, [r for r in runs if r.condition == n],
+                                  overrides.get(n, {})) for n in names]
+    _rank(report.conditions)
+    base = next(c for c in report.conditions if c.name == report.baseline)
+    base_runs = _included(runs, base.name)
+    for c in report.conditions:
+        if c is not base:
+            mine = _included(runs, c.name)
+            c.vs_baseline = [welch(label, _values(mine, key), _values(base_runs, key), c.name,
+                                   base.name) for key, label in COMPARED]
+    return report
+
+
+def _check_folder(folder: Path) -> None:
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such campaign folder (give logs/<campaign>)")
+    if not runlog.is_campaign_dir(folder):
+        raise UserError(f"{folder}: not a campaign folder (no {runlog.MANIFEST_FILE}); "
+                        "compare takes the folder a campaign writes, e.g. logs/<campaign>")
+
+
+def _window(n_steps: int, last: int | None) -> int:
+    return max(1, last if last is not None else int(n_steps * LAST_FRACTION))
+
+
+def _figures(status: RunStatus, last: int | None) -> RunFigures:
+    rows = read_rows(Path(status.path))
+    fig = RunFigures(name=status.name, path=status.path, condition=status.condition or "-",
+                     seed=status.seed, state=status.state, steps=status.step,
+                     bad_lines=status.bad_lines, error=status.error)
+    rewards = [x for _, x in series(rows, "mean_reward")]
+    if rewards:
+        fig.last_k = min(_window(len(rewards), last), len(rewards))
+        fig.final_reward = math.fsum(rewards[-fig.last_k:]) / fig.last_k
+    evals = series(rows, "eval_accuracy")
+    if evals:
+        fig.eval_step, fig.eval_accuracy = evals[-1]
+        fig.best_eval_step, fig.best_eval = max(evals, key=lambda e: (e[1], -e[0]))
+    speeds = [x for _, x in series(rows, "tokens_per_second")]
+    fig.tokens_per_second = math.fsum(speeds) / len(speeds) if speeds else None
+    return fig
+
+
+def _reach(fig: RunFigures, rows: list[dict], threshold: float, last: int | None) -> None:
+    """The first step whose trailing mean reward (over the final-reward window) reaches the
+    threshold, and the summed step_time_s up to it."""
+    rewards = series(rows, "mean_reward")
+    k = _window(len(rewards), last)
+    seconds = {}
+    total = 0.0
+    for r in rows:
+        total += number(r.get("step_time_s")) or 0.0
+        seconds[r["step"]] = total
+    for i, (step, _) in enumerate(rewards):
+        window = [x for _, x in rewards[max(0, i - k + 1):i + 1]]
+        if math.fsum(window) / len(window) >= threshold:
+            fig.steps_to_threshold, fig.seconds_to_threshold = step, seconds[step]
+            return
+
+
+def _included(runs: list[RunFigures], condition: str) -> list[RunFigures]:
+    return [r for r in runs if r.condition == condition and r.included]
+
+
+def _values(runs: list[RunFigures], key: str) -> list[float]:
+    return [v for r in runs if (v := getattr(r, key)) is not None]
+
+
+def _summary(name: str, runs: list[RunFigures], overrides: dict) -> ConditionSummary:
+    done = [r for r in runs if r.included]
+    return ConditionSummary(
+        name=name, overrides=overrides, runs=len(runs), completed=len(done),
+        final_reward=estimate(_values(done, "final_reward")),
+        eval_accuracy=estimate(_values(done, "eval_accuracy")),
+        best_eval=estimate(_values(done, "best_eval")),
+        best_eval_step=estimate([float(v) for v in _values(done, "best_eval_step")]),
+        steps_to_threshold=estimate([float(v) for v in _values(done, "steps_to_threshold")]),
+        seconds_to_threshold=estimate(_values(done, "seconds_to_threshold")),
+        tokens_per_second=estimate(_values(done, "tokens_per_second")),
+        reached=sum(1 for r in done if r.steps_to_threshold is not None))
+
+
+def _rank(conditions: list[ConditionSummary]) -> None:
+    scored = sorted((c for c in conditions if c.final_reward.mean is not None),
+                    key=lambda c: -c.final_reward.mean)
+    for i, c in enumerate(scored, 1):
+        c.rank = i
+
+
+def _overrides(folder: Path) -> dict[str, dict]:
+    """Each condition label's overrides (its grid cell's values included), from the manifest."""
+    manifest = runlog.read_json(folder / runlog.MANIFEST_FILE) or {}
+    entries = manifest.get("runs") if isinstance(manifest.get("runs"), list) else []
+    out: dict[str, dict] = {}
+    for e in entries:
+        if isinstance(e, dict) and isinstance(e.get("condition"), str) \
+                and isinstance(e.get("overrides"), dict):
+            out.setdefault(e["condition"], e["overrides"])
+    return out
+
+
+def has_seeds_to_compare(runs: list[RunStatus]) -> bool:
+    """Whether some condition has >= 2 seeds (then `status` shows the comparison)."""
+    seen: dict[str | None, int] = {}
+    for r in runs:
+        seen[r.condition] = seen.get(r.condition, 0) + 1
+    return any(n >= 2 for c, n in seen.items() if c is not None)

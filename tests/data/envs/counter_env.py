@@ -1,0 +1,108 @@
+"""A user environment for the tests: count up to `target`, one number per turn."""
+
+from retrain.environments import Environment, Step
+
+
+class CountTo(Environment):
+    def __init__(self, target: int = 3):
+        self.target = target
+
+    def reset(self, seed: int):
+        self.next = 1
+        return [{"role": "user", "content": f"Count from 1 to {self.target}, one number per "
+                 f"reply. Start. (seed {seed})"}]
+
+    def step(self, reply: str) -> Step:
+        ok = reply.strip().startswith(str(self.next))
+        self.next += 1
+        done = self.next > self.target
+        return Step(messages=[] if done else [{"role": "user", "content": "next"}],
+                    reward=1.0 if ok else 0.0, done=done)
+
+
+def make_count_to(target: int = 3) -> CountTo:
+    return CountTo(target)
+
+
+NOT_AN_ENV = 5
+
+
+def not_an_env():
+    return object()
+
+
+class Digits(Environment):
+    """Three turns; each reply earns the fraction of its characters that are digits."""
+
+    def __init__(self, turns: int = 3, kill_parent_on_step: int = 0):
+        self.turns, self.kill_on = turns, kill_parent_on_step
+
+    def reset(self, seed: int):
+        self.left = self.turns
+        return [{"role": "user", "content": f"Write digits. ({seed % 97})"}]
+
+    def step(self, reply: str) -> Step:
+        if self.kill_on:
+            _kill_parent_once(self.kill_on)
+        self.left -= 1
+        reward = sum(c.isdigit() for c in reply) / len(reply) if reply else 0.0
+        return Step(messages=[{"role": "user", "content": f"{self.left} more"}],
+                    reward=reward / self.turns, done=self.left == 0,
+                    metrics={"digit_share": reward})
+
+
+class Raises(Environment):
+    """Raises in step on the second turn."""
+
+    def reset(self, seed: int):
+        self.turn = 0
+        return [{"role": "user", "content": "hi"}]
+
+    def step(self, reply: str) -> Step:
+        self.turn += 1
+        if self.turn == 2:
+            raise RuntimeError("the environment broke")
+        return Step(messages=[{"role": "user", "content": "again"}], reward=0.5)
+
+
+class Hangs(Environment):
+    """Hangs in step when the seed is odd or `always` (sleeps far past any timeout)."""
+
+    def __init__(self, always: bool = False):
+        self.always = always
+
+    def reset(self, seed: int):
+        self.seed = seed
+        return [{"role": "user", "content": "hi"}]
+
+    def step(self, reply: str) -> Step:
+        if self.always or self.seed % 2:
+            import time
+
+            time.sleep(1000)
+        return Step(reward=1.0, done=True)
+
+
+class NeverDone(Environment):
+    def reset(self, seed: int):
+        return [{"role": "user", "content": "talk"}]
+
+    def step(self, reply: str) -> Step:
+        return Step(messages=[{"role": "user", "content": "more"}], reward=0.1)
+
+
+def _kill_parent_once(on_call: int) -> None:
+    """SIGKILL the trainer (this worker's parent) at the on_call-th step() of the run, once:
+    a marker file next to this module counts the calls and remembers the kill."""
+    import os
+    import signal
+    from pathlib import Path
+
+    marker = Path(__file__).with_name("kill_marker.txt")
+    calls = int(marker.read_text()) if marker.exists() else 0
+    if calls < 0:
+        return  # already killed once: the resumed run goes on
+    calls += 1
+    marker.write_text(str(-1 if calls >= on_call else calls))
+    if calls >= on_call:
+        os.kill(os.getppid(), signal.SIGKILL)

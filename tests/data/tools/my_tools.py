@@ -1,0 +1,24 @@
+"""User tools for tests/test_env_tools.py, named as 'my_tools.py:function'."""
+
+import time
+
+
+def reverse(text: str) -> str:
+    """Reverse a piece of text.
+
+    Args:
+        text: what to reverse.
+    """
+    return text[::-1]
+
+
+def sleepy(seconds: float = 1000.0) -> str:
+    """Sleep a long time (a tool that hangs)."""
+    time.sleep(seconds)
+    return "awake"
+
+
+def chatty(megabytes: int = 10) -> str:
+    """Print a lot (a tool that floods its output)."""
+    print("x" * (megabytes * 1024 * 1024))
+    return "done"

