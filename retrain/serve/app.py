@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from tinker import types
 
+from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER
 from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError
@@ -189,8 +190,11 @@ def _wrap(handler):
             return _error(400, str(exc))
         except ApiError as exc:
             reply = _error(exc.status, exc.message)
-            if exc.status == 429:  # the SDK honours Retry-After: poll for a free place each second
+            if exc.status == 429:  # the session limit: poll for a free place each second
                 reply.headers["retry-after"] = "1"
+                # retrain's backend backs off itself, its API slot given back: the SDK must not
+                if request.headers.get(QUEUES_429_HEADER):  # retry inside the slot. Other
+                    reply.headers["x-should-retry"] = "false"  # clients keep SDK retries.
             return reply
         return result if isinstance(result, Response) else ReplyJSON(result)
     return endpoint
