@@ -7,11 +7,12 @@ The campaign: `executor = "ray"` on a one-machine Ray cluster, `backend = "tinke
 `retrain serve` of `tiny-random` in this process (`--max-sessions 4`), `max_concurrent = 2`
 (the slot actor). While it runs:
 1. non-finite rewards: the reward function answers nan, inf or 1e39 for about a third of the
-   completions (scored as failures; `reward_failures` counts them);
-2. the slot actor is killed (Ray restarts it with an empty table);
-3. one run's trainer, a slot holder, is SIGSTOPped for two leases, then SIGCONTed;
-4. another run's trainer (a tinker client) is SIGKILLed; its session at the server is freed by
-   the heartbeat timeout, and the same command, run again, resumes it.
+   completions (nan and inf are scored as failures; `reward_failures` counts them);
+2. once every run has trained a step: one run's trainer (a tinker client) is SIGKILLed; its
+   session at the server is freed by the heartbeat timeout, and the same command, run again,
+   resumes it;
+3. the slot actor is killed (Ray restarts it with an empty table);
+4. another run's trainer, a slot holder, is SIGSTOPped for two leases, then SIGCONTed.
 At the end it checks, and exits 1 when any check fails:
 - every run's metrics.jsonl holds each step 1..N exactly once;
 - no weights saved by the server (every checkpoint and sampler snapshot) hold NaN or inf;
@@ -98,6 +99,7 @@ class Watch:
     def __init__(self, folder: Path):
         self.folder = folder
         self.actor_peak = 0
+        self.actor: dict = {}  # the slot actor's last stats
 
     def runs(self) -> list[Path]:
         return sorted(p.parent for p in self.folder.glob("*/config.toml"))
@@ -111,10 +113,14 @@ class Watch:
 
     @staticmethod
     def pid(run: Path) -> int:
+        """The pid of the run's trainer while it runs (0 otherwise: never signal a stale pid)."""
         try:
-            return int(json.loads((run / "state.json").read_text()).get("pid") or 0)
+            state = json.loads((run / "state.json").read_text())
+            pid = int(state.get("pid") or 0)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
         except (OSError, ValueError):
             return 0
+        return pid if state.get("status") == "running" and b"retrain" in cmdline else 0
 
     def broker(self):
         from retrain import slots_ray
@@ -128,8 +134,8 @@ class Watch:
         broker = self.broker()
         if broker is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # restarting: sampled again soon
-                self.actor_peak = max(self.actor_peak,
-                                      ray.get(broker.stats.remote(), timeout=10)["peak"])
+                self.actor = ray.get(broker.stats.remote(), timeout=10)
+                self.actor_peak = max(self.actor_peak, self.actor["peak"])
 
 
 def wait_until(what: str, predicate, watch: Watch, proc: subprocess.Popen,
@@ -137,40 +143,46 @@ def wait_until(what: str, predicate, watch: Watch, proc: subprocess.Popen,
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if proc.poll() is not None:
-            raise SystemExit(f"the campaign ended before {what} (exit {proc.returncode})")
+            raise SystemExit(f"the campaign ended before {what} (exit {proc.returncode}):\n"
+                             + proc.log.read_text()[-3000:])
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
         watch.sample_actor()
         time.sleep(0.2)
 
 
-def inject(watch: Watch, proc: subprocess.Popen, log) -> None:
-    """The faults, in order, once every run has trained a step."""
+def inject(watch: Watch, proc: subprocess.Popen, steps: int, log) -> list[str]:
+    """The faults, once every run has trained a step; returns the ones that could not be
+    injected (a run already finished)."""
     import ray
 
     from retrain import slots_ray
 
     wait_until("every run's first step", lambda: len(watch.runs()) == RUNS and all(
         watch.steps(r) >= 1 for r in watch.runs()), watch, proc)
-    runs = watch.runs()
-    broker = watch.broker()
+    runs, missed = watch.runs(), []
+    victim, stalled = watch.pid(runs[2]), watch.pid(runs[1])
+    if victim and watch.steps(runs[2]) < steps:
+        os.kill(victim, signal.SIGKILL)
+        log(f"SIGKILL {runs[2].name} (a tinker client, pid {victim}) after step "
+            f"{watch.steps(runs[2])}")
+    else:
+        missed.append(f"{runs[2].name} finished before it could be killed")
     watch.sample_actor()
-    ray.kill(broker, no_restart=False)
-    log(f"killed the slot actor (peak so far {watch.actor_peak})")
-    stalled = watch.pid(runs[1])
+    ray.kill(watch.broker(), no_restart=False)
+    log(f"killed the slot actor (its peak so far: {watch.actor_peak})")
+    if not stalled:
+        return [*missed, f"{runs[1].name} finished before it could be stopped"]
     os.kill(stalled, signal.SIGSTOP)
-    log(f"SIGSTOP {runs[1].name} (pid {stalled}) for {2 * slots_ray.LEASE_S + 0.5:.1f} s")
+    log(f"SIGSTOP {runs[1].name} (pid {stalled}, a slot holder) for "
+        f"{2 * slots_ray.LEASE_S + 0.5:.1f} s, after step {watch.steps(runs[1])}")
     end = time.monotonic() + 2 * slots_ray.LEASE_S + 0.5
     while time.monotonic() < end:
         watch.sample_actor()
         time.sleep(0.2)
     os.kill(stalled, signal.SIGCONT)
     log(f"SIGCONT {runs[1].name}")
-    victim = runs[2]
-    wait_until(f"{victim.name} to train a step more", lambda: watch.steps(victim) >= 2,
-               watch, proc)
-    os.kill(watch.pid(victim), signal.SIGKILL)
-    log(f"SIGKILL {victim.name} (a tinker client) at step {watch.steps(victim)}")
+    return missed
 
 
 def check(watch: Watch, steps: int, state_dir: Path, traffic_peak: int) -> list[str]:
@@ -198,7 +210,7 @@ def check(watch: Watch, steps: int, state_dir: Path, traffic_peak: int) -> list[
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
     import ray
     from ray.cluster_utils import Cluster
@@ -214,7 +226,8 @@ def main() -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
 
     os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    engine = LocalEngine.load(resolve_model(TINY), dtype="float32")
+    resolve_model(TINY)  # built once, before anything is timed
+    engine = LocalEngine.load(TINY, dtype="float32")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         state_dir = tmp / "serve-state"
@@ -232,9 +245,11 @@ def main() -> int:
                 command = [sys.executable, "-m", "retrain", "faults.toml"]
                 watch = Watch(tmp / "logs" / "faults")
                 log("campaign started")
-                proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
-                inject(watch, proc, log)
+                out = (tmp / "campaign.log").open("w")
+                proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, text=True)
+                proc.log = tmp / "campaign.log"  # type: ignore[attr-defined]
+                missed = inject(watch, proc, args.steps, log)
                 while proc.poll() is None:
                     watch.sample_actor()
                     time.sleep(0.5)
@@ -247,10 +262,14 @@ def main() -> int:
                 failures = sum(max(json.loads(line).get("reward_failures") or 0 for line in
                                    (run / "metrics.jsonl").read_text().splitlines())
                                for run in watch.runs())  # a running count per run
-                problems = check(watch, args.steps, state_dir, app.traffic.peak)
+                problems = missed + check(watch, args.steps, state_dir, app.traffic.peak)
                 log(f"{RUNS} runs x {args.steps} steps; server peak {app.traffic.peak} calls "
                     f"at once, slot actor peak {watch.actor_peak} (cap {CAP}); "
                     f"{failures} non-finite rewards scored as failures")
+                a = watch.actor
+                log(f"slot actor after its restart: restarted={a.get('restarted')}, "
+                    f"{a.get('reregistered')} holder(s) re-registered, {a.get('expired')} "
+                    f"lease(s) expired, {a.get('grants')} grants")
         finally:
             ray.shutdown()
             cluster.shutdown()
