@@ -8,6 +8,12 @@
   daemon thread; the actor releases a lease not renewed for LEASE_S (its holder's process or
   node died). LEASE_S is ten heartbeats so a briefly starved holder keeps its slot.
   (Measured release time: bench/ray_semaphore.py, bench/RESULTS.md.)
+- A stalled holder (SIGSTOP, the GIL held for seconds) can be granted a slot that expires
+  before it sees the grant: when the grant took over half a lease to arrive, the holder asks
+  the actor whether it still holds it before going on, and queues again if not.
+- The actor restarted (its node died): it comes back with an empty table, so for one lease it
+  grants nothing new while live holders re-register through their renewals; calls sent to it
+  meanwhile are retried on the new instance. The cap holds across the restart.
 - The actor counts the peak number of holders, grants and expired leases, so tests and
   `status` can check that `max_concurrent` held across every node.
 - With `max_concurrent = "auto"` the actor owns the cap: the campaign runner's controller
@@ -30,6 +36,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from retrain import ray_address
 from retrain.slot_semaphore import SlotSemaphore, Usage
 
 NAMESPACE = "retrain"
@@ -40,22 +47,31 @@ LEASE_S = 5.0
 class SlotBroker:
     """The actor's state: who holds a slot (with their last renewal) and who waits, in order."""
 
-    def __init__(self, max_concurrent: int, lease_s: float = LEASE_S):
+    def __init__(self, max_concurrent: int, lease_s: float = LEASE_S,
+                 restarted: bool | None = None):
         self.max_concurrent = max_concurrent
         self.lease_s = lease_s
         self.holders: dict[str, float] = {}              # holder id -> last renewal (monotonic)
         self.granted_at: dict[str, float] = {}           # holder id -> when it got its slot
         self.usage = Usage()
         self.queue: OrderedDict[str, asyncio.Future] = OrderedDict()
-        self.peak = self.grants = self.expired = 0
+        self.peak = self.grants = self.expired = self.reregistered = 0
+        self.restarted = _restarted_by_ray() if restarted is None else restarted
+        # Restarted with an empty table: the slots it forgot may still be in use. Grant nothing
+        # new for one lease; live holders re-register meanwhile (their renewals), the others'
+        # leases would have expired by then.
+        self.recover_until = time.monotonic() + lease_s if self.restarted else 0.0
         self._reaper: asyncio.Task | None = None
+
+    def recovering(self) -> bool:
+        return time.monotonic() < self.recover_until
 
     async def acquire(self, holder: str) -> bool:
         """Wait for a slot in arrival order; True once `holder` holds it."""
         self._start_reaper()
         if holder in self.holders:
             return True
-        if len(self.holders) < self.max_concurrent and not self.queue:
+        if len(self.holders) < self.max_concurrent and not self.queue and not self.recovering():
             self._grant(holder)
             return True
         future = asyncio.get_running_loop().create_future()
@@ -88,11 +104,16 @@ class SlotBroker:
 
     async def renew(self, holders: list[str]) -> list[str]:
         """Extend these leases; returns the ones it no longer knows (expired)."""
+        self._start_reaper()
         now = time.monotonic()
         lost = []
         for h in holders:
             if h in self.holders:
                 self.holders[h] = now
+            elif self.recovering() and len(self.holders) < self.max_concurrent:
+                self.holders[h] = self.granted_at[h] = now  # held since before the restart
+                self.reregistered += 1
+                self.peak = max(self.peak, len(self.holders))
             else:
                 lost.append(h)
         return lost
@@ -108,7 +129,8 @@ class SlotBroker:
         return {"max_concurrent": self.max_concurrent, "in_use": len(self.holders),
                 "waiting": len(self.queue), "peak": self.peak, "grants": self.grants,
                 "expired": self.expired, "lease_s": self.lease_s,
-                "usage": usage.to_dict()}
+                "restarted": self.restarted, "reregistered": self.reregistered,
+                "recovering": self.recovering(), "usage": usage.to_dict()}
 
     def _grant(self, holder: str) -> None:
         self.holders[holder] = self.granted_at[holder] = time.monotonic()
@@ -116,8 +138,8 @@ class SlotBroker:
         self.peak = max(self.peak, len(self.holders))
 
     def _hand_on(self) -> None:
-        """Give free slots to the head of the line."""
-        while self.queue and len(self.holders) < self.max_concurrent:
+        """Give free slots to the head of the line (none while recovering from a restart)."""
+        while not self.recovering() and self.queue and len(self.holders) < self.max_concurrent:
             holder, future = self.queue.popitem(last=False)
             if future.done():
                 continue
@@ -136,9 +158,19 @@ class SlotBroker:
             for h in dead:
                 del self.holders[h]
                 self._stop_clock(h)
-            if dead:
-                self.expired += len(dead)
+            self.expired += len(dead)
+            if dead or self.queue:  # also when a restart's recovery has just ended
                 self._hand_on()
+
+
+def _restarted_by_ray() -> bool:
+    """Whether this is a Ray actor that Ray restarted (after its process or node died)."""
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not inside a Ray actor
+        return False
 
 
 def broker_name(campaign_key: str) -> str:
@@ -151,12 +183,13 @@ def ensure_broker(name: str, max_concurrent: int, lease_s: float = LEASE_S) -> A
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     # On the driver's node (a worker node may leave); restarted elsewhere if that node dies,
-    # with an empty table: holders then re-acquire as their requests end (a brief overshoot).
+    # with an empty table: it then grants nothing for a lease while holders re-register, and
+    # calls made to it meanwhile are retried on the new instance (max_task_retries).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor_cls = ray.remote(SlotBroker)
     broker = actor_cls.options(name=name, namespace=NAMESPACE, lifetime="detached",
                                get_if_exists=True, num_cpus=0, max_concurrency=10_000,
-                               max_restarts=-1, scheduling_strategy=here
+                               max_restarts=-1, max_task_retries=-1, scheduling_strategy=here
                                ).remote(max_concurrent, lease_s)
     ray.get(broker.resize.remote(max_concurrent))
     return broker
@@ -171,9 +204,16 @@ def find_broker(name: str) -> Any | None:
         return None
 
 
+def explicit_address(address: str = "") -> str:
+    """The address a `connect(address)` would join by name: `address`, else $RAY_ADDRESS
+    ('' or "auto": the cluster running on this machine, or a new one)."""
+    return (address or os.environ.get("RAY_ADDRESS", "")).strip()
+
+
 def connect(address: str = "", start: bool = False) -> None:
     """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here
-    when `start` (else ConnectionError). Keeps this process's SIGTERM handler: ray.init
+    when `start` (else ConnectionError; also for an address that is malformed or does not
+    answer). Keeps this process's SIGTERM handler: ray.init
     replaces it with an exit, and the trainer's handler is what checkpoints on SIGTERM."""
     import signal
 
@@ -184,25 +224,27 @@ def connect(address: str = "", start: bool = False) -> None:
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        _init(address or os.environ.get("RAY_ADDRESS", ""), start)
+        _init(explicit_address(address), start)
     finally:
         if main and previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
 def _init(target: str, start: bool) -> None:
-    """ray.init, after a quick TCP probe: Ray itself waits minutes on an address nobody
-    answers (a stale ray_current_cluster file left by a head that crashed)."""
+    """ray.init, after the address is parsed and probed (2 s): Ray itself answers a malformed
+    address with a traceback and waits minutes on one nobody answers (a stale
+    ray_current_cluster file left by a head that crashed)."""
     import ray
 
     kwargs = dict(namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING",
                   configure_logging=False)
-    if target and target != "auto":
-        if "://" not in target and not _reachable(target):
-            raise ConnectionError(f"no Ray cluster answers at {target} ([campaign] ray_address "
-                                  "or $RAY_ADDRESS); start it with `ray start --head`, or fix "
-                                  "the address")
-        ray.init(address=target, **kwargs)
+    try:
+        address = ray_address.parse(target)
+    except ValueError as exc:
+        raise ConnectionError(str(exc)) from None
+    if address is not None:
+        _check_answers(address)
+        ray.init(address=target.strip(), **kwargs)
         return
     found = _address_of_this_machines_cluster()
     if found and _reachable(found):
@@ -212,6 +254,21 @@ def _init(target: str, start: bool) -> None:
         raise ConnectionError("no Ray cluster is running on this machine"
                               + (f" ({found}, recorded by Ray, does not answer)" if found else ""))
     ray.init(address="local", include_dashboard=False, **kwargs)  # a one-machine cluster
+
+
+def _check_answers(address: ray_address.RayAddress) -> None:
+    """ConnectionError unless the address answers and, for ray://, Ray Client is installed."""
+    if not _answers(address):
+        raise ConnectionError(f"no Ray cluster answers at {address} ([campaign] ray_address "
+                              "or $RAY_ADDRESS); start it with `ray start --head`, or fix "
+                              "the address")
+    if address.scheme == "ray":
+        from ray._private.utils import get_ray_client_dependency_error
+
+        if get_ray_client_dependency_error() is not None:
+            raise ConnectionError(f"{address} is a Ray Client address, which needs "
+                                  "`pip install 'ray[client]'`; or give the head's host:port "
+                                  "(6379) from a machine of the cluster")
 
 
 def _address_of_this_machines_cluster() -> str:
@@ -228,12 +285,21 @@ def _address_of_this_machines_cluster() -> str:
         return ""
 
 
-def _reachable(address: str, timeout_s: float = 2.0) -> bool:
-    host, _, port = address.rpartition(":")
+def _reachable(text: str) -> bool:
+    """Whether `text` is a host:port that answers (what Ray recorded may be stale)."""
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        address = ray_address.parse(text)
+    except ValueError:
+        return False
+    return address is not None and _answers(address)
+
+
+def _answers(address: ray_address.RayAddress, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts a TCP connection at the address within `timeout_s`."""
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout_s):
             return True
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # refused, unknown host, timeout
         return False
 
 
@@ -250,6 +316,7 @@ class RaySlots(SlotSemaphore):
         self.max_concurrent = max_concurrent
         self.timeout = timeout
         self.wait_s = 0.0
+        self.lost = 0  # grants found expired on arrival (the holder had stalled), re-queued
         self._held: set[str] = set()
         self._mine = threading.local()
         self._lock = threading.Lock()
@@ -267,7 +334,13 @@ class RaySlots(SlotSemaphore):
         holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         start = time.monotonic()
         try:
-            ray.get(broker.acquire.remote(holder), timeout=timeout)
+            while True:
+                asked = time.monotonic()
+                left = None if timeout is None else max(0.0, start + timeout - asked)
+                ray.get(broker.acquire.remote(holder), timeout=left)
+                if time.monotonic() - asked < LEASE_S / 2 or self._still_held(holder):
+                    break
+                self.lost += 1  # granted while this process stalled, and expired: wait again
         except ray.exceptions.GetTimeoutError:
             ray.get(broker.abandon.remote(holder))
             return False
@@ -289,6 +362,13 @@ class RaySlots(SlotSemaphore):
         with self._lock:
             self._held.discard(holder)
         ray.get(self._broker.release.remote(holder))
+
+    def _still_held(self, holder: str) -> bool:
+        """Ask the actor (renewing the lease): a grant that came while this process was
+        stalled (SIGSTOP, a GIL held for seconds) may have expired before it was seen."""
+        import ray
+
+        return not ray.get(self._broker.renew.remote([holder]))
 
     @property
     def where(self) -> str:

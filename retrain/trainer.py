@@ -168,6 +168,7 @@ class Trainer:
         self._eval_prompts: list[list[int]] | None = None
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
+        self._api_waited = 0.0         # API waits already counted in a row (api_wait_s)
         self.nonfinite_streak = 0      # steps in a row not applied for a non-finite loss/grad
         self._scaled_noted = False     # advantages were scaled down for the loss (said once)
 
@@ -292,7 +293,7 @@ class Trainer:
 
     def _step(self, step: int) -> dict:
         """One step, retried with half the prompts (whole groups) while it runs out of memory."""
-        start, waited = time.perf_counter(), self._api_wait_s()
+        start, waited = time.perf_counter(), self._api_waited
         saved_cursor = self.cursor.state_dict()
         batch_size, retries = self.overlap.planned_batch_size(step, self.batch_size), 0
         while True:
@@ -319,6 +320,7 @@ class Trainer:
         end = time.perf_counter()
         step_time = end - start
         row = sampled.row
+        self._api_waited = self._api_wait_s()  # what came before (setup, saves) counts here too
         row.update(step=step, step_time_s=step_time,
                    tokens_per_second=sampled.tokens / step_time if step_time > 0 else 0.0,
                    process_max_rss_mb=max_rss_mb(), api_wait_s=self._api_wait_s() - waited,

@@ -3,8 +3,10 @@ executor (and `explain` of a local campaign) never imports Ray. No Ray needed.""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,3 +58,69 @@ def test_executor_shortcut_on_the_command_line():
     assert command_line_overrides([], {"--executor": "ray"}) == {"campaign.executor": "ray"}
     with pytest.raises(ConfigError, match="--executor"):
         command_line_overrides([], {"--executor": "slurm"})
+
+
+@pytest.mark.parametrize("address,words", [
+    ("http://[::1", "unknown scheme 'http://'"),
+    ("http://127.0.0.1:8265", "unknown scheme 'http://'"),
+    ("ray://127.0.0.1:99999", "Port out of range"),
+    ("garbage", "'garbage' is not a valid address"),
+    ("ray://head", "'ray://head' is not a valid address"),
+])
+def test_malformed_ray_address_is_a_config_error(address, words):
+    with pytest.raises(ConfigError) as err:
+        loads(BASE + f'executor = "ray"\nray_address = "{address}"\n', "x.toml")
+    text = str(err.value)
+    assert "x.toml" in text and "campaign.ray_address" in text and words in text, text
+    assert "host:port" in text and "ray://host:port" in text
+
+
+def test_good_ray_addresses_load():
+    for address in ("", "auto", "10.0.0.1:6379", "head.example:6379", "ray://head:10001",
+                    "[::1]:6379"):
+        assert loads(BASE + f'ray_address = "{address}"\n')[1].ray_address == address
+
+
+def _listening() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+@pytest.mark.parametrize("address,words", [
+    ("ray://nonexistent:1", "no Ray cluster answers at ray://nonexistent:1"),
+    ("ray://127.0.0.1:1", "no Ray cluster answers at ray://127.0.0.1:1"),
+    ("127.0.0.1:1", "no Ray cluster answers at 127.0.0.1:1"),
+    ("ray://127.0.0.1:99999", "Port out of range"),
+    ("http://[::1", "unknown scheme"),
+    ("ray://127.0.0.1:{open}", "ray[client]"),  # answers, but Ray Client is not installed
+])
+def test_bad_ray_address_is_one_line_from_explain_and_run(tmp_path, cli_env, python, address,
+                                                          words):
+    """Each stops `explain` and the run within seconds: one line, exit 2, no traceback, and
+    explain never claims a cluster will be started here."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed")
+    sock = _listening()
+    address = address.replace("{open}", str(sock.getsockname()[1]))
+    if "{" not in words and "ray[client]" in words:
+        from ray._private.utils import get_ray_client_dependency_error
+
+        if get_ray_client_dependency_error() is None:
+            pytest.skip("Ray Client is installed here")
+    assert ray
+    (tmp_path / "c.toml").write_text(BASE + f'executor = "ray"\nray_address = "{address}"\n'
+                                     '[logging]\nlog_dir = "logs"\n')
+    try:
+        for command in (["explain", "c.toml"], ["c.toml"]):
+            t0 = time.monotonic()
+            proc = subprocess.run([python, "-m", "retrain", *command], cwd=tmp_path,
+                                  env=cli_env, capture_output=True, text=True, timeout=120)
+            took = time.monotonic() - t0
+            err = proc.stderr.strip()
+            assert proc.returncode == 2 and "Traceback" not in err, (command, err[-2000:])
+            assert words in err and len(err.splitlines()) == 1, (command, err)
+            assert "starts" not in proc.stdout + err, proc.stdout
+            assert took < 30, (command, took)
+    finally:
+        sock.close()

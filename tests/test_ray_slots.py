@@ -272,3 +272,114 @@ def test_the_runner_controller_owns_the_actor_cap(cluster, tmp_path):
     assert row["throughput"] == pytest.approx(5 / 100.0)
     assert row["completions_per_s"] == pytest.approx(10 / 100.0)
     assert row["in_flight"] == pytest.approx(5 * 0.02 / 100.0, rel=0.5)
+
+
+def _peak(holds) -> int:
+    edges = sorted([(a, 1) for _, a, _ in holds] + [(b, -1) for _, _, b in holds])
+    alive = peak = 0
+    for _, d in edges:
+        alive += d
+        peak = max(peak, alive)
+    return peak
+
+
+def test_the_cap_holds_across_a_restart_of_the_slot_actor(cluster):
+    """Kill the slot actor while holders on every node take and give back slots: Ray restarts
+    it empty; it grants nothing new until the holders re-register or their leases expire, so
+    the holders' log of grants never shows more than the cap at once."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name = "slots:test-restart"
+    broker = slots_ray.ensure_broker(name, 2)
+    task = ray.remote(num_cpus=0)(_hammer)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote(name, 2, 3, 3.0) for node in nodes for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while _stats(name)["grants"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ray.kill(broker, no_restart=False)  # Ray restarts it, with an empty table
+    holds = [h for hs in ray.get(refs, timeout=300) for h in hs]
+    stats = _stats(name)
+    assert stats["restarted"] and stats["reregistered"] >= 1, stats
+    assert len(holds) == 6 * 3 and stats["in_use"] == 0
+    assert stats["peak"] <= 2 and _peak(holds) <= 2, (stats, _peak(holds))
+
+
+CALLER = """
+import sys, time, urllib.request
+from retrain.slots import slots_from_env
+slots = slots_from_env()
+while True:
+    with slots:  # one API call per slot, as the tinker backend makes them
+        urllib.request.urlopen(sys.argv[1] + "/" + sys.argv[2], data=b"x").read()
+    print("call", flush=True)
+"""
+
+
+class _Api:
+    """A stand-in for the API: counts the calls it is serving at once, by caller."""
+
+    def __init__(self):
+        import http.server
+
+        self.lock = threading.Lock()
+        self.now = self.peak = 0
+        self.calls: dict[str, int] = {}
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                with api.lock:
+                    api.now += 1
+                    api.peak = max(api.peak, api.now)
+                    api.calls[self.path] = api.calls.get(self.path, 0) + 1
+                time.sleep(0.1)
+                with api.lock:
+                    api.now -= 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_stalled_holder_learns_it_lost_the_slot_before_its_next_call(cluster):
+    """Two real holders share one slot; one is SIGSTOPped for two leases (three times, at
+    whatever point it is), typically while the actor grants it the slot, which then expires.
+    On SIGCONT it must not call the API on that lost slot: the API never serves two calls
+    at once, and the stalled holder goes on calling after it re-acquires."""
+    name = "slots:test-stall"
+    slots_ray.ensure_broker(name, 1)
+    api = _Api()
+    env = {**os.environ, ENV_VAR: f"ray:{name}:1", "RAY_ADDRESS": cluster.address}
+    procs = {who: subprocess.Popen([sys.executable, "-c", CALLER, api.url, who], env=env,
+                                   stdout=subprocess.DEVNULL) for who in ("a", "b")}
+    try:
+        deadline = time.monotonic() + 120
+        while len(api.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(api.calls) == 2, api.calls
+        for _ in range(3):
+            procs["a"].send_signal(signal.SIGSTOP)
+            time.sleep(2 * slots_ray.LEASE_S + 0.5)
+            before = api.calls["/a"]
+            procs["a"].send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + 30
+            while api.calls["/a"] <= before + 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert api.calls["/a"] > before + 2  # it went on calling
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        api.server.shutdown()
+    stats = _stats(name)
+    assert stats["expired"] >= 1, stats  # a grant (or a hold) did expire while it stalled
+    assert api.peak == 1, api.peak

@@ -265,3 +265,39 @@ def test_zstd_frame_without_content_size_is_accepted(served):
     assert r.status_code == 200 and "request_id" in r.json(), r.text
     sized = zstandard.ZstdCompressor().compress(_good_request(served))
     assert _zstd_post(served, sized).status_code == 200
+
+
+# ----------------------------------------------------- a seeded request is reproducible (item 7)
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_under_load(cli_env, python, tmp_path,
+                                                                     sdk_env):
+    """`retrain serve` as users start it (dtype auto): a seeded request's tokens do not depend
+    on which other requests (other prompts, lengths, seeds, unseeded) are decoded with it."""
+    from tests.run_helpers import read_serve_url
+
+    env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
+    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+                             "--port", "0"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = read_serve_url(proc, 120)
+        service = tinker.ServiceClient(base_url=url)
+        sc = service.create_sampling_client(base_model="tiny-random")
+        prompt = types.ModelInput.from_ints([1, 5, 6])
+
+        def params(seed=None):
+            return types.SamplingParams(max_tokens=16, temperature=1.0, seed=seed)
+
+        for seed in range(6):
+            alone = sc.sample(prompt, 3, params(seed)).result()
+            crowd = [sc.sample(types.ModelInput.from_ints(list(range(3, 3 + 9 * j))), 3,
+                               params(None if j % 2 else seed + j)) for j in range(1, 7)]
+            crowd += [sc.sample(types.ModelInput.from_ints([7, 8, 9 + j]), 3, params(seed + j))
+                      for j in range(3)]
+            loaded = sc.sample(prompt, 3, params(seed))
+            [f.result() for f in crowd]
+            assert [s.tokens for s in loaded.result().sequences] == \
+                [s.tokens for s in alone.sequences], seed
+        service.close("success").result()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

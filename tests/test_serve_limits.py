@@ -112,3 +112,41 @@ def test_retrain_serve_options(cli_env, python, tiny_model, tmp_path, sdk_env):
         proc.terminate()
         out = proc.communicate(timeout=30)[1]
     assert proc.returncode in (0, -15) and "Traceback" not in out, out[-2000:]
+
+
+CLIENT = """
+import sys, time, tinker
+service = tinker.ServiceClient(base_url=sys.argv[1])
+tc = service.create_lora_training_client(base_model="bigram-test", rank=2).result()
+print(tc.model_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_sdk_client_frees_its_place_within_30s(tmp_path, sdk_env, python):
+    """A real SDK client process, SIGKILLed: its heartbeats stop, and with the server's
+    default timings its place (--max-sessions) and its adapter are freed within 30 s."""
+    with Served(BigramEngine(), tmp_path, hold_s=2.0, max_sessions=1) as served:
+        client = subprocess.Popen([python, "-c", CLIENT, served.url], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            model_id = client.stdout.readline().strip()
+            assert model_id in served.engine.adapters
+            time.sleep(11)  # at least one heartbeat went through: the session was alive
+            assert _raw_training_client(served.url).status_code == 429
+        finally:
+            client.kill()
+            client.wait(10)
+        killed = time.monotonic()
+        service = tinker.ServiceClient(base_url=served.url)
+        while True:  # the SDK retries 429s for a while by itself, then raises
+            try:
+                tc = service.create_lora_training_client(base_model="bigram-test",
+                                                         rank=2).result()
+                break
+            except tinker.RateLimitError:
+                assert time.monotonic() - killed < 60
+        waited = time.monotonic() - killed
+        assert waited < 30, waited
+        assert model_id not in served.engine.adapters and tc.model_id in served.engine.adapters
+        service.close("success").result()

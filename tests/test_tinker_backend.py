@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ from retrain.backends.base import (  # noqa: E402
     make_datum,
 )
 from retrain.backends.tinker import TinkerBackend, check_sdk  # noqa: E402
+from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
@@ -360,4 +362,37 @@ def test_rate_limited_client_queues_outside_its_slot(tmp_path, sdk_env, tiny_mod
         assert "model_id" in got, got
         _step(b, [1, 70, 71])
         assert slots.peak <= 1
+        b.close()
+
+
+def test_no_slot_is_held_while_a_rate_limited_client_sleeps(tmp_path, sdk_env, tiny_model):
+    """Under a saturated serve (--max-sessions 1, taken), a second backend's request for a
+    training client is answered 429 with `x-should-retry: false`, the SDK does not retry it
+    inside the slot, and the backend's own backoff sleeps with the slot given back: sampled
+    every 20 ms for 6 s, the slot is held only for the moments its requests are in flight."""
+    slots = CountingSlots(1)
+    with Served(_engine(tiny_model), tmp_path, hold_s=2.0, max_sessions=1) as served:
+        a = _backend(served.url)
+        assert a.training.model_id
+        h = {"X-API-Key": KEY}
+        sess = httpx.post(f"{served.url}/api/v1/create_session", headers=h, json={
+            "tags": [], "user_metadata": {}, "sdk_version": "x"}).json()["session_id"]
+        body = {"session_id": sess, "model_seq_id": 0, "base_model": "bigram-test"}
+        r = httpx.post(f"{served.url}/api/v1/create_model", headers=h, json=body)
+        assert r.status_code == 429 and "x-should-retry" not in r.headers  # SDK retries it
+        r = httpx.post(f"{served.url}/api/v1/create_model", json=body,
+                       headers={**h, QUEUES_429_HEADER: "1"})  # what the backend sends
+        assert r.status_code == 429 and r.headers["x-should-retry"] == "false"
+        b = _backend(served.url, slots=slots)
+        waiter = threading.Thread(target=lambda: b.training, daemon=True)
+        waiter.start()
+        held = []
+        for _ in range(300):
+            time.sleep(0.02)
+            held.append(slots.held)
+        assert waiter.is_alive() and b.rate_limit_wait_s > 0
+        assert sum(held) / len(held) < 0.25, sum(held) / len(held)
+        a.close()
+        waiter.join(90)
+        assert b._training is not None
         b.close()

@@ -34,7 +34,13 @@ from retrain import runlog
 from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
 from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
 from retrain.backends.tinker_pending import PendingLoss, SampleJob
-from retrain.backends.tinker_rate_limit import RateLimited, RateLimitWait, is_rate_limited
+from retrain.backends.tinker_rate_limit import (
+    QUEUES_429_HEADER,
+    RateLimited,
+    RateLimitWait,
+    is_rate_limited,
+    stop_sdk_retrying_429,
+)
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
 from retrain.errors import UserError
 from retrain.slots import ApiSlots, NoSlots
@@ -107,7 +113,8 @@ class TinkerBackend:
         self.slots: ApiSlots = slots or NoSlots()
         self._overload = None if isinstance(self.slots, NoSlots) else \
             watch_overload(self.slots.record_error)  # a campaign: its controller counts them
-        self._service = tinker.ServiceClient(base_url=self.base_url)
+        self._service = tinker.ServiceClient(base_url=self.base_url, default_headers_overrides={
+            QUEUES_429_HEADER: "1"})  # retrain serve: no SDK retries of its 429s (we queue)
         self._training: Any = None
         self._sampler: Any = None
         self._next_sampler: tuple[concurrent.futures.Future, threading.Event] | None = None
@@ -187,6 +194,8 @@ class TinkerBackend:
             self._check_usable()
             with self.slots:
                 try:
+                    if queue_on_429:
+                        stop_sdk_retrying_429(self._service)
                     future = submit()
                 except Exception as exc:
                     if not (queue_on_429 and is_rate_limited(exc)):

@@ -18,8 +18,43 @@ class RateLimited(Exception):
     """The service answered 429 (too many sessions or requests): wait, then send again."""
 
 
+QUEUES_429_HEADER = "X-Retrain-Queues-429"  # tells retrain serve that we back off ourselves
+
+# Requests that open a training client: the backend queues these itself on 429 (with the
+# slot given back), so the SDK must not retry them while the slot is held.
+QUEUED_ROUTES = ("/create_model", "/load_weights")
+
+
 def is_rate_limited(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) == 429
+
+
+def _queued_route(exc: BaseException) -> bool:
+    try:
+        return str(exc.response.request.url.path).endswith(QUEUED_ROUTES)  # type: ignore[attr-defined]
+    except Exception:  # not an HTTP status error
+        return False
+
+
+def stop_sdk_retrying_429(service) -> None:
+    """Make the SDK's own retry loop (`execute_with_retries`: up to 5 minutes, inside our
+    slot) raise a 429 on the routes the backend queues itself, so that its backoff waits
+    with the slot given back. Other routes keep the SDK's retries: they are ordered by
+    seq_id, and only the SDK re-sends them under the same one. `retrain serve` also answers
+    clients that send QUEUES_429_HEADER with `x-should-retry: false` on its session-limit
+    429s, which stops the SDK's HTTP-level retries of them."""
+    holder = service._get_session_holder()  # the pinned SDK's session (created on first use)
+    if getattr(holder, "_retrain_queues_429", False):
+        return
+    retryable = holder._is_retryable_exception
+
+    def is_retryable(exc: Exception) -> bool:
+        if is_rate_limited(exc) and _queued_route(exc):
+            return False
+        return retryable(exc)
+
+    holder._is_retryable_exception = is_retryable
+    holder._retrain_queues_429 = True
 
 
 class RateLimitWait:

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain import toml_io
+from retrain import ray_address, toml_io
 from retrain.config import SECTIONS, Config
 from retrain.schema import (
     MAX_WAIT_S,
@@ -58,8 +58,8 @@ class CampaignPlan:
                      factory=True)
     executor: str = opt("local", "where runs execute: local processes, or a Ray cluster",
                         choices=("local", "ray"))
-    ray_address: str = opt("", "ray: cluster address ('' = $RAY_ADDRESS or a running cluster, "
-                           "else start one here)")
+    ray_address: str = opt("", "ray: cluster address, host:port or ray://host:port ('' = "
+                           "$RAY_ADDRESS or a running cluster, else start one here)")
     run_resources: dict = opt({}, "ray: resources per run, {cpu = N, gpu = M} (default: cpu = "
                               "model.threads or 1, gpu = 1 when the model runs on cuda)",
                               factory=True)
@@ -82,7 +82,10 @@ RUN_RESOURCE_KEYS = ("cpu", "gpu")
 
 def check_value(key: str, value: Any) -> tuple[Any, str | None]:
     """Coerce `value` to the [campaign] key's type and check its range: (value, problem)."""
-    return check_field(CampaignPlan, key, value)
+    value, bad = check_field(CampaignPlan, key, value)
+    if bad is None and key == "ray_address":
+        bad = ray_address.problem(value)
+    return value, bad
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -98,6 +101,8 @@ def set_keys(plan: CampaignPlan, body: dict, issues: list[ConfigIssue]) -> None:
             plan.conditions = _conditions(value, issues)
         elif key == "grid":
             plan.grid = _grid(value, issues)
+        elif key == "ray_address" and (bad := check_value(key, value)[1]):
+            issues.append(ConfigIssue(f"{SECTION}.{key}", bad))
         else:
             set_field(plan, SECTION, key, value, issues)
 

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from retrain import slots_ray
+from retrain import ray_address, slots_ray
 from retrain.campaign.executor import Job
 from retrain.campaign.plan import CampaignPlan, run_resources
 from retrain.config import Config
@@ -268,13 +268,18 @@ def run_actor_name(key: str, run: str, attempt: int) -> str:
 def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
     """For `explain`: the reachable cluster's resources and how many runs fit on it at once
     (None when Ray is missing or no cluster answers; nothing is started)."""
+    named = slots_ray.explicit_address(plan.ray_address) not in ray_address.KEYWORDS
     try:
         import ray
 
         slots_ray.connect(plan.ray_address, start=False)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    except Exception as exc:  # no Ray, or no cluster: explain goes on without it
-        return f"no cluster reachable ({type(exc).__name__}); one starts on this machine", None
+    except ConnectionError as exc:
+        if named:  # the run would stop here too: say so now, in one line
+            raise UserError(f"[campaign] executor = \"ray\": {exc}") from None
+        return "no cluster running; the campaign starts one on this machine", None
+    except Exception as exc:  # no Ray: explain goes on without it
+        return f"no cluster reachable ({type(exc).__name__})", None
     res = run_resources(cfg, plan, sum(n.get("GPU", 0.0) for n in nodes))
     fits = sum(_fits(n, res) for n in nodes)
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)

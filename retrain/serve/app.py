@@ -24,13 +24,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from tinker import types
 
+from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER
 from retrain.serve import wire
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
 from retrain.serve.inflate import inflate_zstd
-from retrain.serve.service import SESSION_TIMEOUT_S, TinkerService
+from retrain.serve.service import REAP_EVERY_S, SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
 log = logging.getLogger("retrain.serve")
@@ -189,8 +190,11 @@ def _wrap(handler):
             return _error(400, str(exc))
         except ApiError as exc:
             reply = _error(exc.status, exc.message)
-            if exc.status == 429:  # the SDK honours Retry-After: poll for a free place each second
+            if exc.status == 429:  # the session limit: poll for a free place each second
                 reply.headers["retry-after"] = "1"
+                # retrain's backend backs off itself, its API slot given back: the SDK must not
+                if request.headers.get(QUEUES_429_HEADER):  # retry inside the slot. Other
+                    reply.headers["x-should-retry"] = "false"  # clients keep SDK retries.
             return reply
         return result if isinstance(result, Response) else ReplyJSON(result)
     return endpoint
@@ -237,7 +241,7 @@ async def _too_large(request: Request, exc: Exception) -> Response:
 
 def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
-              reap_every_s: float = 60.0, delay_s: float = 0.0, max_sessions: int = 0,
+              reap_every_s: float = REAP_EVERY_S, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
               max_body_bytes: int = MAX_BODY_BYTES,
               load: LoadModel | None = None) -> tuple[Guard, TinkerService]:

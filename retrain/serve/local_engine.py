@@ -197,8 +197,9 @@ class LocalEngine:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
         settings in one batch; when any of them has a seed, each prompt draws from its own
-        seed (a random one where the request gave none), so a seeded request's completions do
-        not depend on what it was batched with."""
+        seed (a random one where the request gave none) and prompts of one length are decoded
+        together (padding changes the numbers, in bfloat16 enough to flip a draw), so a seeded
+        request's completions do not depend on what it was batched with."""
         key = (snap, n, params.max_tokens, params.temperature, params.top_p)
         mine = _Queued(prompt, params.seed)
         with self._lock:
@@ -207,7 +208,8 @@ class LocalEngine:
             if mine.result is None and mine.error is None:
                 with self._lock:
                     batch = self._queued.pop(key, [])
-                self._decode(batch, snap, n, params)
+                for part in _by_length(batch):
+                    self._decode(part, snap, n, params)
         if isinstance(mine.error, DivergedError):  # the client's weights, not a server fault
             raise EngineError(str(mine.error))
         if mine.error is not None:
@@ -257,6 +259,17 @@ class _Queued:
     seed: int | None
     result: list | None = None
     error: BaseException | None = None
+
+
+def _by_length(batch: list[_Queued]) -> list[list[_Queued]]:
+    """The batch as decoded: whole when nothing in it is seeded, else one part per prompt
+    length (no padding: a seeded prompt's numbers are those of its own decode)."""
+    if all(q.seed is None for q in batch):
+        return [batch]
+    parts: dict[int, list[_Queued]] = {}
+    for q in batch:
+        parts.setdefault(len(q.prompt), []).append(q)
+    return list(parts.values())
 
 
 def _local_datum(d: Datum, positions: int, loss_fn: str) -> Datum:

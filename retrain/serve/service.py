@@ -30,7 +30,12 @@ from retrain.serve.ordering import Sequencer
 log = logging.getLogger("retrain.serve")
 
 SAMPLERS_KEPT_PER_MODEL = 8  # ephemeral sampler snapshots kept per training model
-SESSION_TIMEOUT_S = 300.0    # no heartbeat for this long: the session's adapters are freed
+# No heartbeat (nor other call) for this long: the session ends and its adapters are freed.
+# The SDK heart-beats every 10 s (each try times out after 10 s), so this is two missed
+# beats and some slack; with the reaper's period the place of a killed client is free
+# within SESSION_TIMEOUT_S + REAP_EVERY_S = 30 s of its last heartbeat.
+SESSION_TIMEOUT_S = 25.0
+REAP_EVERY_S = 5.0
 
 
 @dataclass

@@ -1,0 +1,284 @@
+"""Fault-injection run (issue 28): one campaign of 4 runs survives four faults at once.
+
+    python -m bench.faults                  # about 3-6 minutes on a loaded 2-core machine
+    python -m bench.faults --steps 6
+
+The campaign: `executor = "ray"` on a one-machine Ray cluster, `backend = "tinker"` against a
+`retrain serve` of `tiny-random` in this process (`--max-sessions 4`), `max_concurrent = 2`
+(the slot actor). While it runs:
+1. non-finite rewards: the reward function answers nan, inf or 1e39 for about a third of the
+   completions (nan and inf are scored as failures; `reward_failures` counts them);
+2. once every run has trained a step: one run's trainer (a tinker client) is SIGKILLed; its
+   session at the server is freed by the heartbeat timeout, and the same command, run again,
+   resumes it;
+3. the slot actor is killed (Ray restarts it with an empty table);
+4. another run's trainer, a slot holder, is SIGSTOPped for two leases, then SIGCONTed.
+At the end it checks, and exits 1 when any check fails:
+- every run's metrics.jsonl holds each step 1..N exactly once;
+- no weights saved by the server (every checkpoint and sampler snapshot) hold NaN or inf;
+- the cap held: the server never served more than `max_concurrent` API calls at once, and
+  the slot actor's own peak (sampled while it lived) never went above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+KEY = "tml-faults-bench-0123456789"
+CAP = 2
+RUNS = 4
+
+REWARD = '''
+import hashlib
+
+def reward(completion: str, answer: str) -> float:
+    """Digits are good; about a third of the completions get a non-finite (or huge) reward."""
+    h = hashlib.sha1(completion.encode()).digest()[0] % 9
+    if h == 0:
+        return float("nan")
+    if h == 1:
+        return float("inf")
+    if h == 2:
+        return 1e39
+    return sum(ch.isdigit() for ch in completion) / max(1, len(completion))
+'''
+
+
+def campaign_toml(log_dir: Path, url: str, steps: int) -> str:
+    return f"""
+[model]
+name = "tiny-random"
+dtype = "float32"
+threads = 1
+lora_rank = 4
+[data]
+eval_size = 0
+[reward]
+type = "custom"
+function = "reward.py:reward"
+[training]
+batch_size = 2
+group_size = 4
+max_tokens = 8
+max_steps = {steps}
+save_every = 1
+lr = 0.03
+[backend]
+backend = "tinker"
+base_url = "{url}"
+max_concurrent = {CAP}
+request_timeout_s = 120.0
+[logging]
+log_dir = "{log_dir}"
+[campaign]
+name = "faults"
+seeds = {list(range(1, RUNS + 1))}
+parallel = true
+max_workers = {RUNS}
+stagger_seconds = 0.0
+max_retries = 1
+executor = "ray"
+"""
+
+
+class Watch:
+    """The campaign's run folders, their trainers' pids and step counts, and the slot actor."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.actor_peak = 0
+        self.actor: dict = {}  # the slot actor's last stats
+
+    def runs(self) -> list[Path]:
+        return sorted(p.parent for p in self.folder.glob("*/config.toml"))
+
+    @staticmethod
+    def steps(run: Path) -> int:
+        try:
+            return len((run / "metrics.jsonl").read_text().splitlines())
+        except OSError:
+            return 0
+
+    @staticmethod
+    def pid(run: Path) -> int:
+        """The pid of the run's trainer while it runs (0 otherwise: never signal a stale pid)."""
+        try:
+            state = json.loads((run / "state.json").read_text())
+            pid = int(state.get("pid") or 0)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+        except (OSError, ValueError):
+            return 0
+        return pid if state.get("status") == "running" and b"retrain" in cmdline else 0
+
+    def broker(self):
+        from retrain import slots_ray
+        from retrain.campaign.ray_executor import campaign_key
+
+        return slots_ray.find_broker(slots_ray.broker_name(campaign_key(self.folder)))
+
+    def sample_actor(self) -> None:
+        import ray
+
+        broker = self.broker()
+        if broker is not None:
+            with contextlib.suppress(ray.exceptions.RayError):  # restarting: sampled again soon
+                self.actor = ray.get(broker.stats.remote(), timeout=10)
+                self.actor_peak = max(self.actor_peak, self.actor["peak"])
+
+
+def wait_until(what: str, predicate, watch: Watch, proc: subprocess.Popen,
+               timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc.poll() is not None:
+            raise SystemExit(f"the campaign ended before {what} (exit {proc.returncode}):\n"
+                             + proc.log.read_text()[-3000:])
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        watch.sample_actor()
+        time.sleep(0.2)
+
+
+def inject(watch: Watch, proc: subprocess.Popen, steps: int, log) -> list[str]:
+    """The faults, once every run has trained a step; returns the ones that could not be
+    injected (a run already finished)."""
+    import ray
+
+    from retrain import slots_ray
+
+    wait_until("every run's first step", lambda: len(watch.runs()) == RUNS and all(
+        watch.steps(r) >= 1 for r in watch.runs()), watch, proc)
+    runs, missed = watch.runs(), []
+    victim, stalled = watch.pid(runs[2]), watch.pid(runs[1])
+    if victim and watch.steps(runs[2]) < steps:
+        os.kill(victim, signal.SIGKILL)
+        log(f"SIGKILL {runs[2].name} (a tinker client, pid {victim}) after step "
+            f"{watch.steps(runs[2])}")
+    else:
+        missed.append(f"{runs[2].name} finished before it could be killed")
+    watch.sample_actor()
+    ray.kill(watch.broker(), no_restart=False)
+    log(f"killed the slot actor (its peak so far: {watch.actor_peak})")
+    if not stalled:
+        return [*missed, f"{runs[1].name} finished before it could be stopped"]
+    os.kill(stalled, signal.SIGSTOP)
+    log(f"SIGSTOP {runs[1].name} (pid {stalled}, a slot holder) for "
+        f"{2 * slots_ray.LEASE_S + 0.5:.1f} s, after step {watch.steps(runs[1])}")
+    end = time.monotonic() + 2 * slots_ray.LEASE_S + 0.5
+    while time.monotonic() < end:
+        watch.sample_actor()
+        time.sleep(0.2)
+    os.kill(stalled, signal.SIGCONT)
+    log(f"SIGCONT {runs[1].name}")
+    return missed
+
+
+def check(watch: Watch, steps: int, state_dir: Path, traffic_peak: int) -> list[str]:
+    import math
+
+    from safetensors.numpy import load_file
+
+    problems = []
+    for run in watch.runs():
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        if [r["step"] for r in rows] != list(range(1, steps + 1)):
+            problems.append(f"{run.name}: steps {[r['step'] for r in rows]}")
+    files = list(state_dir.rglob("*.safetensors"))
+    bad = [f for f in files if any(not all(math.isfinite(x) for x in t.reshape(-1).tolist())
+                                   for t in load_file(str(f)).values())]
+    problems += [f"non-finite weights in {f}" for f in bad]
+    if not files:
+        problems.append(f"no weights were saved under {state_dir}")
+    if traffic_peak > CAP:
+        problems.append(f"the server served {traffic_peak} calls at once (cap {CAP})")
+    if watch.actor_peak > CAP:
+        problems.append(f"the slot actor granted {watch.actor_peak} slots at once (cap {CAP})")
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12)
+    args = ap.parse_args()
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from retrain.models import TINY, resolve_model
+    from retrain.serve.app import build_app
+    from retrain.serve.local_engine import LocalEngine
+    from retrain.serve.server import ServerThread
+
+    t0 = time.monotonic()
+
+    def log(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+
+    os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    resolve_model(TINY)  # built once, before anything is timed
+    engine = LocalEngine.load(TINY, dtype="float32")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        state_dir = tmp / "serve-state"
+        app, _ = build_app(engine, state_dir, api_key=KEY, max_sessions=RUNS)
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": RUNS, "object_store_memory": 80 * 2**20, "include_dashboard": False})
+        try:
+            ray.init(address=cluster.address, namespace="retrain", log_to_driver=False)
+            with ServerThread(app) as server:
+                (tmp / "reward.py").write_text(REWARD)
+                (tmp / "faults.toml").write_text(campaign_toml(tmp / "logs", server.url,
+                                                               args.steps))
+                env = {**os.environ, "RAY_ADDRESS": cluster.address, "TINKER_API_KEY": KEY,
+                       "TINKER_TELEMETRY": "0"}
+                command = [sys.executable, "-m", "retrain", "faults.toml"]
+                watch = Watch(tmp / "logs" / "faults")
+                log("campaign started")
+                out = (tmp / "campaign.log").open("w")
+                proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=out,
+                                        stderr=subprocess.STDOUT, text=True)
+                proc.log = tmp / "campaign.log"  # type: ignore[attr-defined]
+                missed = inject(watch, proc, args.steps, log)
+                while proc.poll() is None:
+                    watch.sample_actor()
+                    time.sleep(0.5)
+                log(f"campaign ended, exit {proc.returncode}; running the same command again")
+                again = subprocess.run(command, cwd=tmp, env=env, capture_output=True,
+                                       text=True, timeout=900)
+                log(f"second run ended, exit {again.returncode}")
+                if again.returncode != 0:
+                    print(again.stderr[-3000:], file=sys.stderr)
+                failures = sum(max(json.loads(line).get("reward_failures") or 0 for line in
+                                   (run / "metrics.jsonl").read_text().splitlines())
+                               for run in watch.runs())  # a running count per run
+                problems = missed + check(watch, args.steps, state_dir, app.traffic.peak)
+                log(f"{RUNS} runs x {args.steps} steps; server peak {app.traffic.peak} calls "
+                    f"at once, slot actor peak {watch.actor_peak} (cap {CAP}); "
+                    f"{failures} non-finite rewards scored as failures")
+                a = watch.actor
+                log(f"slot actor after its restart: restarted={a.get('restarted')}, "
+                    f"{a.get('reregistered')} holder(s) re-registered, {a.get('expired')} "
+                    f"lease(s) expired, {a.get('grants')} grants")
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    for p in problems:
+        print(f"FAIL: {p}")
+    print("OK: every step exactly once, all weights finite, cap never exceeded"
+          if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
