@@ -9,6 +9,8 @@ warm-up of each:
   - no shared prefill: the same prompts repeated `group` times, one completion each;
   - finished rows kept: EOS ignored, so every row decodes `max_tokens` (an upper bound of
     keeping finished rows in the batch; the completions then differ);
+  - growing KV cache: transformers' `DynamicLayer` (a concatenation of the whole cache per
+    token and layer) instead of the cache reserved for prompt + max_tokens;
   - multinomial draw: `torch.multinomial` (one random number per vocabulary entry) instead of
     one uniform per row through the cumulative distribution (the completions then differ);
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
@@ -129,6 +131,9 @@ def main() -> None:
     t, out = timed(no_eos, r)
     rows.append(("  finished rows kept (EOS ignored)", t,
                  f"{t / t_sample:.2f}x, {sum(len(c.tokens) for g in out for c in g)} tokens"))
+    with mock.patch.object(local_sampling, "reserve", lambda cache, _capacity: cache):
+        t, _ = timed(lambda: backend.sample(prompts, n, params), r)
+    rows.append(("  growing KV cache (concatenated)", t, f"{t / t_sample:.2f}x"))
     with mock.patch.object(local_sampling, "draw", multinomial_draw):
         t, out = timed(lambda: backend.sample(prompts, n, params), r)
     rows.append(("  multinomial draw", t,
