@@ -2,13 +2,16 @@
 
 Runs one RL step's shapes (`--batch` prompts x `--group` completions x `--max-tokens`, the
 quickstart's) on the real model and LoRA adapter and times, median of `--repeat` after one
-warm-up of each:
+warm-up of each, the variants of a phase run in turn (ABC ABC ...: a drifting machine slows
+them alike):
 
 - sample: `LocalBackend.sample` (each prompt prefilled once, its KV cache repeated for the group;
   finished rows leave the batch);
   - no shared prefill: the same prompts repeated `group` times, one completion each;
   - finished rows kept: EOS ignored, so every row decodes `max_tokens` (an upper bound of
     keeping finished rows in the batch; the completions then differ);
+  - growing KV cache: transformers' `DynamicLayer` (a concatenation of the whole cache per
+    token and layer) instead of the cache reserved for prompt + max_tokens;
   - multinomial draw: `torch.multinomial` (one random number per vocabulary entry) instead of
     one uniform per row through the cumulative distribution (the completions then differ);
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
@@ -27,7 +30,7 @@ import platform
 from pathlib import Path
 from unittest import mock
 
-from bench.timing import timed
+from bench.timing import interleaved
 from retrain.cpu import auto_threads
 
 
@@ -112,37 +115,44 @@ def main() -> None:
     n, r = args.group, args.repeat
     print(f"{platform.machine()}, {model.summary}")
     print(f"{args.batch} prompts x {n} completions x up to {args.max_tokens} tokens, "
-          f"median of {r} after a warm-up\n")
+          f"median of {r} after a warm-up, variants run in turn\n")
 
     def no_eos():  # sample_batch runs under inference_mode itself
         return sample_batch(model.net, prompts, n, params, eos_ids=set(), pad_id=model.pad_id,
                             generator=torch.Generator().manual_seed(1),
                             make_cache=backend._make_cache, cache_key=model.cache_key)
 
-    rows = []
-    t_sample, groups = timed(lambda: backend.sample(prompts, n, params), r)
-    toks = sum(len(c.tokens) for g in groups for c in g)
-    rows.append(("sample", t_sample, f"{toks} completion tokens"))
+    def patched(target: str, value, fn):
+        def run():
+            with mock.patch.object(local_sampling, target, value):
+                return fn()
+        return run
+
+    def sample():
+        return backend.sample(prompts, n, params)
+
     flat = [p for p in prompts for _ in range(n)]
-    t, _ = timed(lambda: backend.sample(flat, 1, params), r)
-    rows.append(("  without shared prefill", t, f"{t / t_sample:.2f}x"))
-    t, out = timed(no_eos, r)
-    rows.append(("  finished rows kept (EOS ignored)", t,
-                 f"{t / t_sample:.2f}x, {sum(len(c.tokens) for g in out for c in g)} tokens"))
-    with mock.patch.object(local_sampling, "draw", multinomial_draw):
-        t, out = timed(lambda: backend.sample(prompts, n, params), r)
-    rows.append(("  multinomial draw", t,
-                 f"{t / t_sample:.2f}x, {sum(len(c.tokens) for g in out for c in g)} tokens"))
+    s = interleaved({"sample": sample,
+                     "flat": lambda: backend.sample(flat, 1, params),
+                     "no_eos": no_eos,
+                     "grown": patched("reserve", lambda cache, _capacity: cache, sample),
+                     "multinomial": patched("draw", multinomial_draw, sample)}, r)
+    t_sample, groups = s["sample"]
+
+    def tokens(name: str) -> int:
+        return sum(len(c.tokens) for g in s[name][1] for c in g)
+
+    rows = [("sample", t_sample, f"{tokens('sample')} completion tokens")]
+    for key, label, note in (
+            ("flat", "  without shared prefill", ""),
+            ("no_eos", "  finished rows kept (EOS ignored)", f", {tokens('no_eos')} tokens"),
+            ("grown", "  growing KV cache (concatenated)", ""),
+            ("multinomial", "  multinomial draw", f", {tokens('multinomial')} tokens")):
+        rows.append((label, s[key][0], f"{s[key][0] / t_sample:.2f}x{note}"))
 
     loss = LossConfig(temperature=args.temperature)
     datums = [make_datum(p, c, adv) for p, g in zip(prompts, groups, strict=True)
               for c, adv in zip(g, [1.0, -1.0] * n, strict=False)]
-    t_train, (out, _) = timed(lambda: (backend.forward_backward(datums, loss),
-                                       backend._zero_grad()), r)
-    rows.append(("train (forward+backward)", t_train,
-                 f"{sum(len(d) for d in datums)} tokens, loss {out.loss:.6f}"))
-    t, plain = timed(lambda: plain_forward_backward(backend, datums, loss, model.pad_id), r)
-    rows.append(("  plain full-sequence pass", t, f"{t / t_train:.2f}x, loss {plain:.6f}"))
 
     def second_forward():
         with torch.inference_mode():
@@ -151,9 +161,17 @@ def main() -> None:
                 batch = local_loss.pack(datums, unit, model.pad_id, model.device)
                 backend._target_logprobs(backend.model.net, batch, loss.temperature)
 
-    t, _ = timed(second_forward, r)
-    share = t / (t_sample + t_train)
-    rows.append(("  + a second forward (not done)", t, f"+{share:.0%} of a step"))
+    t = interleaved({"train": lambda: (backend.forward_backward(datums, loss),
+                                       backend._zero_grad())[0],
+                     "plain": lambda: plain_forward_backward(backend, datums, loss, model.pad_id),
+                     "second": second_forward}, r)
+    t_train, out = t["train"]
+    rows.append(("train (forward+backward)", t_train,
+                 f"{sum(len(d) for d in datums)} tokens, loss {out.loss:.6f}"))
+    rows.append(("  plain full-sequence pass", t["plain"][0],
+                 f"{t['plain'][0] / t_train:.2f}x, loss {t['plain'][1]:.6f}"))
+    share = t["second"][0] / (t_sample + t_train)
+    rows.append(("  + a second forward (not done)", t["second"][0], f"+{share:.0%} of a step"))
     for name, secs, note in rows:
         print(f"{name:36s} {secs:8.2f} s   {note}")
 

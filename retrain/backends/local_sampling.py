@@ -5,6 +5,7 @@ from exactly the distribution it was drawn from, before any truncation: `log_sof
 float32 of `logits / temperature`, the same computation `forward_backward` repeats. Other
 choices that follow from owning the loop:
 - each distinct prompt is prefilled once; its KV cache is then repeated for its `n` samples;
+- the KV cache reserves room for prompt + max_tokens (`local_cache`): no copy per token;
 - rows that reached EOS leave the batch, so finished completions cost nothing more;
 - a seeded `torch.Generator` drives sampling, so the global RNG is untouched; with one
   generator per prompt, a prompt's draws do not depend on what else shares the batch.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
+from retrain.backends.local_cache import reserve
 
 
 @dataclass
@@ -115,7 +117,7 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     see `cache_keyword`."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
-    cache = make_cache()
+    cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                 **{cache_key: cache}, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
