@@ -454,7 +454,7 @@ class Trainer:
                           grad_clip_norm=training.grad_clip_norm)
         opt = self.backend.optim_step(adam)
         self._land_commit()  # the last step's save landed while this step's update ran
-        skipped = skipped_nonfinite(out.loss, opt.grad_norm, opt.metrics)
+        skipped = skipped_nonfinite(opt.metrics)
         if not skipped:  # a skipped update leaves the weights (and the staleness) as they were
             self.overlap.updated()
         return {"loss": out.loss, "grad_norm": opt.grad_norm, "skipped_nonfinite": skipped,

@@ -567,3 +567,33 @@ def test_environment_rewards_that_sum_to_inf_are_environment_errors(tmp_path, mo
     for row in got:
         assert math.isfinite(row["mean_reward"]) and row["skipped_nonfinite"] is False, row
     assert "beyond a float" in out + err
+
+
+def test_the_tinker_backend_reports_a_nonfinite_grad_norm_as_skipped(tmp_path, sdk_env,
+                                                                     tiny_model):
+    """A service that reports a NaN gradient norm but not whether it skipped the step (a
+    stand-in for the hosted service, which cannot run here): the tinker backend says
+    skipped_nonfinite, so the trainer's row and streak count it."""
+    pytest.importorskip("tinker")
+    from retrain.backends.base import AdamParams, LossConfig, make_datum
+    from retrain.backends.base import Completion as C
+    from retrain.backends.tinker import TinkerBackend
+    from tests.serve_doubles import BigramEngine, Served
+
+    class NanNorm(BigramEngine):
+        def optim_step(self, model_id, adam):
+            metrics = super().optim_step(model_id, adam)
+            metrics.pop("skipped_nonfinite", None)
+            return {**metrics, "grad_norm:mean": math.nan}
+
+    with Served(NanNorm(vocab=260, eos=2, tokenizer_id=tiny_model), tmp_path,
+                hold_s=2.0) as served:
+        backend = TinkerBackend(base_model="bigram-test", lora_rank=4, seed=5,
+                                base_url=served.url, request_timeout_s=30)
+        try:
+            datum = make_datum([1, 70, 71], C([72, 73], [-1.0, -1.0], "length"), 1.0)
+            backend.forward_backward([datum], LossConfig())
+            out = backend.optim_step(AdamParams(learning_rate=0.1))
+            assert math.isnan(out.grad_norm) and out.metrics["skipped_nonfinite"] == 1.0
+        finally:
+            backend.close()

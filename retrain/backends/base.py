@@ -145,13 +145,12 @@ class DivergedError(BackendError):
         self.sampling = sampling
 
 
-def skipped_nonfinite(loss: float, grad_norm: float, metrics: dict[str, float]) -> bool:
-    """Whether an optimizer step was left out because its loss or gradient was not finite
-    (the backend's metrics say so, or the numbers show it)."""
-    import math
-
-    return (bool(metrics.get("skipped_nonfinite")) or not math.isfinite(loss)
-            or not math.isfinite(grad_norm))
+def skipped_nonfinite(metrics: dict[str, float]) -> bool:
+    """Whether the backend left an optimizer step out because its loss or gradient was not
+    finite (`optim_step` metrics `skipped_nonfinite` = 1: the local backend and `retrain
+    serve` say so themselves; the tinker backend also when the grad norm came back
+    non-finite)."""
+    return bool(metrics.get("skipped_nonfinite"))
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import importlib.metadata
 import logging
+import math
 import os
 import threading
 import warnings
@@ -390,7 +391,10 @@ class TinkerBackend:
             raise
         result = queued.result()
         metrics = {k: float(v) for k, v in (result.metrics or {}).items()}
-        return OptimOutput(grad_norm=_grad_norm(metrics), metrics=metrics)
+        norm = _grad_norm(metrics)
+        if not math.isfinite(norm) and any(k.split(":")[0] == "grad_norm" for k in metrics):
+            metrics["skipped_nonfinite"] = 1.0  # a service that reports the norm, not the skip
+        return OptimOutput(grad_norm=norm, metrics=metrics)
 
     def save_state(self, name: str) -> str:
         """Weights + optimizer on the service; returns the tinker:// path to resume from."""
