@@ -147,7 +147,10 @@ def main() -> None:
             ("flat", "  without shared prefill", ""),
             ("no_eos", "  finished rows kept (EOS ignored)", f", {tokens('no_eos')} tokens"),
             ("grown", "  growing KV cache (concatenated)", ""),
-            ("multinomial", "  multinomial draw", f", {tokens('multinomial')} tokens")):
+            ("multinomial", "  multinomial draw",
+             f", {tokens('multinomial')} tokens (another random stream): "
+             f"{s['multinomial'][0] / tokens('multinomial') / (t_sample / tokens('sample')):.2f}x "
+             "per token")):
         rows.append((label, s[key][0], f"{s[key][0] / t_sample:.2f}x{note}"))
 
     loss = LossConfig(temperature=args.temperature)
