@@ -225,10 +225,16 @@ def plot(
                                              "CAMPAIGN_DIR/curves.png).")] = None,
 ) -> None:
     """Draw a run's back-pressure picture (observations, fitted USL curve, p*, reward, step
-    time), or a campaign's reward and eval curves per condition (mean over seeds, 95% band)."""
+    time), or a campaign's reward and eval curves per condition (mean over seeds, 95% band),
+    and, where its API concurrency was "auto", the campaign's USL curve with the chosen cap
+    (CAMPAIGN_DIR/concurrency.png)."""
+    from retrain.campaign.concurrency import LOG_FILE
     from retrain.plot import plot
+    from retrain.plot_concurrency import plot_concurrency
 
     typer.echo(f"wrote {plot(run_dir, out)}")
+    if (run_dir / LOG_FILE).is_file():
+        typer.echo(f"wrote {plot_concurrency(run_dir)}")
 
 
 @app.command()

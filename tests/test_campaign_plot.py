@@ -54,3 +54,19 @@ def test_a_campaign_without_steps_is_an_error(tmp_path, capsys):
     assert run_app(["plot", str(camp)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no run of this campaign has metrics" in err
+
+
+def test_an_auto_cap_campaign_also_gets_its_concurrency_picture(tmp_path, capsys):
+    """`retrain plot logs/<campaign>` draws the conditions' curves and, where the campaign's
+    API concurrency was "auto", its USL curve with the chosen cap (concurrency.png)."""
+    from bench.concurrency_sim import Endpoint, kappa_for
+    from tests.test_plot_concurrency import drive
+
+    camp = _campaign(tmp_path)
+    assert run_app(["plot", str(camp)]) == 0
+    assert "concurrency.png" not in capsys.readouterr().out   # a fixed cap: no such picture
+    drive(camp, Endpoint(0.05, kappa_for(3, 0.05), fail_above=5), 40)
+    assert run_app(["plot", str(camp)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {camp / 'curves.png'}" in out and f"wrote {camp / 'concurrency.png'}" in out
+    assert png_size(camp / "concurrency.png")[0] > 0
