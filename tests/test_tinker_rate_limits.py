@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.campaign.runner")
 
+from retrain.backends.tinker_rate_limit import RATE_LIMIT_FIRST_S  # noqa: E402
 from tests.run_helpers import read_serve_url, rows, write_config  # noqa: E402
 
 KEY = "tml-rate-limit-test"
@@ -43,9 +44,8 @@ def test_six_run_campaign_above_the_session_limit_completes(serve_url, tmp_path,
                  "request_timeout_s": 120.0},
         campaign={"seeds": [1, 2, 3, 4, 5, 6], "parallel": True, "max_workers": 6,
                   "stagger_seconds": 0.0, "max_retries": 0})
-    # Each run holds its training client for >= 16 s (16 completions, scored in 1 s each):
-    # longer than the SDK's own 429 retries, so the runs beyond the limit must queue in the
-    # backend, however unevenly a loaded machine starts the six workers.
+    # Each run holds its training client for >= 16 s (16 completions, scored in 1 s each),
+    # so the workers that reach the server while two runs hold it are refused and queue.
     env = {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0",
            "RETRAIN_TEST_REWARD_DELAY": "1.0"}
     proc = subprocess.run([python, "-m", "retrain", "run", str(path)], env=env, cwd=tmp_path,
@@ -56,12 +56,16 @@ def test_six_run_campaign_above_the_session_limit_completes(serve_url, tmp_path,
     assert [r["status"] for r in manifest["runs"]] == ["completed"] * 6
     runs = [p.parent for p in campaign.rglob("metrics.jsonl")]
     assert len(runs) == 6
-    waits = [rows(run)[0]["api_wait_s"] for run in runs]
     for run in runs:
         assert [r["step"] for r in rows(run)] == [1, 2]
-    # at most two runs found a free place at once: the others waited out 429s, and the
-    # time they lost shows in their first step's api_wait_s
-    assert sum(w > 1.0 for w in waits) >= 3, waits
-    logs = [(run / "worker.log").read_text() for run in runs if (run / "worker.log").exists()]
-    queued = [text for text in logs if "rate-limited (HTTP 429)" in text]
-    assert len(queued) >= 1, logs  # the backend itself queued (the SDK's retries ran out)
+    # The runs the server refused are those whose worker warned of a 429. How many there
+    # are depends on when each worker reached the server: on a loaded machine the six start
+    # tens of seconds apart, and a late worker finds a place that an early run freed (in one
+    # such campaign only 2 of the 6 runs waited). What does not depend on it: the backoff of
+    # each refused run is counted in its first step's api_wait_s (the first backoff alone
+    # is at least RATE_LIMIT_FIRST_S / 2; a run that got its place at once waits ~ms).
+    logs = {run: (run / "worker.log").read_text() for run in runs}
+    queued = [run for run in runs if "rate-limited (HTTP 429)" in logs[run]]
+    assert len(queued) >= 1, logs  # the backend itself queued (the SDK does not retry 429s)
+    waits = {run.name: rows(run)[0]["api_wait_s"] for run in queued}
+    assert all(w >= RATE_LIMIT_FIRST_S / 2 for w in waits.values()), waits
