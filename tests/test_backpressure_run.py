@@ -63,7 +63,7 @@ def test_low_peaks_make_a_real_run_compute_bound(workdir):
     _assert_roofline_regime(got, "compute_bound")
     # The step's work reaches the controller too (throughput counted in work, control/work.py)
     work = state(workdir / "logs" / "run")["controller"]["work"]
-    assert len(work["steps"]) == 8 and work["ref"] is not None
+    assert len(work["steps"]) == 14 and work["ref"] is not None
     for r, (p, (prompt, completion, trained, groups), _) in zip(got, work["steps"], strict=True):
         assert p == r["batch_size"] * r["group_size"]
         assert prompt + completion == pytest.approx(r["tokens_per_second"] * r["step_time_s"])
