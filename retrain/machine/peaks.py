@@ -79,10 +79,3 @@ def measure_peaks(dtype: str = "float32", threads: int = 0) -> MachinePeaks:
     save_peaks(peaks)
     return peaks
 
-
-def machine_peaks(dtype: str = "float32", threads: int = 0) -> MachinePeaks:
-    """The cached peaks, measured first where there are none."""
-    import torch
-
-    found = load_peaks(dtype, threads or torch.get_num_threads())
-    return found if found is not None else measure_peaks(dtype, threads)
