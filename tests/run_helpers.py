@@ -57,6 +57,10 @@ def write_config(folder: Path, name: str = "run", **sections: dict) -> Path:
 
     (folder / "digits.py").write_text(DIGITS_REWARD)
     raw = {k: dict(v) for k, v in BASE.items()}
+    if sections.get("environment", {}).get("kind", "task") != "task":
+        # another kind asks its own questions and scores them: no [reward], no task [data]
+        del raw["reward"]
+        raw["data"] = {"eval_size": raw["data"]["eval_size"]}
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     path = folder / f"{name}.toml"
