@@ -17,6 +17,7 @@ from retrain.environments.host import WorkerHost
 from retrain.environments.kinds import KindContext
 from retrain.environments.ledger import Renderer
 from retrain.environments.rollout import Rollout, episode_datum
+from retrain.environments.tools.render import TEXT_PROTOCOL_HEADER, to_text_protocol
 
 ENVS = Path(__file__).parent / "data" / "envs"
 
@@ -159,7 +160,7 @@ TOOLS_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def test_tool_schemas_render_where_the_template_declares_tools(smol):
+def test_tool_schemas_render_in_the_template_or_the_text_protocol(smol):
     import copy
 
     tok = copy.deepcopy(smol)
@@ -175,6 +176,16 @@ def test_tool_schemas_render_where_the_template_declares_tools(smol):
     assert not bridged
     assert tok.decode(part) == "<|im_end|>\n<|im_start|>tool\nx = 4<|im_end|>\n" \
         "<|im_start|>assistant\n"
-    plain = Renderer(smol)  # SmolLM2's own template has no tools: schemas are not rendered
+    # SmolLM2's own template has no tools: the schemas are not passed to it but reach the
+    # model through the text protocol (tools/render.py; docs/environments-adapters.md), a
+    # system message listing them, and a tool result becomes a <tool_response> user turn.
+    plain = Renderer(smol)
     assert not plain.template_has_tools
-    assert plain.render(history[:1], True, schema) == plain.render(history[:1], True)
+    described = plain.render(history[:1], True, schema)
+    assert described != plain.render(history[:1], True)
+    assert described == plain.render(to_text_protocol(history[:1], schema), True)
+    text = smol.decode(described)
+    assert text.startswith("<|im_start|>system\n" + TEXT_PROTOCOL_HEADER + "\n- lookup(): ")
+    part, _ = plain.env_part(history, tool_msg, stopped_on=None, tools=schema)
+    assert "<|im_start|>user\n<tool_response>\nx = 4\n</tool_response><|im_end|>" \
+        in smol.decode(part)
