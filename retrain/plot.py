@@ -13,6 +13,7 @@ from retrain import toml_io
 from retrain.config import BackpressureConfig
 from retrain.control.backpressure import usl_throughput
 from retrain.errors import UserError
+from retrain.figures import figure_class, save_png
 from retrain.runlog import CONFIG_FILE, METRICS_FILE, PLOT_FILE, is_campaign_dir, read_metrics
 
 REGIME_COLORS = {"warmup": "#9e9e9e", "retrograde": "#d62728", "memory_bound": "#1f77b4",
@@ -33,7 +34,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Draw RUN_DIR/metrics.jsonl into a PNG (default RUN_DIR/usl.png) and return its path."""
     run_dir = Path(run_dir)
     rows = _rows(run_dir)
-    figure_cls = _matplotlib()
+    figure_cls = figure_class()
     out = Path(out) if out is not None else run_dir / PLOT_FILE
     fig = figure_cls(figsize=(13, 9), layout="constrained")
     ax = fig.subplots(2, 2)
@@ -45,20 +46,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     _series(ax[1][1], rows, [("step_time_s", "step"), ("sample_time_s", "sample"),
                              ("train_time_s", "train")], "step time (s)")
     fig.suptitle(f"{run_dir.name}: {len(rows)} steps", fontsize=13)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write the plot ({exc.strerror or exc})") from exc
-    return out
-
-
-def _matplotlib():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise UserError("retrain plot needs matplotlib: pip install 'retrain[plot]'") from exc
-    return Figure
+    return save_png(fig, out, dpi=100)
 
 
 def _rows(run_dir: Path) -> list[dict]:

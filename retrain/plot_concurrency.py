@@ -13,7 +13,8 @@ from pathlib import Path
 from retrain.campaign.concurrency import LOG_FILE, read_decisions
 from retrain.control.usl import usl_throughput
 from retrain.errors import UserError
-from retrain.plot import _matplotlib, _num
+from retrain.figures import figure_class, save_png
+from retrain.plot import _num
 
 PLOT_FILE = "concurrency.png"
 UNOBSERVED = "runs starting"   # rows the controller logged without observing them
@@ -29,18 +30,13 @@ def plot_concurrency(campaign_dir: str | Path, out_png: str | Path | None = None
                         "this a campaign with backend.max_concurrent = \"auto\" that has run "
                         "a few seconds?)")
     out = Path(out_png) if out_png is not None else campaign_dir / PLOT_FILE
-    fig = _matplotlib()(figsize=(13, 5), layout="constrained")
+    fig = figure_class()(figsize=(13, 5), layout="constrained")
     left, right = fig.subplots(1, 2)
     _curve(left, rows)
     _over_time(right, rows)
     fig.suptitle(f"{campaign_dir.name}: API calls in flight (max_concurrent = \"auto\")",
                  fontsize=13)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write the plot ({exc.strerror or exc})") from exc
-    return out
+    return save_png(fig, out, dpi=100)
 
 
 def _points(rows: list[dict]) -> list[tuple[float, float, int]]:

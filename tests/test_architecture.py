@@ -35,7 +35,8 @@ FLOORS = {
     4: ["campaign", "campaign.runner", "campaign.concurrency", "campaign.run_records",
         "campaign.report", "campaign.executor", "campaign.ray_executor", "campaign.manifest"],
     5: ["cli", "__main__", "launch", "explain", "explain_warnings", "status", "status_view",
-        "plot", "plot_concurrency", "templates", "docgen", "render", "serve", "serve.*",
+        "plot", "plot_concurrency", "figures", "templates", "docgen", "render", "serve",
+        "serve.*",
         "results", "results.*"],
 }
 HEAVY = {"torch", "transformers", "peft", "tinker", "ray", "numpy", "rich", "typer",

@@ -39,7 +39,7 @@ from retrain.backends.base import (
     finished,
 )
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
-from retrain.backends.local_sampling import cache_keyword, sample_batch, token_logprobs
+from retrain.backends.local_sampling import cache_keyword, eos_ids, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
 from retrain.cpu import auto_threads
 from retrain.errors import UserError
@@ -178,12 +178,7 @@ def _seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterato
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
+    ids = eos_ids(model, tokenizer)
     if not ids:
         raise BackendError("the tokenizer defines no EOS token; completions could never stop")
     return ids

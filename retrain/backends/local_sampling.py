@@ -35,6 +35,18 @@ class _Rows:
     finished: list[bool]
 
 
+def eos_ids(model, tokenizer) -> set[int]:
+    """The tokens that end a completion: the tokenizer's and the generation config's EOS
+    (empty when neither defines one)."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return ids
+
+
 def cache_keyword(model) -> str:
     """The name a model's forward takes its KV cache under: `cache` in transformers >= 5.2x
     (which deprecates `past_key_values`), `past_key_values` before."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from retrain.errors import UserError
+from retrain.figures import figure_class, save_png
 from retrain.results.run_rows import number, read_rows
 from retrain.results.stats import estimate
 from retrain.status import scan_campaign
@@ -34,7 +35,7 @@ def plot_campaign(campaign_dir: Path, out: Path | None = None) -> Path:
         curves.setdefault(r.condition or "-", []).append((r.name, rows))
     if not curves:
         raise UserError(f"{folder}: no run of this campaign has metrics to plot yet")
-    figure_cls = _matplotlib()
+    figure_cls = figure_class()
     fig = figure_cls(figsize=FIGSIZE, layout="constrained")
     axes = fig.subplots(1, len(PANELS))
     colors = [f"C{i % 10}" for i in range(len(curves))]
@@ -43,20 +44,7 @@ def plot_campaign(campaign_dir: Path, out: Path | None = None) -> Path:
     note = f"; left out: {', '.join(left_out)}" if left_out else ""
     fig.suptitle(f"campaign {camp.name}: mean over seeds with 95% band{note}", fontsize=12)
     out = Path(out) if out is not None else folder / CAMPAIGN_PLOT_FILE
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=DPI)
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write the plot ({exc.strerror or exc})") from exc
-    return out
-
-
-def _matplotlib():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise UserError("retrain plot needs matplotlib: pip install 'retrain[plot]'") from exc
-    return Figure
+    return save_png(fig, out, dpi=DPI)
 
 
 def _panel(ax, key: str, title: str, curves: dict, colors: list[str]) -> None:

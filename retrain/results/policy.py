@@ -19,17 +19,6 @@ from retrain.errors import UserError
 from retrain.results.run_checkpoint import Checkpoint
 
 
-def eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    """The tokens that end a completion: the tokenizer's and the generation config's EOS."""
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
-    return ids
-
-
 class LocalPolicy:
     """Base model + the checkpoint's adapter, in eval mode."""
 
@@ -37,6 +26,8 @@ class LocalPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
+        from retrain.backends.local_sampling import eos_ids
+
         self.eos_ids = eos_ids(model, tokenizer)
         if not self.eos_ids:
             raise UserError("the tokenizer defines no EOS token; completions could never stop")
