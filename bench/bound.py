@@ -3,8 +3,9 @@
 In one process: load the configured model and LoRA adapter (the `bench.step_time` configs),
 then for `--steps` rounds (after one warm-up) alternate
 - measuring the matmul throughput at the shapes each phase really runs (every linear layer of
-  the model at the phase's rows: the prompts' prefill, the decode batch, a training
-  micro-batch; the LM head at the rows that get logits), best of the rounds, and
+  the model, each with its own weight so that they stream from memory as in the model, at the
+  phase's rows: the prompts' prefill, the decode batch, a training micro-batch; the LM head at
+  the rows that get logits), best of the rounds, and
 - a real step: `LocalBackend.sample` (prompts x group, temperature 1), then
   `forward_backward` + `optim_step`, median of the rounds.
 The memory bandwidth is a large copy. FLOPs and bytes of each phase come from

@@ -47,15 +47,18 @@ def best_seconds(fn: Callable[[], object], repeat: int = 5, min_time: float = 0.
 
 def gemm_gflops(shapes: list[Gemm], dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu", repeat: int = 5) -> float:
-    """GFLOP/s of running every shape `count` times (the shapes of one model pass)."""
+    """GFLOP/s of running every shape `count` times (the shapes of one model pass), each
+    with its own weight, as a model's layers have: weights larger than the caches stream from
+    memory as they do in the model."""
     gen = torch.Generator().manual_seed(0)
     pairs = [(torch.randn(s.m, s.k, generator=gen).to(device, dtype),
-              torch.randn(s.n, s.k, generator=gen).to(device, dtype), s.count) for s in shapes]
+              [torch.randn(s.n, s.k, generator=gen).to(device, dtype) for _ in range(s.count)])
+             for s in shapes]
 
     def sweep() -> None:
         with torch.inference_mode():
-            for x, w, count in pairs:
-                for _ in range(count):
+            for x, weights in pairs:
+                for w in weights:
                     torch.nn.functional.linear(x, w)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
