@@ -25,10 +25,6 @@ def ordered(row: dict, bp: dict) -> dict:
     return out
 
 
-def groups_of(values: list[float], size: int) -> list[list[float]]:
-    return [values[i:i + size] for i in range(0, len(values), size)]
-
-
 def logprob_diff(datums: list[Datum], trainer_logprobs: list[list[float]]) -> float | None:
     """Mean |trainer - sampler| log-prob over the completion tokens (~0 means same policy)."""
     total, count = 0.0, 0

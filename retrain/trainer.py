@@ -131,12 +131,15 @@ class _Sampled:
     """What one attempt at a step produced, before the metrics row is assembled."""
 
     row: dict
-    tokens: int
+    work: StepWork                       # what the step did, for the back-pressure controller
     errors: list[str] = field(default_factory=list)
     flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
     bytes_moved: float | None = None
     noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
-    work: StepWork | None = None         # what the step did, for the back-pressure controller
+
+    @property
+    def tokens(self) -> int:
+        return self.work.sampled_tokens
 
 
 class Trainer:
@@ -376,7 +379,7 @@ class Trainer:
         work = step_work([[(len(e.ledger.tokens) - e.ledger.sampled_tokens,
                             e.ledger.sampled_tokens) for e in g] for g in result.groups],
                          advantages)
-        sampled = _Sampled(row=row, tokens=work.sampled_tokens, work=work,
+        sampled = _Sampled(row=row, work=work,
                            errors=list(rollout.host.errors)
                            + [f"episode {e.id}: {e.error}" for e in episodes if e.error])
         self._add_estimates(sampled, result, batch_size)
