@@ -376,7 +376,7 @@ class Trainer:
                    trained_completions=len(datums),
                    sample_staleness=ahead.staleness if ahead is not None else 0)
         episodes = [e for g in result.groups for e in g]
-        work = step_work([[(len(e.ledger.tokens) - e.ledger.sampled_tokens,
+        work = step_work([[(e.ledger.context_tokens,
                             e.ledger.sampled_tokens) for e in g] for g in result.groups],
                          advantages)
         sampled = _Sampled(row=row, work=work,
@@ -426,7 +426,7 @@ class Trainer:
         metrics = self._train_metrics
         cost = self.backend.cost_model
         if cost is not None:
-            est = step_cost(cost, [len(g[0].ledger.tokens) - g[0].ledger.sampled_tokens
+            est = step_cost(cost, [g[0].ledger.context_tokens
                                    for g in result.groups],
                             [[e.ledger.sampled_tokens for e in g] for g in result.groups],
                             int(metrics.get("tokens", 0)),

@@ -107,3 +107,8 @@ class Ledger:
     @property
     def sampled_tokens(self) -> int:
         return int(sum(self.mask))
+
+    @property
+    def context_tokens(self) -> int:
+        """The tokens the model did not sample: the prompt and every environment part."""
+        return len(self.tokens) - self.sampled_tokens
