@@ -17,7 +17,7 @@ FLOORS = {
         "control.roofline", "control.goodput", "control.bound", "control.work",
         "control.concurrency",
         "control.gradnoise", "control.stepcost", "control.capacity", "campaign.matrix",
-        "campaign.plan", "ray_address"],
+        "campaign.plan", "ray_address", "seeds"],
     2: ["backends", "backends.base", "backends.local", "backends.local_sampling",
         "backends.local_checkpoint", "backends.local_cache", "backends.local_device",
         "backends.local_lora", "backends.local_loss", "backends.tinker", "backends.tinker_wire",
