@@ -22,6 +22,7 @@ FLOORS = {
         "backends.local_checkpoint", "backends.local_cache", "backends.local_device",
         "backends.local_lora", "backends.local_loss", "backends.tinker", "backends.tinker_wire",
         "backends.tinker_rate_limit", "backends.tinker_pending", "backends.tinker_overload",
+        "backends.tinker_slot_lease",
         "slots", "slots_ray", "slot_semaphore",
         "environments", "environments.tasks", "environments.rewards", "environments.scorer",
         "environments.kinds", "environments.task_kind", "environments.python_kind",
