@@ -99,7 +99,6 @@ class SlotLease:
         self._taking: asyncio.Future | None = None   # event loop only from here down
         self._in_flight = 0
         self.closed = False
-        self.given_back = 0                    # slots given back on an overload answer
         self._waited_s = 0.0
         self._waiting_since: float | None = None
 
@@ -148,7 +147,6 @@ class SlotLease:
         with self._lock:
             hold, self._hold = self._hold, None
         if hold is not None:
-            self.given_back += 1
             await asyncio.wrap_future(hold.give_back())  # the SDK sleeps only once it is free
 
     def close(self) -> None:
