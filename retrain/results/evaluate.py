@@ -154,7 +154,8 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         policy = load_policy(cfg, ckpt, run_dir)
         prompts = [render_prompt(policy.tokenizer, p, cfg.data) for p in problems]
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
-                                seed=cfg.training.seed if temperature > 0 else None)
+                                seed=cfg.training.seed if temperature > 0 else None,
+                                stop_strings=tuple(cfg.training.stop))
         chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
         groups = policy.sample(prompts, k, params, chunk=chunk)
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
