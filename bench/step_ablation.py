@@ -65,6 +65,9 @@ def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
     return float(total.detach())
 
 
+_MULTINOMIAL: dict = {}
+
+
 def multinomial_draw(logprobs, params, generator):
     """The draw before issue 29: `torch.multinomial`, one exponential per vocabulary entry."""
     import torch
@@ -77,6 +80,8 @@ def multinomial_draw(logprobs, params, generator):
         before = sorted_p.cumsum(dim=-1) - sorted_p
         sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    if isinstance(generator, torch.Tensor):  # the rows' uniforms: draw from a stream of its own
+        generator = _MULTINOMIAL.setdefault("g", torch.Generator().manual_seed(1))
     if isinstance(generator, torch.Generator):
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)

@@ -177,6 +177,9 @@ class TrainingConfig:
                              lo=0.01)
     top_p: float = opt(1.0, "nucleus sampling; < 1 biases the importance ratio (see README)",
                        lo=0, hi=1, lo_open=True)
+    stop: list[str] = opt([], "stop strings: a completion ends with the token that completes "
+                          "one (the text stays in it, as tinker's SamplingParams.stop); "
+                          "also in the held-out eval", factory=True)
     micro_batch_size: int = opt(0, "sequences per forward/backward chunk (0 = automatic)", lo=0,
                                 hi=MAX_COMPLETIONS)
     save_every: int = opt(10, "checkpoint every N steps (and always at the end; 0 = end only)",

@@ -21,10 +21,11 @@ class EvalResult:
 
 
 def evaluate(backend: Backend, prompts: list[TokenIds], problems: list[Problem], scorer: Any,
-             max_tokens: int, chunk: int = 64) -> EvalResult:
-    """One greedy completion per held-out problem (temperature 0), scored like training."""
+             max_tokens: int, chunk: int = 64, stop: tuple[str, ...] = ()) -> EvalResult:
+    """One greedy completion per held-out problem (temperature 0), scored like training;
+    `stop`: training.stop, the stop strings."""
     start = time.perf_counter()
-    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_strings=stop)
     texts: list[str] = []
     for i in range(0, len(prompts), chunk):
         groups = backend.sample(prompts[i:i + chunk], 1, greedy)
@@ -37,10 +38,12 @@ def evaluate(backend: Backend, prompts: list[TokenIds], problems: list[Problem],
                       seconds=time.perf_counter() - start, n=n)
 
 
-def evaluate_episodes(rollout: Rollout, seeds: list[int], max_tokens: int) -> EvalResult:
+def evaluate_episodes(rollout: Rollout, seeds: list[int], max_tokens: int,
+                      stop: tuple[str, ...] = ()) -> EvalResult:
     """One greedy episode per held-out seed: the success rate and the mean episode reward."""
     start = time.perf_counter()
-    result = rollout.run(seeds, 1, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    result = rollout.run(seeds, 1, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                  stop_strings=stop))
     episodes = [g[0] for g in result.groups]
     n = len(episodes)
     return EvalResult(accuracy=sum(e.success for e in episodes) / n if n else 0.0,

@@ -463,7 +463,8 @@ class Trainer:
     def _sampling_params(self, step: int) -> SamplingParams:
         training = self.training
         return SamplingParams(max_tokens=training.max_tokens, temperature=training.temperature,
-                              top_p=training.top_p, seed=derive_seed(training.seed, step, "sample"))
+                              top_p=training.top_p, seed=derive_seed(training.seed, step, "sample"),
+                              stop_strings=tuple(training.stop))
 
     def _sample_ahead(self, step: int) -> None:
         """max_steps_off_policy = 1: start sampling `step`'s batch now, before this step's
@@ -493,13 +494,14 @@ class Trainer:
     def _evaluate(self):
         if self.rollouts.make_eval is not None:  # an environment: held-out episodes
             seeds = heldout_episode_seeds(self.training.seed, self.cfg.data.eval_size)
-            return evaluate_episodes(self.rollouts.eval, seeds, self.training.max_tokens)
+            return evaluate_episodes(self.rollouts.eval, seeds, self.training.max_tokens,
+                                     stop=tuple(self.training.stop))
         if self._eval_prompts is None:
             self._eval_prompts = [render_prompt(self.backend.tokenizer, p, self.cfg.data)
                                   for p in self.splits.eval]
         chunk = max(16, self.training.batch_size * self.training.group_size)
         return evaluate(self.backend, self._eval_prompts, self.splits.eval, self.scorer,
-                        self.training.max_tokens, chunk=chunk)
+                        self.training.max_tokens, chunk=chunk, stop=tuple(self.training.stop))
 
     def _maybe_evaluate(self, step: int, row: dict) -> None:
         every, last = self.training.eval_every, self.training.max_steps

@@ -10,7 +10,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from retrain.backends.base import Completion  # noqa: E402
-from retrain.serve.stops import cut_at_stop_strings, first_stop_end  # noqa: E402
+from retrain.backends.stop_strings import cut_at_stop_strings, first_stop_end  # noqa: E402
 from tests.serve_doubles import Served  # noqa: E402
 
 

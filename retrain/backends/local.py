@@ -266,7 +266,8 @@ class LocalBackend:
             net.eval()
             return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
                                 pad_id=self.model.pad_id, generator=gen,
-                                make_cache=self._make_cache, cache_key=self.model.cache_key)
+                                make_cache=self._make_cache, cache_key=self.model.cache_key,
+                                decode=self.model.tokenizer.decode)
 
     def _make_cache(self) -> Any:
         from transformers import DynamicCache

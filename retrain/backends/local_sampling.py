@@ -6,9 +6,13 @@ float32 of `logits / temperature`, the same computation `forward_backward` repea
 choices that follow from owning the loop:
 - each distinct prompt is prefilled once; its KV cache is then repeated for its `n` samples;
 - the KV cache reserves room for prompt + max_tokens (`local_cache`): no copy per token;
-- rows that reached EOS leave the batch, so finished completions cost nothing more;
+- rows that reached EOS, a stop token or a stop string (`stop_strings.StopWatch`, asked
+  after every token) leave the batch, so finished completions cost nothing more;
 - a seeded `torch.Generator` drives sampling, so the global RNG is untouched; with one
-  generator per prompt, a prompt's draws do not depend on what else shares the batch.
+  generator per prompt, a prompt's draws do not depend on what else shares the batch;
+- every step draws one uniform for every row, finished or not, so a row's draws do not
+  depend on when the others end: a stop string cuts a completion exactly where cutting the
+  unstopped one afterwards would, and leaves the other rows' completions as they were.
 
 `top_p < 1` samples from the renormalised nucleus, but the returned log-probs stay those of
 the full tempered distribution (what the trainer recomputes): the ratio is exactly 1 before
@@ -24,6 +28,7 @@ import torch
 
 from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
 from retrain.backends.local_cache import reserve
+from retrain.backends.stop_strings import StopWatch
 
 
 @dataclass
@@ -85,9 +90,9 @@ def token_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def draw(logprobs: torch.Tensor, params: SamplingParams,
-         generator: torch.Generator | list[torch.Generator]) -> torch.Tensor:
+         generator: torch.Generator | list[torch.Generator] | torch.Tensor) -> torch.Tensor:
     """One token per row: greedy at temperature 0, else from the (nucleus of the) distribution.
-    `generator` is one for all rows, or one per row."""
+    `generator` is one for all rows, one per row, or the rows' uniforms already drawn."""
     if params.temperature == 0:
         return logprobs.argmax(dim=-1)
     probs = logprobs.exp()
@@ -96,7 +101,9 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
         sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return inverse_cdf(probs, uniforms(probs.shape[0], generator, probs.device))
+    u = generator if isinstance(generator, torch.Tensor) else \
+        uniforms(probs.shape[0], generator, probs.device)
+    return inverse_cdf(probs, u)
 
 
 def uniforms(rows: int, generator: torch.Generator | list[torch.Generator],
@@ -108,6 +115,16 @@ def uniforms(rows: int, generator: torch.Generator | list[torch.Generator],
         u = torch.cat([torch.rand(1, generator=g, device=device, dtype=torch.float64)
                        for g in generator])
     return 1.0 - u
+
+
+def step_uniforms(total: int, n: int, generator: torch.Generator | list[torch.Generator],
+                  device: torch.device) -> torch.Tensor:
+    """This decoding step's uniform for each of the `total` rows, finished ones included:
+    one `uniforms` call of all rows (a shared generator), or each prompt's `n` rows from its
+    own generator. The same numbers as drawing row by row while no row has finished."""
+    if isinstance(generator, torch.Generator):
+        return uniforms(total, generator, device)
+    return torch.cat([uniforms(n, g, device) for g in generator])
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -123,10 +140,11 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams, *,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
-                 make_cache, cache_key: str = "past_key_values") -> list[list[Completion]]:
+                 make_cache, cache_key: str = "past_key_values",
+                 decode=None) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
-    see `cache_keyword`."""
+    see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)
@@ -140,19 +158,22 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     total = len(prompts) * n
     rows = _Rows([[] for _ in range(total)], [[] for _ in range(total)], [False] * total)
     active = torch.arange(total, device=device)  # batch row -> completion index
-    eos = torch.tensor(sorted(eos_ids), device=device)
+    ends = torch.tensor(sorted(set(eos_ids) | set(params.stop_tokens)), device=device)
+    watch = _stop_watch(params, decode)
     for step in range(params.max_tokens):
         lp = token_logprobs(logits, params.temperature)
         if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
             raise DivergedError("sampling: the next-token probabilities are not finite (NaN "
                                 "or infinite logits): the weights diverged", sampling=True)
-        ids_now = active.tolist()
-        gen = generator if isinstance(generator, torch.Generator) else \
-            [generator[row // n] for row in ids_now]
-        tok = draw(lp, params, gen)
+        u = None if params.temperature == 0 else \
+            step_uniforms(total, n, generator, device)[active]
+        tok = draw(lp, params, u)
         tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
-        done = torch.isin(tok, eos)
+        done = torch.isin(tok, ends)
+        ids_now = active.tolist()
         _record(rows, ids_now, tok.tolist(), tok_lp.tolist(), done.tolist())
+        if watch:
+            done = _stopped(rows, ids_now, watch, done)
         if step == params.max_tokens - 1 or bool(done.all()):
             break
         if bool(done.any()):
@@ -167,6 +188,25 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length")
             for t, lp, f in zip(rows.tokens, rows.logprobs, rows.finished, strict=True)]
     return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def _stop_watch(params: SamplingParams, decode) -> StopWatch:
+    if params.stop_strings and decode is None:
+        raise ValueError("sample_batch: stop_strings need the tokenizer's decode")
+    return StopWatch(params.stop_strings, decode)
+
+
+def _stopped(rows: _Rows, active: list[int], watch: StopWatch,
+             done: torch.Tensor) -> torch.Tensor:
+    """`done`, and the rows whose newest token completed a stop string (marked finished)."""
+    hits = [not d and watch.hit(rows.tokens[row]) for row, d in zip(active, done.tolist(),
+                                                                    strict=True)]
+    if not any(hits):
+        return done
+    for row, h in zip(active, hits, strict=True):
+        if h:
+            rows.finished[row] = True
+    return done | torch.tensor(hits, device=done.device)
 
 
 def _record(rows: _Rows, active: list[int], toks: list[int], lps: list[float],

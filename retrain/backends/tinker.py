@@ -37,6 +37,7 @@ import numpy as np
 from retrain import runlog
 from retrain.backends import tinker_slot_lease as slot_lease
 from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
+from retrain.backends.stop_strings import cut_at_stop_strings
 from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
 from retrain.backends.tinker_pending import PendingLoss, SampleJob
 from retrain.backends.tinker_rate_limit import (
@@ -340,16 +341,21 @@ class TinkerBackend:
         sampler_job = self._sampler_job()
         types = self._tinker.types
         stop = sorted(stop_ids(self.tokenizer))
+        # The SDK's `stop` takes token ids or strings, not both: with stop strings the EOS ids
+        # are cut here afterwards (and the strings too, should the service not stop on them).
+        wire_stop = list(params.stop_strings) or stop or None
+        decode = self.tokenizer.decode
 
         def one(i: int, prompt: TokenIds) -> list[Completion]:
             sp = types.SamplingParams(
                 max_tokens=params.max_tokens, temperature=params.temperature,
-                top_p=params.top_p, stop=stop or None,
+                top_p=params.top_p, stop=wire_stop,
                 seed=None if params.seed is None else params.seed + i)
             sampler = sampler_job.result()  # its save may still be landing: wait here, not above
             res = self._call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
-            out = [completion_of(s, set(stop)) for s in res.sequences]
+            out = [cut_at_stop_strings(completion_of(s, set(stop)), params.stop_strings, decode)
+                   for s in res.sequences]
             self.slots.record(completions=len(out), tokens=sum(len(c.tokens) for c in out))
             return out
 

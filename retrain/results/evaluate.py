@@ -185,7 +185,8 @@ def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, 
         rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
                                   run_dir, _OneBatch(policy), scorer=None, problems=[])
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
-                                seed=cfg.training.seed if temperature > 0 else None)
+                                seed=cfg.training.seed if temperature > 0 else None,
+                                stop_strings=tuple(cfg.training.stop))
         seeds = heldout_episode_seeds(cfg.training.seed, cfg.data.eval_size)
         return rollouts.eval.run(seeds, k, params).groups
     finally:
@@ -217,7 +218,8 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         policy = load_policy(cfg, ckpt, run_dir)
         prompts = [render_prompt(policy.tokenizer, p, cfg.data) for p in problems]
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
-                                seed=cfg.training.seed if temperature > 0 else None)
+                                seed=cfg.training.seed if temperature > 0 else None,
+                                stop_strings=tuple(cfg.training.stop))
         chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
         groups = policy.sample(prompts, k, params, chunk=chunk)
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]

@@ -84,17 +84,21 @@ class LocalPolicy:
         for i in range(0, len(prompts), chunk):
             out += sample_batch(self.model, prompts[i:i + chunk], n, params,
                                 eos_ids=self.eos_ids, pad_id=self.pad_id, generator=generator,
-                                make_cache=lambda: DynamicCache(config=self.model.config))
+                                make_cache=lambda: DynamicCache(config=self.model.config),
+                                decode=self.tokenizer.decode)
         return out
 
     def stream(self, prompt: TokenIds, params: SamplingParams) -> Iterator[int]:
-        """The tokens of one completion as they are drawn (EOS not included)."""
+        """The tokens of one completion as they are drawn (EOS not included; a stop string's
+        last token is)."""
         import torch
         from transformers import DynamicCache
 
         from retrain.backends.local_sampling import draw, token_logprobs
+        from retrain.backends.stop_strings import StopWatch
 
         generator = torch.Generator(self.device).manual_seed(params.seed or 0)
+        watch, tokens = StopWatch(params.stop_strings, self.tokenizer.decode), []
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         with torch.inference_mode():
@@ -105,5 +109,8 @@ class LocalPolicy:
                 if int(tok) in self.eos_ids:
                     return
                 yield int(tok)
+                tokens.append(int(tok))
+                if watch and watch.hit(tokens):
+                    return
                 logits = self.model(input_ids=tok[:, None], past_key_values=cache,
                                     use_cache=True, logits_to_keep=1).logits[:, -1]

@@ -95,7 +95,7 @@ def _converse(policy: Any, cfg: Any, ckpt: Any, run_dir: Path, req: SampleReques
     params = SamplingParams(
         max_tokens=req.max_tokens or cfg.training.max_tokens,
         temperature=cfg.training.temperature if req.temperature is None else req.temperature,
-        seed=cfg.training.seed)
+        seed=cfg.training.seed, stop_strings=tuple(cfg.training.stop))
     if not req.interactive:
         reply(policy, render(policy.tokenizer, [{"role": "user", "content": req.prompt}],
                              cfg.data.chat_template), params, out)

@@ -1,11 +1,11 @@
 """`retrain serve`: a Tinker-API-compatible server over the local backend.
 
 Modules: `engine` (what the server needs from a model), `local_engine` (that, over the
-local backend), `wire` (protobuf <-> the backend datatypes), `validate` (every check of
-what clients send), `stops` (stop strings), `futures` (long-polled results), `ordering`
-(seq_id order per model), `checkpoints` (tinker:// paths <-> folders), `service` (the API's
-semantics), `errors` (ApiError), `guard` (key check, added delay, body cap, traffic count,
-fault injection), `app` (Starlette routes), `server` (uvicorn).
+local backend; stop tokens and strings end rows in the sampler), `wire` (protobuf <-> the
+backend datatypes), `validate` (every check of what clients send), `futures` (long-polled
+results), `ordering` (seq_id order per model), `checkpoints` (tinker:// paths <->
+folders), `service` (the API's semantics), `errors` (ApiError), `guard` (key check, added
+delay, body cap, traffic count, fault injection), `app` (Starlette routes), `server` (uvicorn).
 """
 
 from retrain.serve.server import ServerThread, serve_forever

@@ -28,7 +28,6 @@ import numpy as np
 from retrain.backends.base import (
     AdamParams,
     BackendError,
-    Completion,
     Datum,
     DivergedError,
     LossConfig,
@@ -39,7 +38,6 @@ from retrain.backends.local import LocalBackend, LocalModel
 from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
 from retrain.config import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
-from retrain.serve.stops import cut_at_stop_strings
 
 
 class LocalEngine:
@@ -200,7 +198,8 @@ class LocalEngine:
         seed (a random one where the request gave none) and prompts of one length are decoded
         together (padding changes the numbers, in bfloat16 enough to flip a draw), so a seeded
         request's completions do not depend on what it was batched with."""
-        key = (snap, n, params.max_tokens, params.temperature, params.top_p)
+        key = (snap, n, params.max_tokens, params.temperature, params.top_p,
+               params.stop_tokens, params.stop_strings)
         mine = _Queued(prompt, params.seed)
         with self._lock:
             self._queued.setdefault(key, []).append(mine)
@@ -214,11 +213,7 @@ class LocalEngine:
             raise EngineError(str(mine.error))
         if mine.error is not None:
             raise mine.error
-        stops = set(params.stop_tokens) - self.model.eos_ids
-        decode = self.model.tokenizer.decode
-        sequences = [cut_at_stop_strings(_cut(c, stops), params.stop_strings, decode)
-                     for c in mine.result]
-        return SampleResult(sequences, self._prompt_logprobs(snap, prompt) if prompt_logprobs
+        return SampleResult(mine.result, self._prompt_logprobs(snap, prompt) if prompt_logprobs
                             else None)
 
     def _prompt_logprobs(self, snap: Any, prompt: list[int]) -> list[float]:
@@ -234,7 +229,8 @@ class LocalEngine:
     def _decode(self, batch: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
         # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
         common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
-                                top_p=params.top_p)
+                                top_p=params.top_p, stop_tokens=params.stop_tokens,
+                                stop_strings=params.stop_strings)
         seeds = None
         if any(q.seed is not None for q in batch):
             seeds = [int(self._seeds.integers(2**63)) if q.seed is None else q.seed
@@ -298,11 +294,3 @@ def _forward_only(backend: LocalBackend, data: list[Datum], loss: LossConfig) ->
             else:
                 total -= float((ratio * adv).sum())
     return LossOutput(total, [np.asarray(lp, dtype=np.float32) for lp in logprobs])
-
-
-def _cut(c: Completion, stops: set[int]) -> Completion:
-    """Apply extra stop tokens the model's EOS set does not cover."""
-    for i, t in enumerate(c.tokens):
-        if t in stops:
-            return Completion(c.tokens[:i + 1], c.logprobs[:i + 1], "stop")
-    return Completion(list(c.tokens), list(c.logprobs), c.finish_reason)
