@@ -118,10 +118,14 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         runner.wait()
         time.sleep(4)  # a cluster owned by the runner would have taken its runs down by now
         assert own.processes(), "the campaign's cluster died with its runner"
-        after = _wait_for(lambda: (p := _progress(campaign)) and all(
-            p[name] > step for name, step in before.items()) and p, 120,
+        mid = _progress(campaign)
+        assert set(mid) == set(before)
+        for name in mid:  # the run processes are alive, and they keep stepping
+            state = runlog.load_state(campaign / name)
+            assert runlog.pid_alive(state.pid, state.host), name
+        _wait_for(lambda: (p := _progress(campaign)) and all(
+            p[name] > step for name, step in mid.items()), 120,
             "the runs to keep stepping without their runner")
-        assert set(after) == set(before)
         again = subprocess.run([sys.executable, "-m", "retrain", str(path)], env=env,
                                capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stdout + again.stderr

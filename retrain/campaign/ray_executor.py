@@ -224,6 +224,7 @@ class RayExecutor:
             except ConnectionError:
                 own = ray_cluster.start(self.campaign_dir, self.key)
         self.own_cluster = own
+        own.use_auth_mode()
         slots_ray.connect(own.address)
 
     def worker_env(self, max_concurrent: int) -> dict[str, str]:
