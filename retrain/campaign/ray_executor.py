@@ -270,7 +270,7 @@ class RayExecutor:
 
     def close(self, finished: bool) -> None:
         """At the end: drop the slot actor once no run of this campaign can use it, and stop
-        the campaign's own cluster unless another campaign runs on it."""
+        the campaign's own cluster unless other actors are on it."""
         import ray
 
         broker = slots_ray.find_broker(self.broker_name)
@@ -287,7 +287,7 @@ class RayExecutor:
             return
         others = [a for a in ray.util.list_named_actors(all_namespaces=True)
                   if a.get("namespace") != NAMESPACE or self.key not in a.get("name", "")]
-        if others:  # another campaign's runs (or someone's actors): the last one stops it
+        if others:  # a campaign pointed at its address, or someone's actors: left running
             return
         ray.shutdown()
         ray_cluster.stop(self.campaign_dir, own)
