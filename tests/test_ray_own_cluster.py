@@ -144,3 +144,35 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
         if leftover is not None:
             ray_cluster.stop(campaign, leftover)
+
+
+def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
+    """Ctrl-C: the runs checkpoint and stop, and with nothing of the campaign running the
+    runner stops the cluster it started; nothing of Ray is left."""
+    env = {k: v for k, v in cli_env.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=str(ray_tmp), RAY_TMPDIR=str(ray_tmp), RETRAIN_TEST_REWARD_DELAY="0.5")
+    (tmp_path / "score.py").write_text(REWARD)
+    path = tmp_path / "exp.toml"
+    path.write_text(tiny_campaign_toml(
+        tmp_path / "logs", "[1]", max_steps=STEPS, max_workers=1, training="save_every = 1",
+        campaign='executor = "ray"', tables=TABLES.format(function=tmp_path / "score.py")))
+    campaign = tmp_path / "logs" / "exp"
+    with open(tmp_path / "out.txt", "w") as out:
+        runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    own = None
+    try:
+        _wait_for(lambda: _progress(campaign), 240, "the run placed and at step 1")
+        own = ray_cluster._read(campaign / ray_cluster.RECORD)
+        assert own is not None
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(timeout=120) == 130, (tmp_path / "out.txt").read_text()
+        assert not (campaign / ray_cluster.RECORD).exists()
+        _wait_for(lambda: not ray_cluster._group_members(own.pgid)
+                  and not _ray_processes(ray_tmp), 30, "the cluster's processes to exit")
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
+        if leftover is not None:
+            ray_cluster.stop(campaign, leftover)
