@@ -120,6 +120,10 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         assert own.processes(), "the campaign's cluster died with its runner"
         mid = _progress(campaign)
         assert set(mid) == set(before)
+        explain = subprocess.run([sys.executable, "-m", "retrain", "explain", str(path)],
+                                 env=env, capture_output=True, text=True, timeout=120)
+        assert f"the campaign's own cluster at {own.address}" in explain.stdout, \
+            explain.stdout + explain.stderr
         for name in mid:  # the run processes are alive, and they keep stepping
             state = runlog.load_state(campaign / name)
             assert runlog.pid_alive(state.pid, state.host), name

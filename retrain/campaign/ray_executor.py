@@ -308,14 +308,19 @@ def run_actor_name(key: str, run: str, attempt: int) -> str:
     return f"run:{key}:{run}:{attempt}"
 
 
-def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
+def describe_cluster(cfg: Config, plan: CampaignPlan,
+                     campaign_dir: Path | None = None) -> tuple[str, int | None]:
     """For `explain`: the reachable cluster's resources and how many runs fit on it at once
-    (None when Ray is missing or no cluster answers; nothing is started)."""
+    (None when Ray is missing or no cluster answers; nothing is started). Without a
+    configured address, the campaign's own cluster comes first, as for the run."""
     named = slots_ray.explicit_address(plan.ray_address) not in ray_address.KEYWORDS
+    own = None if named or campaign_dir is None else ray_cluster.recorded(campaign_dir)
     try:
         import ray
 
-        slots_ray.connect(plan.ray_address)
+        if own is not None:
+            own.use_auth_mode()
+        slots_ray.connect(own.address if own is not None else plan.ray_address)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     except ConnectionError as exc:
         if named:  # the run would stop here too: say so now, in one line
@@ -328,6 +333,8 @@ def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     text = (f"{len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU; each run asks "
             f"cpu = {res['cpu']:g}, gpu = {res['gpu']:g}")
+    if own is not None:
+        text = f"the campaign's own cluster at {own.address} (started by its runner), {text}"
     return text, fits
 
 
