@@ -94,7 +94,7 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
     if camp.is_campaign and camp.executor == "ray":
         from retrain.campaign.ray_executor import describe_cluster  # imports Ray only here
 
-        cluster, fits = describe_cluster(cfg, camp)
+        cluster, fits = describe_cluster(cfg, camp, folder)
         fits = min(fits, par) if fits is not None else None
     return Report(
         config_file=str(path), kind="campaign" if camp.is_campaign else "single run", name=name,

@@ -214,8 +214,8 @@ def connect(address: str = "") -> None:
     """Join the cluster at `address`, $RAY_ADDRESS or the one running on this machine;
     ConnectionError when there is none, or the address is malformed or does not answer (a
     campaign then starts its own: `campaign.ray_cluster`). Keeps this process's SIGTERM
-    handler: ray.init
-    replaces it with an exit, and the trainer's handler is what checkpoints on SIGTERM."""
+    handler: ray.init replaces it with an exit, and the trainer's handler is what
+    checkpoints on SIGTERM."""
     import signal
 
     import ray

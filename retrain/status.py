@@ -369,6 +369,8 @@ def _ray_slots_in_use(actor: str, manifest: dict, folder: Path) -> int | None:
         from retrain.slots_ray import connect, find_broker
 
         own = None if manifest.get("ray_address") else recorded(folder)
+        if own is not None:
+            own.use_auth_mode()
         connect(own.address if own else str(manifest.get("ray_address") or ""))
         broker = find_broker(actor)
         return None if broker is None else int(ray.get(broker.stats.remote(), timeout=5)["in_use"])

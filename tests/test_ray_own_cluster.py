@@ -118,10 +118,18 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         runner.wait()
         time.sleep(4)  # a cluster owned by the runner would have taken its runs down by now
         assert own.processes(), "the campaign's cluster died with its runner"
-        after = _wait_for(lambda: (p := _progress(campaign)) and all(
-            p[name] > step for name, step in before.items()) and p, 120,
+        mid = _progress(campaign)
+        assert set(mid) == set(before)
+        explain = subprocess.run([sys.executable, "-m", "retrain", "explain", str(path)],
+                                 env=env, capture_output=True, text=True, timeout=120)
+        assert f"the campaign's own cluster at {own.address}" in explain.stdout, \
+            explain.stdout + explain.stderr
+        for name in mid:  # the run processes are alive, and they keep stepping
+            state = runlog.load_state(campaign / name)
+            assert runlog.pid_alive(state.pid, state.host), name
+        _wait_for(lambda: (p := _progress(campaign)) and all(
+            p[name] > step for name, step in mid.items()), 120,
             "the runs to keep stepping without their runner")
-        assert set(after) == set(before)
         again = subprocess.run([sys.executable, "-m", "retrain", str(path)], env=env,
                                capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stdout + again.stderr
@@ -131,6 +139,38 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
             assert e.status == "completed" and e.attempts == 1, e
             assert _steps(campaign / e.name) == list(range(1, STEPS + 1))
         # The campaign is over: its cluster is stopped, forgotten, and nothing of Ray is left.
+        assert not (campaign / ray_cluster.RECORD).exists()
+        _wait_for(lambda: not ray_cluster._group_members(own.pgid)
+                  and not _ray_processes(ray_tmp), 30, "the cluster's processes to exit")
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
+        if leftover is not None:
+            ray_cluster.stop(campaign, leftover)
+
+
+def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
+    """Ctrl-C: the runs checkpoint and stop, and with nothing of the campaign running the
+    runner stops the cluster it started; nothing of Ray is left."""
+    env = {k: v for k, v in cli_env.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=str(ray_tmp), RAY_TMPDIR=str(ray_tmp), RETRAIN_TEST_REWARD_DELAY="0.5")
+    (tmp_path / "score.py").write_text(REWARD)
+    path = tmp_path / "exp.toml"
+    path.write_text(tiny_campaign_toml(
+        tmp_path / "logs", "[1]", max_steps=STEPS, max_workers=1, training="save_every = 1",
+        campaign='executor = "ray"', tables=TABLES.format(function=tmp_path / "score.py")))
+    campaign = tmp_path / "logs" / "exp"
+    with open(tmp_path / "out.txt", "w") as out:
+        runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    own = None
+    try:
+        _wait_for(lambda: _progress(campaign), 240, "the run placed and at step 1")
+        own = ray_cluster._read(campaign / ray_cluster.RECORD)
+        assert own is not None
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(timeout=120) == 130, (tmp_path / "out.txt").read_text()
         assert not (campaign / ray_cluster.RECORD).exists()
         _wait_for(lambda: not ray_cluster._group_members(own.pgid)
                   and not _ray_processes(ray_tmp), 30, "the cluster's processes to exit")

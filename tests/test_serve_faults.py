@@ -355,20 +355,21 @@ class HoldLog:
         self.sem.record_error(status)
 
 
-def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, sdk_env, tiny_model,
-                                                          monkeypatch):
-    """Three backends share one API slot (the real file semaphore) against a serve that
-    answers 429 to a third of sample, forward_backward, optim_step and result polls. The SDK
-    backs off and sends again (training requests under their seq_id), and every such sleep
-    is slot-free: no call holds a slot while it sleeps. Every step still lands exactly once."""
+def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, python, monkeypatch):
+    """Three backends share one API slot (the real file semaphore) against a `retrain serve`
+    process that answers 429 to a third of sample, forward_backward, optim_step and result
+    polls. The SDK backs off and sends again (training requests under their seq_id), and
+    every such sleep is slot-free: no call holds a slot while it sleeps. Every step still
+    lands exactly once (the optimizer's step count in each adapter's saved state)."""
     import asyncio
 
     import anyio
+    import torch
 
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
     from retrain.backends.tinker import TinkerBackend
-    from retrain.serve.guard import FaultPlan
     from retrain.slots import CountingSemaphore
+    from tests.run_helpers import read_serve_url
 
     sleeps: list[tuple[int, float, float]] = []
 
@@ -397,35 +398,44 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, sdk_env, tiny_
             CALL.reset(token)
 
     monkeypatch.setattr(TinkerBackend, "_call", named_call)
+    monkeypatch.setenv("TINKER_API_KEY", KEY)
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
     slots = HoldLog(CountingSemaphore(tmp_path / "slots", 1))
-    faults = FaultPlan(rates={"429": 0.34}, seed=5, after=4, routes=frozenset(
-        {"asample", "forward_backward", "optim_step", "retrieve_future"}))
+    state_dir = tmp_path / "serve-state"
+    env = {**cli_env, "RETRAIN_SERVE_DIR": str(state_dir), "RETRAIN_SERVE_FAULTS":
+           "429=0.34,seed=5,after=4,routes=asample+forward_backward+optim_step+retrieve_future"}
+    serve = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+                              "--port", "0", "--dtype", "float32", "--api-key", KEY],
+                             env=env, stderr=subprocess.PIPE, text=True)
     steps = 3
-    with Served(BigramEngine(vocab=260, eos=2, tokenizer_id=tiny_model), tmp_path,
-                hold_s=2.0, faults=faults) as served:
+    try:
+        url = read_serve_url(serve, 120)
+
         def holder(seed: int) -> str:
-            backend = TinkerBackend(base_model="bigram-test", lora_rank=2, seed=seed,
-                                    base_url=served.url, request_timeout_s=120, slots=slots)
+            backend = TinkerBackend(base_model="tiny-random", lora_rank=2, seed=seed,
+                                    base_url=url, request_timeout_s=120, slots=slots)
             try:
+                prompt = backend.tokenizer.encode("ab")
                 for _ in range(steps):
-                    comps = backend.sample([[1, 70, 71]], 4, SamplingParams(max_tokens=4,
-                                                                            seed=seed))[0]
-                    datums = [make_datum([1, 70, 71], c, 0.5 - i % 2)
-                              for i, c in enumerate(comps)]
+                    comps = backend.sample([prompt], 4, SamplingParams(max_tokens=4,
+                                                                       seed=seed))[0]
+                    datums = [make_datum(prompt, c, 0.5 - i % 2) for i, c in enumerate(comps)]
                     backend.forward_backward(datums, LossConfig(name="importance_sampling"))
                     backend.optim_step(AdamParams(learning_rate=0.01))
-                return backend.training.model_id
+                return backend.save_state("final")
             finally:
                 backend.close()
 
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            models = list(pool.map(holder, [1, 2, 3]))
-        ops = served.engine.calls
-        injected = served.traffic.faults.get("429", 0)
-    for model in models:  # each step exactly once, however often its requests were refused
-        assert sum(op == ("optim_step", model) for op in ops) == steps
-        assert sum(op == ("forward_backward", model) for op in ops) == steps
-    assert injected >= 5 and len(sleeps) >= 5, (injected, sleeps)
+            saved = list(pool.map(holder, [1, 2, 3]))
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    for path in saved:  # each step exactly once, however often its requests were refused
+        folder = state_dir / "runs" / path.removeprefix("tinker://")
+        adam = torch.load(folder / "optimizer.pt", weights_only=True)["state"]
+        assert adam and {int(p["step"]) for p in adam.values()} == {steps}, path
+    assert len(sleeps) >= 5, sleeps
     overlaps = [(s, h) for s in sleeps for h in slots.holds
                 if s[0] == h[0] and h[1] < s[2] and s[1] < h[2]]
     assert not overlaps, f"{len(overlaps)} of {len(sleeps)} sleeps held their call's slot"

@@ -9,12 +9,16 @@ own, so a killed runner leaves its runs going:
 - Reused by the next runner of the campaign on the same machine (it adopts the runs still
   going there), before any other cluster.
 - Stopped, its whole process group, by a runner that ends with nothing of the campaign
-  running, unless another campaign's actors are on it (then the runner that ends last stops
-  it). A runner killed for good leaves it running with its runs; running the campaign again
-  stops it once they are done.
+  running, unless other actors are on it (a campaign pointed at its address): then it is
+  left running. A runner killed for good leaves it running with its runs; running the
+  campaign again stops it once they are done.
 - Its own ports and its own Ray folder (`<tmp>/retrain-ray-<campaign key>`), so it never
   collides with a `ray start` cluster of the user's, and `ray.init()` elsewhere does not
   find it by accident.
+- Token authentication as a cluster `ray.init()` starts: on unless $RAY_AUTH_MODE says
+  otherwise (`ray get-auth-token --generate` makes the token when there is none). The mode
+  is recorded and set in the runner's environment before it connects, so the runner, the
+  cluster's processes and the runs (which inherit it) all agree.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from retrain.errors import UserError
 
 RECORD = "ray-cluster.json"
 LOG = "ray-cluster.log"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 START_TIMEOUT_S = 180.0
 STOP_GRACE_S = 5.0
 
@@ -48,6 +53,16 @@ class OwnCluster:
     pgid: int       # the process group of every Ray process of it
     host: str       # the machine it runs on
     temp_dir: str   # Ray's folder for it (sessions, sockets, logs)
+    auth_mode: str = "token"  # $RAY_AUTH_MODE it was started with
+
+    def use_auth_mode(self) -> None:
+        """Make this process (and the processes it starts) speak the cluster's auth mode;
+        Ray caches its config on import, so it is read again."""
+        os.environ[AUTH_MODE_ENV] = self.auth_mode
+        with contextlib.suppress(ImportError, AttributeError):
+            from ray._raylet import Config
+
+            Config.initialize("")
 
     def processes(self) -> list[int]:
         """Its processes still alive: the members of its process group, as long as one of
@@ -80,11 +95,17 @@ def start(campaign_dir: Path, key: str) -> OwnCluster:
     if _has_ray_client():  # its server would take port 10001, maybe another cluster's
         command.append(f"--ray-client-server-port={ports[3]}")
     log_path = campaign_dir / LOG
+    mode = os.environ.get(AUTH_MODE_ENV, "").strip() or "token"
+    if mode == "token" and not _has_token():  # what `ray.init()` does for its own cluster
+        subprocess.run([_ray_cli(), "get-auth-token", "--generate"], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       timeout=START_TIMEOUT_S)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, AUTH_MODE_ENV: mode})
     own = OwnCluster(address="", pgid=proc.pid, host=socket.gethostname(),
-                     temp_dir=str(temp_dir))
+                     temp_dir=str(temp_dir), auth_mode=mode)
     try:
         code = proc.wait(timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -133,7 +154,8 @@ def _read(path: Path) -> OwnCluster | None:
     try:
         data = json.loads(path.read_text())
         return OwnCluster(address=str(data["address"]), pgid=int(data["pgid"]),
-                          host=str(data["host"]), temp_dir=str(data["temp_dir"]))
+                          host=str(data["host"]), temp_dir=str(data["temp_dir"]),
+                          auth_mode=str(data.get("auth_mode") or "token"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -153,6 +175,16 @@ def _ray_cli() -> str:
                         "command is not installed next to this Python; pip install "
                         "'retrain[ray]', or start a cluster with `ray start --head`")
     return found
+
+
+def _has_token() -> bool:
+    """Whether Ray finds an auth token (its places: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH,
+    ~/.ray/auth_token)."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    return Path(path).expanduser().is_file() if path else \
+        (Path.home() / ".ray" / "auth_token").is_file()
 
 
 def _has_ray_client() -> bool:

@@ -224,6 +224,7 @@ class RayExecutor:
             except ConnectionError:
                 own = ray_cluster.start(self.campaign_dir, self.key)
         self.own_cluster = own
+        own.use_auth_mode()
         slots_ray.connect(own.address)
 
     def worker_env(self, max_concurrent: int) -> dict[str, str]:
@@ -269,7 +270,7 @@ class RayExecutor:
 
     def close(self, finished: bool) -> None:
         """At the end: drop the slot actor once no run of this campaign can use it, and stop
-        the campaign's own cluster unless another campaign runs on it."""
+        the campaign's own cluster unless other actors are on it."""
         import ray
 
         broker = slots_ray.find_broker(self.broker_name)
@@ -286,7 +287,7 @@ class RayExecutor:
             return
         others = [a for a in ray.util.list_named_actors(all_namespaces=True)
                   if a.get("namespace") != NAMESPACE or self.key not in a.get("name", "")]
-        if others:  # another campaign's runs (or someone's actors): the last one stops it
+        if others:  # a campaign pointed at its address, or someone's actors: left running
             return
         ray.shutdown()
         ray_cluster.stop(self.campaign_dir, own)
@@ -307,14 +308,19 @@ def run_actor_name(key: str, run: str, attempt: int) -> str:
     return f"run:{key}:{run}:{attempt}"
 
 
-def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
+def describe_cluster(cfg: Config, plan: CampaignPlan,
+                     campaign_dir: Path | None = None) -> tuple[str, int | None]:
     """For `explain`: the reachable cluster's resources and how many runs fit on it at once
-    (None when Ray is missing or no cluster answers; nothing is started)."""
+    (None when Ray is missing or no cluster answers; nothing is started). Without a
+    configured address, the campaign's own cluster comes first, as for the run."""
     named = slots_ray.explicit_address(plan.ray_address) not in ray_address.KEYWORDS
+    own = None if named or campaign_dir is None else ray_cluster.recorded(campaign_dir)
     try:
         import ray
 
-        slots_ray.connect(plan.ray_address)
+        if own is not None:
+            own.use_auth_mode()
+        slots_ray.connect(own.address if own is not None else plan.ray_address)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     except ConnectionError as exc:
         if named:  # the run would stop here too: say so now, in one line
@@ -327,6 +333,8 @@ def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     text = (f"{len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU; each run asks "
             f"cpu = {res['cpu']:g}, gpu = {res['gpu']:g}")
+    if own is not None:
+        text = f"the campaign's own cluster at {own.address} (started by its runner), {text}"
     return text, fits
 
 
