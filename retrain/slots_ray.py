@@ -15,7 +15,9 @@
   grants nothing new while live holders re-register through their renewals; calls sent to it
   meanwhile are retried on the new instance. The cap holds across the restart.
 - The actor counts the peak number of holders, grants and expired leases, so tests and
-  `status` can check that `max_concurrent` held across every node.
+  `status` can check that `max_concurrent` held across every node; `stats` also names the
+  holders (`host:pid:nonce`, `holder_pid`), so a fault injector can stop a process that
+  holds a slot.
 - With `max_concurrent = "auto"` the actor owns the cap: the campaign runner's controller
   calls `resize`, and after a cut no slot is granted until the holders are below the new cap.
   The actor meters slot-seconds held and calls exactly (it sees every grant and release);
@@ -130,7 +132,8 @@ class SlotBroker:
                 "waiting": len(self.queue), "peak": self.peak, "grants": self.grants,
                 "expired": self.expired, "lease_s": self.lease_s,
                 "restarted": self.restarted, "reregistered": self.reregistered,
-                "recovering": self.recovering(), "usage": usage.to_dict()}
+                "recovering": self.recovering(), "usage": usage.to_dict(),
+                "holders": sorted(self.holders)}
 
     def _grant(self, holder: str) -> None:
         self.holders[holder] = self.granted_at[holder] = time.monotonic()
@@ -171,6 +174,17 @@ def _restarted_by_ray() -> bool:
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:  # not inside a Ray actor
         return False
+
+
+def new_holder_id() -> str:
+    """A slot holder's id: `host:pid:nonce`, one per acquire."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def holder_pid(holder: str) -> int:
+    """The process id in a holder id (`new_holder_id`); 0 when it has none."""
+    parts = holder.rsplit(":", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
 
 
 def broker_name(campaign_key: str) -> str:
@@ -330,7 +344,7 @@ class RaySlots(SlotSemaphore):
         if getattr(self._mine, "holder", None) is not None:
             raise self.not_reentrant()
         broker = self._connect()
-        holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        holder = new_holder_id()
         start = time.monotonic()
         try:
             while True:

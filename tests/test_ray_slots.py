@@ -144,7 +144,9 @@ def test_sigkilled_holder_frees_its_slot_within_the_lease(cluster):
     try:
         assert proc.stdout.readline().strip() == "held"
         time.sleep(2 * slots_ray.HEARTBEAT_S)  # renewals keep a live holder's slot
-        assert _stats(name)["in_use"] == 1
+        stats = _stats(name)
+        assert stats["in_use"] == 1
+        assert [slots_ray.holder_pid(h) for h in stats["holders"]] == [proc.pid]
         proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         proc.wait()
@@ -156,7 +158,8 @@ def test_sigkilled_holder_frees_its_slot_within_the_lease(cluster):
         if proc.poll() is None:
             proc.kill()
     assert freed_after <= slots_ray.LEASE_S + 2.0, freed_after
-    assert _stats(name)["expired"] == 1
+    stats = _stats(name)
+    assert stats["expired"] == 1 and stats["holders"] == []
 
 
 def test_slots_from_env_names_the_ray_actor(monkeypatch):
