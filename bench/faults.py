@@ -1,23 +1,27 @@
 """Fault-injection run (issue 28): one campaign of 4 runs survives four faults at once.
 
     python -m bench.faults                  # about 3-6 minutes on a loaded 2-core machine
-    python -m bench.faults --steps 6
+    python -m bench.faults --steps 6 --delay-ms 200
 
 The campaign: `executor = "ray"` on a one-machine Ray cluster, `backend = "tinker"` against a
-`retrain serve` of `tiny-random` in this process (`--max-sessions 4`), `max_concurrent = 2`
-(the slot actor). While it runs:
+`retrain serve` of `tiny-random` in this process (`--max-sessions 4`, `--delay-ms 100` so that
+a request, during which its call holds the API slot, lasts long enough to be caught),
+`max_concurrent = 2` (the slot actor). While it runs:
 1. non-finite rewards: the reward function answers nan, inf or 1e39 for about a third of the
    completions (nan and inf are scored as failures; `reward_failures` counts them);
 2. once every run has trained a step: one run's trainer (a tinker client) is SIGKILLed; its
    session at the server is freed by the heartbeat timeout, and the same command, run again,
    resumes it;
 3. the slot actor is killed (Ray restarts it with an empty table);
-4. another run's trainer, a slot holder, is SIGSTOPped for two leases, then SIGCONTed.
+4. another run's trainer is SIGSTOPped while it holds a slot (the slot actor lists its pid
+   among the holders, before and a second after the stop), for two leases, then SIGCONTed;
+   the actor must expire that lease (its expired-lease count goes up) meanwhile.
 At the end it checks, and exits 1 when any check fails:
 - every run's metrics.jsonl holds each step 1..N exactly once;
 - no weights saved by the server (every checkpoint and sampler snapshot) hold NaN or inf;
-- the cap held: the server never served more than `max_concurrent` API calls at once, and
-  the slot actor's own peak (sampled while it lived) never went above it.
+- the cap held: the server never served more than `max_concurrent` API calls at once (its
+  in-flight peak: the cap as the API saw it), and the slot actor's own peak (sampled while
+  it lived) never went above it.
 """
 
 from __future__ import annotations
@@ -153,7 +157,7 @@ def wait_until(what: str, predicate, watch: Watch, proc: subprocess.Popen,
 
 def inject(watch: Watch, proc: subprocess.Popen, steps: int, log) -> list[str]:
     """The faults, once every run has trained a step; returns the ones that could not be
-    injected (a run already finished)."""
+    injected (a run already finished, no holder caught)."""
     import ray
 
     from retrain import slots_ray
@@ -161,7 +165,7 @@ def inject(watch: Watch, proc: subprocess.Popen, steps: int, log) -> list[str]:
     wait_until("every run's first step", lambda: len(watch.runs()) == RUNS and all(
         watch.steps(r) >= 1 for r in watch.runs()), watch, proc)
     runs, missed = watch.runs(), []
-    victim, stalled = watch.pid(runs[2]), watch.pid(runs[1])
+    victim = watch.pid(runs[2])
     if victim and watch.steps(runs[2]) < steps:
         os.kill(victim, signal.SIGKILL)
         log(f"SIGKILL {runs[2].name} (a tinker client, pid {victim}) after step "
@@ -171,18 +175,66 @@ def inject(watch: Watch, proc: subprocess.Popen, steps: int, log) -> list[str]:
     watch.sample_actor()
     ray.kill(watch.broker(), no_restart=False)
     log(f"killed the slot actor (its peak so far: {watch.actor_peak})")
-    if not stalled:
-        return [*missed, f"{runs[1].name} finished before it could be stopped"]
-    os.kill(stalled, signal.SIGSTOP)
-    log(f"SIGSTOP {runs[1].name} (pid {stalled}, a slot holder) for "
-        f"{2 * slots_ray.LEASE_S + 0.5:.1f} s, after step {watch.steps(runs[1])}")
-    end = time.monotonic() + 2 * slots_ray.LEASE_S + 0.5
-    while time.monotonic() < end:
+    caught = stop_a_holder(watch, [r for r in runs if r != runs[2]], steps, log)
+    if caught is None:
+        return [*missed, "no run's trainer was caught holding a slot"]
+    holder, pid, expired_before = caught
+    stopped, its_slots = time.monotonic(), {holder}
+    while time.monotonic() < stopped + 2 * slots_ray.LEASE_S + 0.5:
         watch.sample_actor()
+        its_slots.update(h for h in watch.actor.get("holders", [])
+                         if slots_ray.holder_pid(h) == pid)
         time.sleep(0.2)
-    os.kill(stalled, signal.SIGCONT)
-    log(f"SIGCONT {runs[1].name}")
+    held_still = holder in watch.actor.get("holders", [])
+    expired = watch.actor.get("expired", 0) - expired_before
+    log(f"after {2 * slots_ray.LEASE_S + 0.5:.1f} s stopped: the actor "
+        f"{'still lists' if held_still else 'no longer lists'} the slot it was stopped "
+        f"holding; {expired} lease(s) expired meanwhile; slots the actor listed for pid "
+        f"{pid} while it was stopped (the one it held, and grants to its queued requests "
+        f"that it could not see): {len(its_slots)}")
+    os.kill(pid, signal.SIGCONT)
+    log(f"SIGCONT pid {pid}")
+    if held_still or expired < 1:
+        missed.append(f"the stopped holder's lease did not expire ({holder})")
     return missed
+
+
+def stop_a_holder(watch: Watch, runs: list[Path], steps: int, log,
+                  timeout_s: float = 300) -> tuple[str, int, int] | None:
+    """SIGSTOP a run's trainer while the slot actor lists it as a holder (its API slot is held
+    only while one of its requests is on the wire). A second later, long before the lease
+    can expire, the actor must still list it: it was stopped holding the slot (else it had
+    just given the slot back: SIGCONT, and catch another). Returns (holder, pid, the actor's
+    expired-lease count when it was stopped), or None."""
+    from retrain import slots_ray
+
+    deadline = time.monotonic() + timeout_s
+    tries = 0
+    while time.monotonic() < deadline:
+        trainers = {watch.pid(r): r for r in runs if watch.steps(r) < steps}
+        trainers.pop(0, None)
+        if not trainers:
+            return None
+        watch.sample_actor()
+        holders = [h for h in watch.actor.get("holders", [])
+                   if slots_ray.holder_pid(h) in trainers]
+        if not holders:
+            time.sleep(0.05)
+            continue
+        holder, pid = holders[0], slots_ray.holder_pid(holders[0])
+        os.kill(pid, signal.SIGSTOP)
+        tries += 1
+        time.sleep(1.0)
+        watch.sample_actor()
+        if holder in watch.actor.get("holders", []):
+            run = trainers[pid]
+            log(f"SIGSTOP {run.name} (pid {pid}) for two leases, after step "
+                f"{watch.steps(run)}, while it held slot {holder} (try {tries}; the actor "
+                f"lists it 1 s after the stop: holders {watch.actor['holders']}, "
+                f"{watch.actor['expired']} lease(s) expired so far)")
+            return holder, pid, watch.actor["expired"]
+        os.kill(pid, signal.SIGCONT)  # it gave the slot back just before the stop
+    return None
 
 
 def check(watch: Watch, steps: int, state_dir: Path, traffic_peak: int) -> list[str]:
@@ -211,6 +263,9 @@ def check(watch: Watch, steps: int, state_dir: Path, traffic_peak: int) -> list[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--delay-ms", type=float, default=100.0,
+                    help="added to every API request by the server (as `retrain serve "
+                         "--delay-ms`)")
     args = ap.parse_args()
     import ray
     from ray.cluster_utils import Cluster
@@ -231,7 +286,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         state_dir = tmp / "serve-state"
-        app, _ = build_app(engine, state_dir, api_key=KEY, max_sessions=RUNS)
+        app, _ = build_app(engine, state_dir, api_key=KEY, max_sessions=RUNS,
+                           delay_s=args.delay_ms / 1000.0)
         cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": RUNS, "object_store_memory": 80 * 2**20, "include_dashboard": False})
         try:
@@ -263,8 +319,8 @@ def main() -> int:
                                    (run / "metrics.jsonl").read_text().splitlines())
                                for run in watch.runs())  # a running count per run
                 problems = missed + check(watch, args.steps, state_dir, app.traffic.peak)
-                log(f"{RUNS} runs x {args.steps} steps; server peak {app.traffic.peak} calls "
-                    f"at once, slot actor peak {watch.actor_peak} (cap {CAP}); "
+                log(f"{RUNS} runs x {args.steps} steps; server in-flight peak "
+                    f"{app.traffic.peak} calls, slot actor peak {watch.actor_peak} (cap {CAP}); "
                     f"{failures} non-finite rewards scored as failures")
                 a = watch.actor
                 log(f"slot actor after its restart: restarted={a.get('restarted')}, "
