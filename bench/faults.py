@@ -1,17 +1,19 @@
 """Fault-injection run (issue 28): one campaign of 4 runs survives four faults at once.
 
-    python -m bench.faults                  # about 3-6 minutes on a loaded 2-core machine
+    python -m bench.faults                  # about 1.5 minutes on a loaded 2-core machine
     python -m bench.faults --steps 6 --delay-ms 200
 
-The campaign: `executor = "ray"` on a one-machine Ray cluster, `backend = "tinker"` against a
+The campaign: `executor = "ray"` on a one-machine Ray cluster that this script starts and
+stops ($RAY_ADDRESS names it, so the runner joins it instead of starting a cluster of the
+campaign's own, and this script can kill the slot actor), `backend = "tinker"` against a
 `retrain serve` of `tiny-random` in this process (`--max-sessions 4`, `--delay-ms 100` so that
 a request, during which its call holds the API slot, lasts long enough to be caught),
 `max_concurrent = 2` (the slot actor). While it runs:
 1. non-finite rewards: the reward function answers nan, inf or 1e39 for about a third of the
    completions (nan and inf are scored as failures; `reward_failures` counts them);
 2. once every run has trained a step: one run's trainer (a tinker client) is SIGKILLed; its
-   session at the server is freed by the heartbeat timeout, and the same command, run again,
-   resumes it;
+   session at the server is freed by the heartbeat timeout; the campaign's first invocation
+   then exits 1, and this script runs the same command again, which resumes it;
 3. the slot actor is killed (Ray restarts it with an empty table);
 4. another run's trainer is SIGSTOPped while it holds a slot (the slot actor lists its pid
    among the holders, before and a second after the stop), for two leases, then SIGCONTed;
@@ -21,7 +23,8 @@ At the end it checks, and exits 1 when any check fails:
 - no weights saved by the server (every checkpoint and sampler snapshot) hold NaN or inf;
 - the cap held: the server never served more than `max_concurrent` API calls at once (its
   in-flight peak: the cap as the API saw it), and the slot actor's own peak (sampled while
-  it lived) never went above it.
+  it lived) never went above it;
+- the trainer stopped while holding a slot lost that lease (the actor expired it).
 """
 
 from __future__ import annotations
