@@ -23,8 +23,12 @@ demo: setup
 
 # The suite includes tests/test_cookbook_compat.py: tinker-cookbook, a real Tinker client, against
 # `retrain serve`; it needs its own venv (make cookbook) and is skipped with the reason without one.
+# Two pytest workers (pytest-xdist): much of the suite waits on subprocesses, servers and leases,
+# so a second worker fills the waits; the Ray modules share one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup cookbook
-	RETRAIN_COOKBOOK_PYTHON=$(abspath $(COOKBOOK_VENV))/bin/python $(PY) -m pytest
+	RETRAIN_COOKBOOK_PYTHON=$(abspath $(COOKBOOK_VENV))/bin/python $(PY) -m pytest \
+		-n $(TEST_WORKERS) --dist loadgroup
 
 # Side-by-side step time vs TRL (bench/step_time.py); TRL is a benchmark-only extra.
 BENCH_ARGS ?= --rounds 2

@@ -13,6 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Under `pytest -n N --dist loadgroup` (make test), the Ray modules run in one worker, one
+    after another: each starts local clusters that must not compete for one machine's ports."""
+    for item in items:
+        if Path(str(item.fspath)).name.startswith("test_ray_"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> Path:
     """A private RETRAIN_CACHE for the whole test session (tests never touch ~/.cache)."""
