@@ -110,6 +110,22 @@ def test_lookup_tool_call_then_answer(tok):
     assert_ledger(tok, e, sampler)
 
 
+def test_lookup_examples_are_prompt_and_the_call_credit_adds_to_the_reward(tok):
+    from retrain.environments.tools.lookup import LookupTask
+
+    task = LookupTask(examples=1)
+    opening = task.reset(5)
+    code = task.table[task.target]
+    e, sampler, result = roll(tok, [call("lookup", key=task.target),
+                                    f"<answer>{code}</answer>"], seed=5, kind="lookup",
+                              params={"examples": 1, "format_reward": 0.2})
+    assert e.history[:5] == opening  # the solved example, then the question
+    assert (e.ended, e.turns, e.tool_calls, e.correct) == ("done", 2, 1, True)
+    assert e.reward == pytest.approx(1.2)  # the code, plus the credit for the call
+    assert result.metrics()["env_looked_up"] == 1.0
+    assert_ledger(tok, e, sampler)  # the example's turns are prompt: mask 0
+
+
 def test_a_template_that_declares_tools_renders_them_itself(tiny_model):
     from transformers import AutoTokenizer
 

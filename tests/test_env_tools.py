@@ -4,6 +4,7 @@ built-in calculator, user tools and the `lookup` tool task."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -275,6 +276,22 @@ def test_lookup_format_reward_credits_a_tool_call_once_not_the_success():
     assert shaped.close() == 0.0  # a new episode starts without the credit
     assert shaped.step(call("lookup", id="x")).messages[0]["content"].startswith("error")
     assert shaped.close() == 0.0  # a call that could not run earns nothing
+
+
+def test_lookup_examples_are_solved_episodes_with_other_names():
+    plain, shown = lookup_factory()(), lookup_factory(examples=2)()
+    question = plain.reset(4)
+    messages = shown.reset(4)
+    assert messages[-1:] == question and shown.inner.table == plain.inner.table
+    assert [m["role"] for m in messages[:-1]] == ["user", "assistant", "tool", "assistant"] * 2
+    for ask, call_, result, answer in (messages[0:4], messages[4:8]):
+        name = re.search(r"code of (\w+)\?", ask["content"]).group(1)
+        assert name not in plain.inner.table
+        assert call_["content"] == call("lookup", key=name)
+        assert answer["content"] == f"<answer>{result['content']}</answer>"
+    assert shown.reset(4) == messages  # deterministic in the seed
+    with pytest.raises(UserError, match="examples = 26: use 0 to 25"):
+        lookup_factory(entries=5, examples=26)
 
 
 def test_lookup_with_extra_tools_and_bad_params():
