@@ -14,6 +14,8 @@ them alike):
     token and layer) instead of the cache reserved for prompt + max_tokens;
   - multinomial draw: `torch.multinomial` (one random number per vocabulary entry) instead of
     one uniform per row through the cumulative distribution (the completions then differ);
+  - stop string `--stop` (training.stop): rows end when their text completes it (the same
+    completions, cut there; the step's time with it, not a saving the default step has);
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
@@ -26,6 +28,7 @@ them alike):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 from pathlib import Path
 from unittest import mock
@@ -97,6 +100,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--stop", default="\n\n", help="the stop string of the stop row")
     args = ap.parse_args()
 
     import torch
@@ -141,7 +145,9 @@ def main() -> None:
                      "flat": lambda: backend.sample(flat, 1, params),
                      "no_eos": no_eos,
                      "grown": patched("reserve", lambda cache, _capacity: cache, sample),
-                     "multinomial": patched("draw", multinomial_draw, sample)}, r)
+                     "multinomial": patched("draw", multinomial_draw, sample),
+                     "stop": lambda: backend.sample(prompts, n, dataclasses.replace(
+                         params, stop_strings=(args.stop,)))}, r)
     t_sample, groups = s["sample"]
 
     def tokens(name: str) -> int:
@@ -155,7 +161,8 @@ def main() -> None:
             ("multinomial", "  multinomial draw",
              f", {tokens('multinomial')} tokens (another random stream): "
              f"{s['multinomial'][0] / tokens('multinomial') / (t_sample / tokens('sample')):.2f}x "
-             "per token")):
+             "per token"),
+            ("stop", f"  stop string {args.stop!r}", f", {tokens('stop')} tokens")):
         rows.append((label, s[key][0], f"{s[key][0] / t_sample:.2f}x{note}"))
 
     loss = LossConfig(temperature=args.temperature)
