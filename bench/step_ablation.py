@@ -16,6 +16,8 @@ them alike):
     one uniform per row through the cumulative distribution (the completions then differ);
   - stop string `--stop` (training.stop): rows end when their text completes it (the same
     completions, cut there; the step's time with it, not a saving the default step has);
+  - compiled decoding step (`[backend] compile = true`, unless `--no-compile`): the step
+    through torch.compile; its first call, compile included, is timed apart;
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -101,6 +104,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--stop", default="\n\n", help="the stop string of the stop row")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled row "
+                    "(its compile takes minutes on a CPU)")
     args = ap.parse_args()
 
     import torch
@@ -109,6 +114,7 @@ def main() -> None:
     from retrain.backends import local_loss, local_sampling
     from retrain.backends.base import LossConfig, SamplingParams, make_datum
     from retrain.backends.local import LocalModel
+    from retrain.backends.local_compile import CompiledDecoder
     from retrain.backends.local_sampling import sample_batch
     from retrain.config import DataConfig
     from retrain.environments.tasks import load_task, render_prompt
@@ -140,6 +146,22 @@ def main() -> None:
     def sample():
         return backend.sample(prompts, n, params)
 
+    variants = {}
+    if not args.no_compile:
+        decoder = CompiledDecoder(model.net)
+
+        def compiled():
+            model.decoder = decoder
+            try:
+                return sample()
+            finally:
+                model.decoder = None
+
+        start = time.perf_counter()
+        compiled()
+        first_compiled = time.perf_counter() - start
+        variants["compiled"] = compiled
+
     flat = [p for p in prompts for _ in range(n)]
     s = interleaved({"sample": sample,
                      "flat": lambda: backend.sample(flat, 1, params),
@@ -147,7 +169,7 @@ def main() -> None:
                      "grown": patched("reserve", lambda cache, _capacity: cache, sample),
                      "multinomial": patched("draw", multinomial_draw, sample),
                      "stop": lambda: backend.sample(prompts, n, dataclasses.replace(
-                         params, stop_strings=(args.stop,)))}, r)
+                         params, stop_strings=(args.stop,))), **variants}, r)
     t_sample, groups = s["sample"]
 
     def tokens(name: str) -> int:
@@ -164,6 +186,12 @@ def main() -> None:
              "per token"),
             ("stop", f"  stop string {args.stop!r}", f", {tokens('stop')} tokens")):
         rows.append((label, s[key][0], f"{s[key][0] / t_sample:.2f}x{note}"))
+    if "compiled" in s:
+        same = [[c.tokens for c in g] for g in s["compiled"][1]] == \
+            [[c.tokens for c in g] for g in groups]
+        rows.append(("  compiled decoding step", s["compiled"][0],
+                     f"{s['compiled'][0] / t_sample:.2f}x, first call {first_compiled:.1f} s "
+                     f"(compiling), {'the same' if same else 'other'} tokens"))
 
     loss = LossConfig(temperature=args.temperature)
     datums = [make_datum(p, c, adv) for p, g in zip(prompts, groups, strict=True)
