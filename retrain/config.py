@@ -135,6 +135,13 @@ class EnvironmentConfig:
                               hi=MAX_TOKENS)
     binary: bool = opt(False, "reasoning_gym: reward 1 only for a fully correct answer "
                        "(no partial credit)")
+    format_reward: float = opt(0.0, "reasoning_gym: reward added to a reply that answers "
+                               "inside the answer tags, right or wrong (shaping for "
+                               "small models; success still counts only correct answers)",
+                               lo=0, hi=1)
+    examples: int = opt(0, "reasoning_gym: solved items of the same task shown before the "
+                        "question as earlier user/assistant turns (a few-shot prompt)", lo=0,
+                        hi=MAX_TURNS)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""File references in a config (data file, reward module, local model folder), anchored to
+"""File references in a config (data file, reward module, environment factory and tools,
+local model folder), anchored to
 the folder of the config file that named them, so a run's resolved config finds the same files
 when it is re-run from its log folder."""
 
@@ -14,21 +15,29 @@ def anchor_paths(cfg: Config, config_dir: Path) -> Config:
     """Make file references relative to the config file absolute.
 
     The resolved config a run writes into its log folder (and each campaign run's config)
-    must still find the same JSONL file, reward module and local model from there.
+    must still find the same JSONL file, reward module, environment and local model from
+    there (`retrain eval` plays a run's held-out episodes from its log folder).
     """
     changes: dict[str, Any] = {}
     if cfg.data.path and not Path(cfg.data.path).expanduser().is_absolute():
         changes["data.path"] = str(config_dir / cfg.data.path)
-    function = _anchor_reward(cfg.reward.function, config_dir)
+    function = _anchor_spec(cfg.reward.function, config_dir)
     if function != cfg.reward.function:
         changes["reward.function"] = function
+    factory = _anchor_spec(cfg.environment.factory, config_dir)
+    if factory != cfg.environment.factory:
+        changes["environment.factory"] = factory
+    tools = [_anchor_spec(t, config_dir) for t in cfg.environment.tools]
+    if tools != cfg.environment.tools:
+        changes["environment.tools"] = tools
     local_model = config_dir / cfg.model.name
     if not Path(cfg.model.name).is_absolute() and local_model.is_dir():
         changes["model.name"] = str(local_model)
     return run_config(cfg, **changes) if changes else cfg
 
 
-def _anchor_reward(spec: str, config_dir: Path) -> str:
+def _anchor_spec(spec: str, config_dir: Path) -> str:
+    """A 'file.py:name' or 'module:name' reference, its file made absolute where it is one."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target:
         return spec

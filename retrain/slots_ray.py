@@ -206,14 +206,15 @@ def find_broker(name: str) -> Any | None:
 
 def explicit_address(address: str = "") -> str:
     """The address a `connect(address)` would join by name: `address`, else $RAY_ADDRESS
-    ('' or "auto": the cluster running on this machine, or a new one)."""
+    ('' or "auto": the cluster running on this machine)."""
     return (address or os.environ.get("RAY_ADDRESS", "")).strip()
 
 
-def connect(address: str = "", start: bool = False) -> None:
-    """Join the cluster at `address`, $RAY_ADDRESS or a running one; with none, start one here
-    when `start` (else ConnectionError; also for an address that is malformed or does not
-    answer). Keeps this process's SIGTERM handler: ray.init
+def connect(address: str = "") -> None:
+    """Join the cluster at `address`, $RAY_ADDRESS or the one running on this machine;
+    ConnectionError when there is none, or the address is malformed or does not answer (a
+    campaign then starts its own: `campaign.ray_cluster`). Keeps this process's SIGTERM
+    handler: ray.init
     replaces it with an exit, and the trainer's handler is what checkpoints on SIGTERM."""
     import signal
 
@@ -224,13 +225,13 @@ def connect(address: str = "", start: bool = False) -> None:
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        _init(explicit_address(address), start)
+        _init(explicit_address(address))
     finally:
         if main and previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _init(target: str, start: bool) -> None:
+def _init(target: str) -> None:
     """ray.init, after the address is parsed and probed (2 s): Ray itself answers a malformed
     address with a traceback and waits minutes on one nobody answers (a stale
     ray_current_cluster file left by a head that crashed)."""
@@ -250,10 +251,8 @@ def _init(target: str, start: bool) -> None:
     if found and _reachable(found):
         ray.init(address=found, **kwargs)
         return
-    if not start:
-        raise ConnectionError("no Ray cluster is running on this machine"
-                              + (f" ({found}, recorded by Ray, does not answer)" if found else ""))
-    ray.init(address="local", include_dashboard=False, **kwargs)  # a one-machine cluster
+    raise ConnectionError("no Ray cluster is running on this machine"
+                          + (f" ({found}, recorded by Ray, does not answer)" if found else ""))
 
 
 def _check_answers(address: ray_address.RayAddress) -> None:

@@ -342,7 +342,7 @@ def _api_cap(folder: Path) -> dict[str, Any]:
 def _slots_in_use(folder: Path, manifest: dict) -> int | None:
     actor = manifest.get("slots_actor")
     if isinstance(actor, str) and actor:
-        return _ray_slots_in_use(actor, manifest)
+        return _ray_slots_in_use(actor, manifest, folder)
     slots = manifest.get("slots_dir")
     if not isinstance(slots, str) or not slots or Path(slots).is_absolute() \
             or ".." in Path(slots).parts:
@@ -357,16 +357,19 @@ def _slots_in_use(folder: Path, manifest: dict) -> int | None:
         return None
 
 
-def _ray_slots_in_use(actor: str, manifest: dict) -> int | None:
-    """Ask a running Ray campaign's slot actor (Ray is imported only for such a campaign)."""
+def _ray_slots_in_use(actor: str, manifest: dict, folder: Path) -> int | None:
+    """Ask a running Ray campaign's slot actor (Ray is imported only for such a campaign), on
+    its configured cluster, else on the one it started for itself."""
     if manifest.get("status") != "running":
         return None
     try:
         import ray
 
+        from retrain.campaign.ray_cluster import recorded
         from retrain.slots_ray import connect, find_broker
 
-        connect(str(manifest.get("ray_address") or ""), start=False)
+        own = None if manifest.get("ray_address") else recorded(folder)
+        connect(own.address if own else str(manifest.get("ray_address") or ""))
         broker = find_broker(actor)
         return None if broker is None else int(ray.get(broker.stats.remote(), timeout=5)["in_use"])
     except Exception:  # no Ray, no cluster, actor gone: slots are unknown, status goes on

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import math
 import os
 import random
@@ -66,6 +65,7 @@ from retrain.errors import UserError
 from retrain.eval import evaluate, evaluate_episodes
 from retrain.offpolicy import Overlap
 from retrain.progress import Progress
+from retrain.seeds import derive_seed, heldout_episode_seeds
 from retrain.slots import slots_from_env
 from retrain.step_row import logprob_diff, max_rss_mb, ordered, step_work
 from retrain.stop_request import StopRequest
@@ -73,12 +73,6 @@ from retrain.trackers import Trackers
 
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
 ADVANTAGE_NOTE = "+-65536"  # retrain.advantages.LOSS_LIMIT, as the note shows it
-
-
-def derive_seed(seed: int, step: int, purpose: str) -> int:
-    """A 63-bit seed for one purpose at one step: resume needs no saved RNG stream."""
-    digest = hashlib.sha256(f"retrain:{seed}:{step}:{purpose}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
@@ -499,8 +493,7 @@ class Trainer:
 
     def _evaluate(self):
         if self.rollouts.make_eval is not None:  # an environment: held-out episodes
-            seeds = [derive_seed(self.training.seed, 0, f"eval-episode:{i}")
-                     for i in range(self.cfg.data.eval_size)]
+            seeds = heldout_episode_seeds(self.training.seed, self.cfg.data.eval_size)
             return evaluate_episodes(self.rollouts.eval, seeds, self.training.max_tokens,
                                      stop=tuple(self.training.stop))
         if self._eval_prompts is None:

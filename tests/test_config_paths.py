@@ -27,3 +27,15 @@ def test_file_form_and_untouched_values(tmp_path: Path) -> None:
     assert anchor_paths(plain, tmp_path) == plain
     installed = run_config(Config(), **{"reward.type": "custom", "reward.function": "json:loads"})
     assert anchor_paths(installed, tmp_path).reward.function == "json:loads"
+
+
+def test_environment_factory_and_tools_are_anchored(tmp_path: Path) -> None:
+    (tmp_path / "my_env.py").write_text("class E:\n    pass\n")
+    cfg = run_config(Config(), **{"environment.kind": "python",
+                                  "environment.factory": "my_env:E",
+                                  "environment.tools": ["calculator", "tools/t.py:search",
+                                                        "json:loads"]})
+    out = anchor_paths(cfg, tmp_path)
+    assert out.environment.factory == f"{tmp_path / 'my_env.py'}:E"
+    assert out.environment.tools == ["calculator", f"{tmp_path / 'tools/t.py'}:search",
+                                     "json:loads"]

@@ -81,6 +81,39 @@ def test_reasoning_gym_weighted_mix_scores_each_item_by_its_task(rg):
     assert sources == {"basic_arithmetic", "leg_counting"}
 
 
+def test_reasoning_gym_format_reward_shapes_the_reward_not_the_success(rg):
+    plain = rg_factory(task="basic_arithmetic", size=10, binary=True)()
+    shaped = rg_factory(task="basic_arithmetic", size=10, binary=True, format_reward=0.25)()
+    for env in (plain, shaped):
+        env.reset(0)
+    answer = plain.entry["answer"]
+    wrong = f"<answer>{int(answer) + 1}</answer>"
+    # default 0: today's rewards; the metric counts tagged replies either way
+    assert [plain.step(r).reward for r in (wrong, f"<answer>{answer}</answer>", answer)] \
+        == [0.0, 1.0, 0.0]
+    steps = [shaped.step(r) for r in (wrong, f"<answer>{answer}</answer>", answer,
+                                        "<answer></answer>")]
+    assert [s.reward for s in steps] == [0.25, 1.25, 0.0, 0.0]
+    assert [s.metrics["correct"] for s in steps] == [0.0, 1.0, 0.0, 0.0]
+    assert [s.metrics["formatted"] for s in steps] == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_reasoning_gym_examples_are_solved_turns_shared_by_both_splits(rg):
+    env = rg_factory(task="basic_arithmetic", size=50, examples=2)()
+    messages = env.reset(3)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user",
+                                             "assistant", "user"]
+    shots = rg.create_dataset("basic_arithmetic", size=2, seed=7 + 2_000_003)
+    assert messages[1:5] == [
+        {"role": "user", "content": shots[0]["question"]},
+        {"role": "assistant", "content": f"<answer>{shots[0]['answer']}</answer>"},
+        {"role": "user", "content": shots[1]["question"]},
+        {"role": "assistant", "content": f"<answer>{shots[1]['answer']}</answer>"}]
+    assert messages[-1] == rg_factory(task="basic_arithmetic", size=50)().reset(3)[-1]
+    held_out = rg_factory(EVAL, task="basic_arithmetic", size=50, examples=2)().reset(3)
+    assert held_out[1:5] == messages[1:5] and held_out[-1] != messages[-1]
+
+
 @pytest.mark.parametrize(("section", "message"), [
     ({"task": "basic_arithmetc"}, "no task 'basic_arithmetc'; did you mean 'basic_arithmetic'"),
     ({}, "needs task = 'NAME' or a weighted tasks"),
@@ -94,6 +127,8 @@ def test_reasoning_gym_weighted_mix_scores_each_item_by_its_task(rg):
     ({"tasks": {"chain_sum": 1}, "params": {"basic_arithmetic": {}}}, "not in tasks"),
     ({"tasks": {"chain_sum": 1}, "params": {"chain_sum": {"bad": 1}}},
      r"environment.params.chain_sum: chain_sum does not take"),
+    ({"task": "graph_color", "examples": 1}, "environment.examples: this task has no "
+                                             "reference answers"),
 ])
 def test_reasoning_gym_bad_sections_are_one_line_errors(rg, section, message):
     with pytest.raises(UserError, match=message) as info:

@@ -259,6 +259,24 @@ def test_lookup_episodes_are_deterministic_in_the_seed():
     assert any(lookup_factory()().reset(s) != a.reset(3) for s in range(4, 8))
 
 
+def test_lookup_format_reward_credits_a_tool_call_once_not_the_success():
+    plain, shaped = lookup_factory()(), lookup_factory(format_reward=0.3)()
+    for env in (plain, shaped):
+        env.reset(5)
+        assert env.close() == 0.0  # no call yet
+    target = shaped.inner.target
+    for _ in range(2):  # two calls: the credit is once per episode
+        assert shaped.step(call("lookup", key=target)).reward == 0.0
+    assert shaped.close() == 0.3 and plain.close() == 0.0
+    answer = shaped.step("<answer>0</answer>")
+    assert (answer.reward, answer.metrics) == (0.0, {"correct": 0.0, "looked_up": 1.0})
+    assert plain.step("<answer>0</answer>").metrics["looked_up"] == 0.0
+    shaped.reset(6)
+    assert shaped.close() == 0.0  # a new episode starts without the credit
+    assert shaped.step(call("lookup", id="x")).messages[0]["content"].startswith("error")
+    assert shaped.close() == 0.0  # a call that could not run earns nothing
+
+
 def test_lookup_with_extra_tools_and_bad_params():
     cfg = EnvironmentConfig(kind="lookup", tools=["calculator"])
     env = build_factory(cfg, KindContext(split="train", config_dir=Path("."), seed=0))()
@@ -269,3 +287,7 @@ def test_lookup_with_extra_tools_and_bad_params():
         lookup_factory(entries=0)
     with pytest.raises(UserError, match="whole number"):
         lookup_factory(digits="3")
+    with pytest.raises(UserError, match="format_reward = 2: use 0 to 1"):
+        lookup_factory(format_reward=2)
+    with pytest.raises(UserError, match="format_reward = 'x': use a number"):
+        lookup_factory(format_reward="x")

@@ -4,9 +4,15 @@ start-up errors: one clear line, exit status 2, no traceback."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
+import itertools
 import math
 import socket
 import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -301,3 +307,125 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_under_load(cli_env, py
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+# ------------------------------------------------------------------ retries release the slot
+
+RETRY_SLEEPERS = {  # the SDK's functions that sleep before sending a request again
+    "_sleep_for_retry", "execute_with_retries", "_execute_with_retry", "_sample_async_impl",
+    "_handle_transport_error"}
+CALL = contextvars.ContextVar("test_backend_call", default=None)
+
+
+def _sdk_retry_sleep() -> bool:
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in RETRY_SLEEPERS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class HoldLog:
+    """The real file semaphore, recording each slot hold as (call, start, end). A call is one
+    `TinkerBackend._call`, named by the CALL context variable the test sets around it."""
+
+    def __init__(self, sem):
+        self.sem = sem
+        self.wait_s = 0.0
+        self.holds: list[tuple[int, float, float]] = []
+        self._mine = threading.local()
+
+    def __enter__(self):
+        self.sem.__enter__()
+        self._mine.started = (CALL.get(), time.monotonic())
+        return self
+
+    def __exit__(self, *exc):
+        call, start = self._mine.started
+        self.holds.append((call, start, time.monotonic()))
+        self.sem.__exit__(*exc)
+
+    def record(self, completions=0, tokens=0):
+        self.sem.record(completions, tokens)
+
+    def record_error(self, status):
+        self.sem.record_error(status)
+
+
+def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, sdk_env, tiny_model,
+                                                          monkeypatch):
+    """Three backends share one API slot (the real file semaphore) against a serve that
+    answers 429 to a third of sample, forward_backward, optim_step and result polls. The SDK
+    backs off and sends again (training requests under their seq_id), and every such sleep
+    is slot-free: no call holds a slot while it sleeps. Every step still lands exactly once."""
+    import asyncio
+
+    import anyio
+
+    from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
+    from retrain.backends.tinker import TinkerBackend
+    from retrain.serve.guard import FaultPlan
+    from retrain.slots import CountingSemaphore
+
+    sleeps: list[tuple[int, float, float]] = []
+
+    def recorded(real):
+        async def sleep(delay, *args, **kwargs):
+            call = CALL.get()
+            if call is None or not delay or not _sdk_retry_sleep():
+                return await real(delay, *args, **kwargs)
+            start = time.monotonic()
+            try:
+                return await real(delay, *args, **kwargs)
+            finally:
+                sleeps.append((call, start, time.monotonic()))
+        return sleep
+
+    monkeypatch.setattr(asyncio, "sleep", recorded(asyncio.sleep))
+    monkeypatch.setattr(anyio, "sleep", recorded(anyio.sleep))
+    calls = itertools.count(1)
+    real_call = TinkerBackend._call
+
+    def named_call(self, *args, **kwargs):
+        token = CALL.set(next(calls))
+        try:
+            return real_call(self, *args, **kwargs)
+        finally:
+            CALL.reset(token)
+
+    monkeypatch.setattr(TinkerBackend, "_call", named_call)
+    slots = HoldLog(CountingSemaphore(tmp_path / "slots", 1))
+    faults = FaultPlan(rates={"429": 0.34}, seed=5, after=4, routes=frozenset(
+        {"asample", "forward_backward", "optim_step", "retrieve_future"}))
+    steps = 3
+    with Served(BigramEngine(vocab=260, eos=2, tokenizer_id=tiny_model), tmp_path,
+                hold_s=2.0, faults=faults) as served:
+        def holder(seed: int) -> str:
+            backend = TinkerBackend(base_model="bigram-test", lora_rank=2, seed=seed,
+                                    base_url=served.url, request_timeout_s=120, slots=slots)
+            try:
+                for _ in range(steps):
+                    comps = backend.sample([[1, 70, 71]], 4, SamplingParams(max_tokens=4,
+                                                                            seed=seed))[0]
+                    datums = [make_datum([1, 70, 71], c, 0.5 - i % 2)
+                              for i, c in enumerate(comps)]
+                    backend.forward_backward(datums, LossConfig(name="importance_sampling"))
+                    backend.optim_step(AdamParams(learning_rate=0.01))
+                return backend.training.model_id
+            finally:
+                backend.close()
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            models = list(pool.map(holder, [1, 2, 3]))
+        ops = served.engine.calls
+        injected = served.traffic.faults.get("429", 0)
+    for model in models:  # each step exactly once, however often its requests were refused
+        assert sum(op == ("optim_step", model) for op in ops) == steps
+        assert sum(op == ("forward_backward", model) for op in ops) == steps
+    assert injected >= 5 and len(sleeps) >= 5, (injected, sleeps)
+    overlaps = [(s, h) for s in sleeps for h in slots.holds
+                if s[0] == h[0] and h[1] < s[2] and s[1] < h[2]]
+    assert not overlaps, f"{len(overlaps)} of {len(sleeps)} sleeps held their call's slot"

@@ -9,8 +9,10 @@
   the step, then waits for the step (the new sampler is read when next sampling).
 - A new training client refused with HTTP 429 (the service's session limit) is queued: the
   slot is given back, the backend waits with backoff and jitter, and asks again.
-- Every API request holds one of the campaign's API slots while it is in flight (`with
-  slots:` per request, never while waiting for another slot, so workers cannot deadlock).
+- Every API request holds one of the campaign's API slots while it is on the wire, and
+  only then: a request the SDK backs off (429/5xx) waits for its re-send with the slot given
+  back, and takes one again to send (`tinker_slot_lease`). A call never holds a slot while
+  it waits for another, so workers cannot deadlock.
 - Every wait has a deadline (`backend.request_timeout_s`); a terminal failure raises
   BackendError with a message that says what to do. The API key is read only from
   $TINKER_API_KEY and is scrubbed from every message this module produces.
@@ -25,13 +27,15 @@ import logging
 import math
 import os
 import threading
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from retrain import runlog
+from retrain.backends import tinker_slot_lease as slot_lease
 from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
 from retrain.backends.stop_strings import cut_at_stop_strings
 from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
@@ -115,6 +119,11 @@ class TinkerBackend:
         self.slots: ApiSlots = slots or NoSlots()
         self._overload = None if isinstance(self.slots, NoSlots) else \
             watch_overload(self.slots.record_error)  # a campaign: its controller counts them
+        self._keepers = None  # threads that hold slots for calls (tinker_slot_lease)
+        if not isinstance(self.slots, NoSlots):
+            slot_lease.install()  # before the ServiceClient makes its HTTP clients
+            self._keepers = concurrent.futures.ThreadPoolExecutor(
+                2 * SAMPLE_THREADS + 2, thread_name_prefix="tinker-slot")
         self._service = tinker.ServiceClient(base_url=self.base_url, default_headers_overrides={
             QUEUES_429_HEADER: "1"})  # retrain serve: no SDK retries of its 429s (we queue)
         self._training: Any = None
@@ -167,11 +176,13 @@ class TinkerBackend:
             hint = f"{type(exc).__name__}: {exc}"
         return BackendError(self._secret.scrub(f"tinker {what} failed: {hint}"))
 
-    def _wait(self, what: str, future: Any, *, fatal_timeout: bool = True,
-              queue_on_429: bool = False) -> Any:
-        """The future's result within the deadline, or a BackendError (never a raw SDK error)."""
+    def _wait(self, what: str, future: Any, lease: slot_lease.SlotLease | None, *,
+              fatal_timeout: bool = True, queue_on_429: bool = False) -> Any:
+        """The future's result within the deadline, or a BackendError (never a raw SDK error).
+        Time the call spent waiting for a slot again (after an overload answer) does not count
+        against the deadline, as the wait for its first slot does not."""
         try:
-            return future.result(timeout=self.timeout_s)
+            return _result_within(future, self.timeout_s, lease)
         except BaseException as exc:
             if queue_on_429 and is_rate_limited(exc):
                 raise RateLimited(str(exc)) from None
@@ -185,16 +196,19 @@ class TinkerBackend:
 
     def _call(self, what: str, submit: Callable[[], Any], *, fatal_timeout: bool = True,
               submitted: threading.Event | None = None, queue_on_429: bool = False) -> Any:
-        """One API request: hold a slot, submit, wait for the result.
+        """One API request: submit, wait for the result, holding a slot while it is in flight.
 
-        With `queue_on_429` (requests that open a new training client, safe to send again),
-        a rate-limit answer gives the slot back, waits out a backoff and tries again, for as
-        long as the service keeps answering 429: queued, not failed.
+        With slots shared by a campaign, the slot is held only while one of the call's HTTP
+        requests is on the wire (`tinker_slot_lease`): when the SDK backs off an overload
+        answer before sending again, it sleeps with the slot given back. With `queue_on_429`
+        (requests that open a new training client, safe to send again), the SDK does not
+        retry a 429 at all: the backend waits out a backoff itself and asks again, for as long
+        as the service keeps answering 429: queued, not failed.
         """
         waiting = RateLimitWait(what)
         while True:
             self._check_usable()
-            with self.slots:
+            with self._lease() as lease:
                 try:
                     if queue_on_429:
                         stop_sdk_retrying_429(self._service)
@@ -208,7 +222,7 @@ class TinkerBackend:
                         submitted.set()
                 if future is not None:
                     try:
-                        return self._wait(what, future, fatal_timeout=fatal_timeout,
+                        return self._wait(what, future, lease, fatal_timeout=fatal_timeout,
                                           queue_on_429=queue_on_429)
                     except RateLimited as exc:
                         reason = str(exc)
@@ -216,6 +230,21 @@ class TinkerBackend:
             slept = waiting.sleep(self._secret.scrub(reason))
             with self._wait_lock:
                 self.rate_limit_wait_s += slept
+
+    @contextlib.contextmanager
+    def _lease(self) -> Iterator[slot_lease.SlotLease | None]:
+        """The slot of one call: a lease that holds it only while a request is on the wire;
+        for a standalone run (no slots to share), nothing."""
+        if self._keepers is None:
+            yield None
+            return
+        lease = slot_lease.SlotLease(self.slots, self._keepers)
+        token = slot_lease.CURRENT.set(lease)
+        try:
+            yield lease
+        finally:
+            slot_lease.CURRENT.reset(token)
+            lease.close()
 
     def _submit_in_order(self, what: str, submit: Callable[[], Any]) -> concurrent.futures.Future:
         """`_call` in a worker thread; returns once the request is sent (or has failed), so the
@@ -470,8 +499,26 @@ class TinkerBackend:
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sample_pool.shutdown(wait=False, cancel_futures=True)
+        if self._keepers is not None:
+            self._keepers.shutdown(wait=False)
         if self._overload is not None:
             logging.getLogger(HTTP_LOGGER).removeFilter(self._overload)
+
+
+def _result_within(future: Any, timeout_s: float, lease: slot_lease.SlotLease | None) -> Any:
+    """`future.result()`, or TimeoutError once `timeout_s` pass, not counting the time the
+    lease spent waiting for slots meanwhile."""
+    start = time.monotonic()
+    while True:
+        waited = lease.waited_s() if lease is not None else 0.0
+        left = start + timeout_s + waited - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no result within {timeout_s:g} s")
+        try:
+            return future.result(timeout=left)
+        except TimeoutError:
+            if lease is None or lease.waited_s() == waited:
+                raise
 
 
 def _grad_norm(metrics: dict[str, float]) -> float:

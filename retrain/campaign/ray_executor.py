@@ -9,6 +9,8 @@ process as the local executor (`python -m retrain run <config>`) on the node Ray
   runner finds the ones still running and watches them instead of starting a second copy.
 - The worker process dies with its actor (PR_SET_PDEATHSIG), so a killed actor leaves no
   orphan writing into the run folder.
+- No cluster running: the campaign starts one on this machine that outlives its runner
+  (`ray_cluster`), reused by the next runner and stopped when the campaign's runs are done.
 
 Ray is imported here only; the runner imports this module only when executor = "ray".
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain import ray_address, slots_ray
+from retrain.campaign import ray_cluster
 from retrain.campaign.executor import Job
 from retrain.campaign.plan import CampaignPlan, run_resources
 from retrain.config import Config
@@ -183,6 +186,7 @@ class RayExecutor:
         self.key = campaign_key(self.campaign_dir)
         self.broker_name = slots_ray.broker_name(self.key)
         self.cpu, self.gpu = self._resources(0.0)
+        self.own_cluster: ray_cluster.OwnCluster | None = None  # one this campaign started
 
     def _resources(self, cluster_gpus: float) -> tuple[float, float]:
         res = run_resources(self.cfg, self.plan, cluster_gpus)
@@ -193,12 +197,34 @@ class RayExecutor:
         import ray
 
         try:
-            slots_ray.connect(self.plan.ray_address, start=True)
+            self._join()
         except ConnectionError as exc:
             raise UserError(f"[campaign] executor = \"ray\": {exc}") from None
-        self.cpu, self.gpu = self._resources(ray.cluster_resources().get("GPU", 0.0))
-        check_shared_storage(self.campaign_dir)
-        slots_ray.ensure_broker(self.broker_name, max_concurrent)
+        try:
+            self.cpu, self.gpu = self._resources(ray.cluster_resources().get("GPU", 0.0))
+            check_shared_storage(self.campaign_dir)
+            slots_ray.ensure_broker(self.broker_name, max_concurrent)
+        except BaseException:
+            self._stop_own_cluster()  # nothing was launched on it
+            raise
+
+    def _join(self) -> None:
+        """Connect to the configured cluster; without one, to this campaign's own (started by
+        an earlier runner, whose runs may still be going), else to the cluster running on
+        this machine, else to a new one of the campaign's own (`ray_cluster`: it outlives
+        this runner)."""
+        if slots_ray.explicit_address(self.plan.ray_address) not in ray_address.KEYWORDS:
+            slots_ray.connect(self.plan.ray_address)
+            return
+        own = ray_cluster.recorded(self.campaign_dir)
+        if own is None:
+            try:
+                slots_ray.connect(self.plan.ray_address)
+                return
+            except ConnectionError:
+                own = ray_cluster.start(self.campaign_dir, self.key)
+        self.own_cluster = own
+        slots_ray.connect(own.address)
 
     def worker_env(self, max_concurrent: int) -> dict[str, str]:
         """What every run's process gets: the slot actor, the cluster, the driver's settings."""
@@ -242,12 +268,28 @@ class RayExecutor:
         return RayWorker(actor, info_ref, actor_name)
 
     def close(self, finished: bool) -> None:
-        """At the end: drop the slot actor once no run of this campaign can use it."""
+        """At the end: drop the slot actor once no run of this campaign can use it, and stop
+        the campaign's own cluster unless another campaign runs on it."""
         import ray
 
         broker = slots_ray.find_broker(self.broker_name)
         if finished and broker is not None:
             ray.kill(broker, no_restart=True)
+        if finished:
+            self._stop_own_cluster()
+
+    def _stop_own_cluster(self) -> None:
+        import ray
+
+        own, self.own_cluster = self.own_cluster, None
+        if own is None:
+            return
+        others = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a.get("namespace") != NAMESPACE or self.key not in a.get("name", "")]
+        if others:  # another campaign's runs (or someone's actors): the last one stops it
+            return
+        ray.shutdown()
+        ray_cluster.stop(self.campaign_dir, own)
 
 
 def _actor_class() -> Any:
@@ -272,7 +314,7 @@ def describe_cluster(cfg: Config, plan: CampaignPlan) -> tuple[str, int | None]:
     try:
         import ray
 
-        slots_ray.connect(plan.ray_address, start=False)
+        slots_ray.connect(plan.ray_address)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     except ConnectionError as exc:
         if named:  # the run would stop here too: say so now, in one line

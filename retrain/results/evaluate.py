@@ -2,9 +2,11 @@
 
 Greedy by default, exactly as the trainer evaluates (same prompts, batches, max_tokens and
 scorer), so on the run's own held-out split it reproduces the run's `eval_accuracy` at that
-step. `--samples K --temperature T` samples K completions per prompt and reports pass@1 and
-pass@K. Every completion goes to RUN_DIR/evals/<name>.jsonl; nothing else in the run folder
-is touched.
+step. A run whose environment plays episodes (any kind but a plain `task`) is evaluated on its
+held-out episodes, as the trainer does: accuracy is then the success rate.
+`--samples K --temperature T` samples K completions per prompt and reports pass@1 and pass@K.
+Every completion (or episode) goes to RUN_DIR/evals/<name>.jsonl; nothing else in the run
+folder is touched.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class EvalReport:
     mean_reward: float
     pass_at_1: Estimate | None      # sampled only: mean per-problem rate, t interval
     file: str
+    unit: str = "problems"          # "episodes" for an environment's held-out episodes
 
 
 def binomial(k: int, n: int) -> Proportion:
@@ -117,27 +120,88 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     _check(req)
     cfg = _eval_config(run_checkpoint.run_config(run_dir), req)
     ckpt = run_checkpoint.pick(run_dir, req.step)
-    name, problems = _problems(cfg, req, run_dir)
     temperature = 0.0 if req.temperature is None and req.samples == 1 else \
         req.temperature if req.temperature is not None else cfg.training.temperature
-    texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, req.samples, temperature)
-    label = f"{name}-step{ckpt.step}" + (f"-k{req.samples}-t{temperature:g}"
-                                         if temperature > 0 else "")
-    out = run_dir / EVALS_DIR / f"{label}.jsonl"
-    _write(out, _records(cfg, problems, texts, scores))
     k = req.samples
-    per_problem = [sum(scores.correct[i * k:(i + 1) * k]) for i in range(len(problems))]
-    n = len(problems)
+    if req.data is None and req.task is None and plays_episodes(cfg):
+        name, unit, scorer_name = "heldout", "episodes", f"environment {cfg.environment.kind}"
+        groups = _play_episodes(cfg, ckpt, run_dir, k, temperature)
+        records = _episode_records(groups)
+        correct = [e.success for g in groups for e in g]
+        rewards = [e.reward for g in groups for e in g]
+    else:
+        name, problems = _problems(cfg, req, run_dir)
+        unit, scorer_name = "problems", cfg.reward.type
+        texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature)
+        records = _records(cfg, problems, texts, scores)
+        correct, rewards = scores.correct, scores.rewards
+    label = f"{name}-step{ckpt.step}" + (f"-k{k}-t{temperature:g}" if temperature > 0 else "")
+    out = run_dir / EVALS_DIR / f"{label}.jsonl"
+    _write(out, records)
+    n = len(correct) // k
+    per_problem = [sum(correct[i * k:(i + 1) * k]) for i in range(n)]
     if k == 1:
         accuracy, pass1 = binomial(sum(per_problem), n), None
     else:
         accuracy = binomial(sum(1 for c in per_problem if c), n)
         pass1 = estimate([c / k for c in per_problem])
     return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
-                      samples=k, temperature=temperature, reward=cfg.reward.type,
-                      accuracy=accuracy,
-                      mean_reward=math.fsum(scores.rewards) / len(scores.rewards),
-                      pass_at_1=pass1, file=str(out))
+                      samples=k, temperature=temperature, reward=scorer_name,
+                      accuracy=accuracy, mean_reward=math.fsum(rewards) / len(rewards),
+                      pass_at_1=pass1, file=str(out), unit=unit)
+
+
+def plays_episodes(cfg: Config) -> bool:
+    """The run's environment plays episodes in a worker (held-out episodes, not prompts)."""
+    from retrain.environments.rollout import uses_scorer
+
+    return not uses_scorer(cfg.environment)
+
+
+class _OneBatch:
+    """The policy as the rollout's backend: each turn's prompts in one batched decode, as the
+    trainer's local backend samples them, so greedy episodes match the run's own eval."""
+
+    def __init__(self, policy):
+        self.policy, self.tokenizer = policy, policy.tokenizer
+
+    def sample(self, prompts, n, params):
+        return self.policy.sample(prompts, n, params, chunk=max(1, len(prompts)))
+
+
+def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, k: int,
+                   temperature: float):
+    """`k` episodes per held-out seed (the trainer's seeds), played by the checkpoint."""
+    from retrain.backends.base import SamplingParams
+    from retrain.environments.rollout import build_rollouts
+    from retrain.seeds import heldout_episode_seeds
+
+    if cfg.data.eval_size == 0:
+        raise UserError(f"{run_dir}: the run has no held-out episodes (data.eval_size = 0); "
+                        "give --data FILE.jsonl or --task NAME to evaluate on prompts")
+    policy = load_policy(cfg, ckpt, run_dir)
+    rollouts = None
+    try:
+        rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
+                                  run_dir, _OneBatch(policy), scorer=None, problems=[])
+        params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
+                                seed=cfg.training.seed if temperature > 0 else None,
+                                stop_strings=tuple(cfg.training.stop))
+        seeds = heldout_episode_seeds(cfg.training.seed, cfg.data.eval_size)
+        return rollouts.eval.run(seeds, k, params).groups
+    finally:
+        if rollouts is not None:
+            rollouts.close()
+        policy.close()
+
+
+def _episode_records(groups) -> list[dict]:
+    """One evals/ line per episode: its messages, how it ended and its reward."""
+    k = len(groups[0]) if groups else 1
+    return [{"seed": e.seed, "messages": e.history, "reward": e.reward, "correct": e.success,
+             "turns": e.turns, "ended": e.ended, **({"error": e.error} if e.error else {}),
+             **({"sample": j} if k > 1 else {})}
+            for g in groups for j, e in enumerate(g)]
 
 
 def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
@@ -204,16 +268,18 @@ def summary_lines(r: EvalReport) -> list[str]:
     interval = f"[{a.lo:.3f}, {a.hi:.3f}]"
     if r.samples == 1:
         how = "greedy" if r.temperature == 0 else f"1 sample at temperature {r.temperature:g}"
+        what = "successful episodes" if r.unit == "episodes" else "correct"
         lines = [f"{r.source} at step {r.step}: accuracy {a.value:.3f} {interval} "
-                 f"({a.k}/{a.n} correct, {how}; exact binomial 95% interval)"]
+                 f"({a.k}/{a.n} {what}, {how}; exact binomial 95% interval)"]
     else:
         p1 = r.pass_at_1
         lines = [f"{r.source} at step {r.step}: pass@{r.samples} {a.value:.3f} {interval} "
-                 f"({a.k}/{a.n} problems solved by some sample; exact binomial 95% interval)",
+                 f"({a.k}/{a.n} {r.unit} solved by some sample; exact binomial 95% interval)",
                  f"pass@1 {p1.mean:.3f} [{p1.lo:.3f}, {p1.hi:.3f}] ({r.samples} samples per "
-                 f"problem at temperature {r.temperature:g}; t interval over problems)"
+                 f"{r.unit[:-1]} at temperature {r.temperature:g}; t interval over problems)"
                  if p1 and p1.lo is not None else f"pass@1 {p1.mean:.3f}" if p1 else ""]
-    lines.append(f"mean reward {r.mean_reward:.3f} ({r.reward}); completions: {r.file}")
+    what = "episodes" if r.unit == "episodes" else "completions"
+    lines.append(f"mean reward {r.mean_reward:.3f} ({r.reward}); {what}: {r.file}")
     return [line for line in lines if line]
 
 

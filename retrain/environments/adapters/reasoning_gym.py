@@ -6,17 +6,25 @@
     params = {min_terms = 2, max_terms = 2}   # the task's config (with tasks: one table per task)
     size = 5000                               # items; episode seed -> item seed % size
     binary = false                            # true: reward 1 only for a fully right answer
+    format_reward = 0.0                       # shaping: added when the reply has answer tags
+    examples = 0                              # solved items shown first (a few-shot prompt)
 
 Items are generated lazily by index (some tasks take seconds per item). The held-out split
 uses another dataset seed, so its items differ from training's. The model answers inside
 <answer></answer>; the reward is the task's `score_answer` on that answer, stripped (no tag:
-0). Scores are in [0, 1] with partial credit unless `binary = true`.
+0). Scores are in [0, 1] with partial credit unless `binary = true`. `format_reward` is added
+to a reply that answers inside the tags at all, right or wrong: shaping for a small model that
+never writes them (the `formatted` metric counts such replies; `correct`, and so the held-out
+success rate, stays the task's own full score). `examples` shows that many solved items of
+the task (their own seed stream, the same for every episode and split) as earlier
+user/assistant turns, each answered as <answer>ANSWER</answer>.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from retrain.config import EnvironmentConfig
@@ -27,18 +35,21 @@ from retrain.errors import UserError
 SYSTEM_PROMPT = ("Answer the question. Give only your final answer between <answer> and "
                  "</answer> tags, e.g. <answer>42</answer>.")
 EVAL_SEED_OFFSET = 1_000_003  # the held-out split's dataset seed is the run's seed + this
+EXAMPLES_SEED_OFFSET = 2_000_003  # the few-shot examples' dataset seed is the run's seed + this
 
 
 class ReasoningGymTask(Environment):
     """One episode: one item of a reasoning-gym dataset, answered once."""
 
-    def __init__(self, dataset: Any, binary: bool):
-        self.dataset, self.binary = dataset, binary
+    def __init__(self, dataset: Any, binary: bool, format_reward: float = 0.0,
+                 examples: list[Message] | None = None):
+        self.dataset, self.binary, self.format_reward = dataset, binary, format_reward
+        self.examples = list(examples or [])
         self.entry: dict = {}
 
     def reset(self, seed: int) -> list[Message]:
         self.entry = self.dataset[seed % len(self.dataset)]
-        return [{"role": "system", "content": SYSTEM_PROMPT},
+        return [{"role": "system", "content": SYSTEM_PROMPT}, *self.examples,
                 {"role": "user", "content": self.entry["question"]}]
 
     def step(self, reply: str) -> Step:
@@ -52,16 +63,34 @@ class ReasoningGymTask(Environment):
             score, metrics["score_errors"] = 0.0, 1.0
         score = min(max(score, 0.0), 1.0)
         correct = score >= 1.0
-        metrics.update(score=score, correct=float(correct))
-        return Step(reward=float(correct) if self.binary else score, done=True,
+        formatted = bool(answer)
+        metrics.update(score=score, correct=float(correct), formatted=float(formatted))
+        reward = float(correct) if self.binary else score
+        return Step(reward=reward + (self.format_reward if formatted else 0.0), done=True,
                     metrics=metrics)
 
 
 def build(cfg: EnvironmentConfig, ctx: KindContext) -> Callable[[], Environment]:
     """Episodes over `cfg.task` (or the weighted mix `cfg.tasks`) with `cfg.params`."""
     dataset = make_dataset(cfg, ctx.seed + (EVAL_SEED_OFFSET if ctx.split == "eval" else 0))
-    binary = cfg.binary
-    return lambda: ReasoningGymTask(dataset, binary)
+    binary, format_reward = cfg.binary, cfg.format_reward
+    shots = solved_examples(cfg, ctx.seed + EXAMPLES_SEED_OFFSET)
+    return lambda: ReasoningGymTask(dataset, binary, format_reward, shots)
+
+
+def solved_examples(cfg: EnvironmentConfig, seed: int) -> list[Message]:
+    """`cfg.examples` items of the task as user/assistant turns, answered in the tags."""
+    if not cfg.examples:
+        return []
+    items = make_dataset(replace(cfg, size=cfg.examples), seed)
+    turns: list[Message] = []
+    for entry in (items[i] for i in range(cfg.examples)):
+        if entry["answer"] is None:
+            raise UserError("environment.examples: this task has no reference answers to "
+                            "show (it checks the model's proposal); set examples = 0")
+        turns += [{"role": "user", "content": entry["question"]},
+                  {"role": "assistant", "content": f"<answer>{entry['answer']}</answer>"}]
+    return turns
 
 
 def make_dataset(cfg: EnvironmentConfig, seed: int) -> Any:

@@ -4,11 +4,14 @@ Each episode hides a small table of names and codes behind the `lookup` tool and
 one name's code. The code is random, so the only way to the reward is to call the tool and
 copy its answer: reward 1 when the reply's answer (inside <answer></answer>, else its last
 number) is the code, 0 otherwise. Small enough for SmolLM2-135M to learn on a CPU.
+`format_reward` (0 by default) is added once per episode in which the model called the tool
+and the call ran: shaping for a small model that answers at once without it (the
+`looked_up` metric counts such episodes; `correct`, and so the success rate, is unchanged).
 
     [environment]
     kind = "lookup"
     max_turns = 3
-    params = {entries = 5, digits = 3}
+    params = {entries = 5, digits = 3, format_reward = 0.0}
 """
 
 from __future__ import annotations
@@ -34,14 +37,17 @@ _NUMBER = re.compile(r"\d+")
 class LookupTask(Environment):
     """One episode: find the code of one name with the `lookup` tool."""
 
-    def __init__(self, entries: int = 5, digits: int = 3):
+    def __init__(self, entries: int = 5, digits: int = 3, format_reward: float = 0.0):
         if not 1 <= entries <= len(NAMES):
             raise UserError(f"environment.params.entries = {entries}: use 1 to {len(NAMES)}")
         if not 1 <= digits <= 9:
             raise UserError(f"environment.params.digits = {digits}: use 1 to 9")
-        self.entries, self.digits = entries, digits
+        if not 0.0 <= format_reward <= 1.0:
+            raise UserError(f"environment.params.format_reward = {format_reward}: use 0 to 1")
+        self.entries, self.digits, self.format_reward = entries, digits, float(format_reward)
         self.table: dict[str, str] = {}
         self.target = ""
+        self.looked_up = False
         self.tools = [self.lookup]
 
     def reset(self, seed: int) -> list[Message]:
@@ -50,6 +56,7 @@ class LookupTask(Environment):
         low = 10 ** (self.digits - 1) if self.digits > 1 else 0
         self.table = {n: str(rng.randint(low, 10 ** self.digits - 1)) for n in names}
         self.target = rng.choice(names)
+        self.looked_up = False
         return [{"role": "user", "content": (
             f"What is the code of {self.target}? Find it with the lookup tool: "
             f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{self.target}"}}}}'
@@ -61,6 +68,7 @@ class LookupTask(Environment):
         Args:
             key: the name to look up.
         """
+        self.looked_up = True
         code = self.table.get(str(key).strip().lower())
         if code is None:
             return f"no entry named {key!r}"
@@ -70,18 +78,28 @@ class LookupTask(Environment):
         found = _ANSWER.findall(reply)
         numbers = _NUMBER.findall(found[-1] if found else reply)
         solved = bool(numbers) and numbers[-1] == self.table.get(self.target)
-        return Step(reward=float(solved), done=True, metrics={"correct": float(solved)})
+        return Step(reward=float(solved), done=True,
+                    metrics={"correct": float(solved), "looked_up": float(self.looked_up)})
+
+    def close(self) -> float:
+        """The shaping credit: `format_reward` when the tool ran in this episode."""
+        return self.format_reward if self.looked_up else 0.0
 
 
 def build(cfg: EnvironmentConfig, ctx: KindContext) -> Callable[[], Environment]:
     """The `lookup` kind: episodes of LookupTask with its own tool."""
     params = dict(cfg.params)
-    unknown = sorted(set(params) - {"entries", "digits"})
+    unknown = sorted(set(params) - {"entries", "digits", "format_reward"})
     if unknown:
         raise UserError(f"environment.params: lookup has no {', '.join(unknown)}; "
-                        "it takes entries (names in the table) and digits (of each code)")
+                        "it takes entries (names in the table), digits (of each code) and "
+                        "format_reward (shaping for calling the tool)")
     for key, value in params.items():
-        if type(value) is not int:
+        if key == "format_reward":
+            if type(value) not in (int, float):
+                raise UserError(f"environment.params.format_reward = {value!r}: use a number "
+                                "from 0 to 1")
+        elif type(value) is not int:
             raise UserError(f"environment.params.{key} = {value!r}: use a whole number")
     LookupTask(**params)  # bad values fail here, in the parent, not in every episode
     max_chars = cfg.tool_max_chars

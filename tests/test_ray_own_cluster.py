@@ -1,0 +1,142 @@
+"""A Ray campaign with no cluster running starts its own on this machine (`ray start --head`,
+campaign/ray_cluster.py), which outlives the runner: SIGKILL the runner and the runs keep
+going; run the command again and it reuses the cluster, adopts the runs, finishes, and stops
+the cluster, leaving no Ray process behind.
+
+Real Ray, real CLI, tiny model. Ray's folders go to a fresh short TMPDIR, so the runner can
+find no other cluster of this machine (a `ray start` of the user's, or another test's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
+
+from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
+from retrain import runlog  # noqa: E402
+from retrain.campaign import ray_cluster  # noqa: E402
+from retrain.campaign.manifest import load_manifest  # noqa: E402
+
+REWARD = """
+import os, time
+def reward(completion, answer):
+    time.sleep(float(os.environ.get("RETRAIN_TEST_REWARD_DELAY", "0")))
+    return sum(ch.isdigit() for ch in completion) / len(completion) if completion else 0.0
+"""
+TABLES = """
+[reward]
+type = "custom"
+function = "{function}:reward"
+timeout_s = 600.0
+"""
+STEPS = 6
+
+
+@pytest.fixture
+def ray_tmp():
+    """A short private temp folder (Ray's socket paths must stay under ~100 characters)."""
+    path = Path(tempfile.mkdtemp(prefix="rr", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _ray_processes(ray_tmp: Path) -> list[int]:
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(ray_tmp).encode() in cmd:
+            out.append(int(entry.name))
+    return out
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / runlog.METRICS_FILE).read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def _progress(campaign: Path) -> dict[str, int]:
+    """Each running run's step, once every run is placed and past step 1."""
+    if not (campaign / runlog.MANIFEST_FILE).exists():
+        return {}
+    m = load_manifest(campaign)
+    out = {}
+    for e in m.runs:
+        state = runlog.load_state(campaign / e.name)
+        if e.status != "running" or not e.node or state is None or state.step < 1:
+            return {}
+        out[e.name] = state.step
+    return out
+
+
+def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, ray_tmp):
+    if shutil.which("ray", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("ray") is None:
+        pytest.skip("the `ray` command is not installed")
+    env = {k: v for k, v in cli_env.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=str(ray_tmp), RAY_TMPDIR=str(ray_tmp))
+    (tmp_path / "score.py").write_text(REWARD)
+    path = tmp_path / "exp.toml"
+    path.write_text(tiny_campaign_toml(
+        tmp_path / "logs", "[1, 2]", max_steps=STEPS, max_workers=2, training="save_every = 1",
+        campaign='executor = "ray"', tables=TABLES.format(function=tmp_path / "score.py")))
+    campaign = tmp_path / "logs" / "exp"
+    own = None
+    with open(tmp_path / "first.txt", "w") as out:
+        runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)],
+                                  env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.5"},
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        before = _wait_for(lambda: _progress(campaign), 240, "both runs placed and at step 1")
+        own = ray_cluster._read(campaign / ray_cluster.RECORD)
+        assert own is not None and own.pgid != runner.pid
+        assert os.getpgid(runner.pid) != own.pgid  # the cluster is not the runner's group
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
+        time.sleep(4)  # a cluster owned by the runner would have taken its runs down by now
+        assert own.processes(), "the campaign's cluster died with its runner"
+        after = _wait_for(lambda: (p := _progress(campaign)) and all(
+            p[name] > step for name, step in before.items()) and p, 120,
+            "the runs to keep stepping without their runner")
+        assert set(after) == set(before)
+        again = subprocess.run([sys.executable, "-m", "retrain", str(path)], env=env,
+                               capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        m = load_manifest(campaign)
+        assert m.status == "completed"
+        for e in m.runs:  # adopted, not started twice; every step exactly once
+            assert e.status == "completed" and e.attempts == 1, e
+            assert _steps(campaign / e.name) == list(range(1, STEPS + 1))
+        # The campaign is over: its cluster is stopped, forgotten, and nothing of Ray is left.
+        assert not (campaign / ray_cluster.RECORD).exists()
+        _wait_for(lambda: not ray_cluster._group_members(own.pgid)
+                  and not _ray_processes(ray_tmp), 30, "the cluster's processes to exit")
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
+        if leftover is not None:
+            ray_cluster.stop(campaign, leftover)
