@@ -83,3 +83,15 @@ def test_a_failed_compile_says_so_once_and_decodes_eagerly(model, backend):
     assert lines[0].endswith("; decoding eagerly")
     _same(eager, fallen, 1e-6)
     _same(eager, again, 1e-6)
+
+
+def test_out_of_memory_is_not_taken_for_a_failed_compile(model, backend):
+    def no_memory(**_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    said = io.StringIO()
+    model.decoder = local_compile.CompiledDecoder(model.net, say=said,
+                                                  compile_fn=lambda net, dynamic: no_memory)
+    with pytest.raises(Exception, match="out of memory"):
+        _sample(backend, 1.0)
+    assert said.getvalue() == "" and model.decoder.failed is None

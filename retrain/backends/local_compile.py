@@ -42,10 +42,14 @@ class CompiledDecoder:
         self._compiled = (compile_fn or torch.compile)(net, dynamic=True)
 
     def __call__(self, **kwargs: Any) -> Any:
+        import torch
+
         if self.failed is None:
             try:
                 return self._compiled(**kwargs)
-            except Exception as exc:  # the compiler's, not the model's: eager says which
+            except torch.OutOfMemoryError:  # the step's, not the compiler's
+                raise
+            except Exception as exc:  # the compiler's, or the model's: eager raises it again
                 self._fall_back(exc)
         return self.net(**kwargs)
 
