@@ -14,6 +14,10 @@ them alike):
     token and layer) instead of the cache reserved for prompt + max_tokens;
   - multinomial draw: `torch.multinomial` (one random number per vocabulary entry) instead of
     one uniform per row through the cumulative distribution (the completions then differ);
+  - stop string `--stop` (training.stop): rows end when their text completes it (the same
+    completions, cut there; the step's time with it, not a saving the default step has);
+  - compiled decoding step (`[backend] compile = true`, unless `--no-compile`): the step
+    through torch.compile; its first call, compile included, is timed apart;
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
@@ -26,7 +30,9 @@ them alike):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -97,6 +103,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--stop", default="\n\n", help="the stop string of the stop row")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled row "
+                    "(its compile takes minutes on a CPU)")
     args = ap.parse_args()
 
     import torch
@@ -105,6 +114,7 @@ def main() -> None:
     from retrain.backends import local_loss, local_sampling
     from retrain.backends.base import LossConfig, SamplingParams, make_datum
     from retrain.backends.local import LocalModel
+    from retrain.backends.local_compile import CompiledDecoder
     from retrain.backends.local_sampling import sample_batch
     from retrain.config import DataConfig
     from retrain.environments.tasks import load_task, render_prompt
@@ -136,12 +146,30 @@ def main() -> None:
     def sample():
         return backend.sample(prompts, n, params)
 
+    variants = {}
+    if not args.no_compile:
+        decoder = CompiledDecoder(model.net)
+
+        def compiled():
+            model.decoder = decoder
+            try:
+                return sample()
+            finally:
+                model.decoder = None
+
+        start = time.perf_counter()
+        compiled()
+        first_compiled = time.perf_counter() - start
+        variants["compiled"] = compiled
+
     flat = [p for p in prompts for _ in range(n)]
     s = interleaved({"sample": sample,
                      "flat": lambda: backend.sample(flat, 1, params),
                      "no_eos": no_eos,
                      "grown": patched("reserve", lambda cache, _capacity: cache, sample),
-                     "multinomial": patched("draw", multinomial_draw, sample)}, r)
+                     "multinomial": patched("draw", multinomial_draw, sample),
+                     "stop": lambda: backend.sample(prompts, n, dataclasses.replace(
+                         params, stop_strings=(args.stop,))), **variants}, r)
     t_sample, groups = s["sample"]
 
     def tokens(name: str) -> int:
@@ -155,8 +183,15 @@ def main() -> None:
             ("multinomial", "  multinomial draw",
              f", {tokens('multinomial')} tokens (another random stream): "
              f"{s['multinomial'][0] / tokens('multinomial') / (t_sample / tokens('sample')):.2f}x "
-             "per token")):
+             "per token"),
+            ("stop", f"  stop string {args.stop!r}", f", {tokens('stop')} tokens")):
         rows.append((label, s[key][0], f"{s[key][0] / t_sample:.2f}x{note}"))
+    if "compiled" in s:
+        same = [[c.tokens for c in g] for g in s["compiled"][1]] == \
+            [[c.tokens for c in g] for g in groups]
+        rows.append(("  compiled decoding step", s["compiled"][0],
+                     f"{s['compiled'][0] / t_sample:.2f}x, first call {first_compiled:.1f} s "
+                     f"(compiling), {'the same' if same else 'other'} tokens"))
 
     loss = LossConfig(temperature=args.temperature)
     datums = [make_datum(p, c, adv) for p, g in zip(prompts, groups, strict=True)

@@ -210,6 +210,10 @@ class BackendConfig:
     base_url: str = opt("", "tinker: service URL (default: $TINKER_BASE_URL or the SDK's)")
     request_timeout_s: float = opt(600.0, "tinker: deadline for one API call", lo=0, lo_open=True,
                                    hi=MAX_WAIT_S)
+    compile: bool | str = opt(
+        "auto", "local: torch.compile the sampler's decoding step (minutes of compiling per "
+        "run; eager if the compile fails); \"auto\" = off: it was no faster on the CPUs "
+        "measured (bench/RESULTS.md)", words=("auto",))
     options: dict = opt({}, "free-form backend options", factory=True)
 
     @property

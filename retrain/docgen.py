@@ -14,7 +14,7 @@ from pathlib import Path
 
 from retrain import config_file, toml_io
 from retrain.campaign.plan import FILE_SECTIONS
-from retrain.schema import fields_of, format_bound
+from retrain.schema import fields_of, format_bound, hints_of
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -76,6 +76,8 @@ def _range(section: str, key: str) -> str:
     if meta.get("choices"):
         return " \\| ".join(f"`{c}`" for c in meta["choices"])
     lo, hi = meta.get("lo"), meta.get("hi")
+    if hints_of(FILE_SECTIONS[section])[key] == bool | str:
+        return " \\| ".join(["`true`", "`false`", *(f'`"{w}"`' for w in meta["words"])])
     if lo is None and hi is None:
         return ""
     op = ">" if meta.get("lo_open") else ">="

@@ -13,7 +13,7 @@ from retrain import toml_io
 from retrain.campaign import plan as plan_mod
 from retrain.campaign.plan import FILE_SECTIONS, SECTION
 from retrain.config import ConfigError, ConfigIssue
-from retrain.schema import check_field, fields_of, hints_of, is_number_or_word, key_hint
+from retrain.schema import check_field, fields_of, hints_of, is_value_or_word, key_hint
 
 
 def parse_cli_value(section: str, key: str, text: str) -> Any:
@@ -21,7 +21,7 @@ def parse_cli_value(section: str, key: str, text: str) -> Any:
     string), every other key parses it as a TOML value (1e-4, true, [1, 2], {a = 1})."""
     parsed = _toml_value(text)
     tp = hints_of(FILE_SECTIONS[section])[key]
-    if tp is str or (is_number_or_word(tp) and parsed is _NOT_TOML):
+    if tp is str or (is_value_or_word(tp) and parsed is _NOT_TOML):
         return parsed if isinstance(parsed, str) else text
     return text if parsed is _NOT_TOML else parsed
 

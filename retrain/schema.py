@@ -43,7 +43,7 @@ def opt(default: Any, help: str, *, choices: tuple | None = None, lo: float | No
         hi: float | None = None, lo_open: bool = False, factory: bool = False,
         words: tuple[str, ...] = ()) -> Any:
     """A config field with its meaning and allowed values attached. `words` are the strings an
-    `int | str` field takes besides its numbers (e.g. ("auto",))."""
+    `int | str` or `bool | str` field takes besides its values (e.g. ("auto",))."""
     meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open,
             "words": words}
     if factory:
@@ -136,7 +136,7 @@ _TYPE_NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"),
 
 def _type_name(tp: Any) -> str:
     """'an integer', 'a list of strings', ...: what a key expects, in words."""
-    if is_number_or_word(tp):
+    if is_value_or_word(tp):
         return " or ".join(_TYPE_NAMES[a][0] for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return "a list of " + _TYPE_NAMES[typing.get_args(tp)[0]][1]
@@ -147,15 +147,14 @@ def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
     """Coerce `value` to the field's type and check its range; return (value, problem)."""
     tp = hints_of(cls)[key]
     shown = show(value)
-    if is_number_or_word(tp):
+    if is_value_or_word(tp):
         words = fields_of(cls)[key].metadata.get("words") or ()
+        tp = typing.get_args(tp)[0]
+        expected = f"expected {_type_name(tp)} or {' or '.join(show(w) for w in words)}"
         if isinstance(value, str):
-            return value, None if value in words else \
-                f"expected an integer or {' or '.join(show(w) for w in words)}, got {shown}"
-        tp = int
-        if not _is_type(value, int):
-            return value, f"expected an integer or {' or '.join(show(w) for w in words)}, " \
-                f"got {shown}"
+            return value, None if value in words else f"{expected}, got {shown}"
+        if not _is_type(value, tp):
+            return value, f"{expected}, got {shown}"
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if typing.get_origin(tp) is list:
@@ -175,9 +174,11 @@ def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
     return value, _bounds_problem(fields_of(cls)[key].metadata, value, shown)
 
 
-def is_number_or_word(tp: Any) -> bool:
-    """An `int | str` field: a number, or one of the words its metadata names."""
-    return typing.get_origin(tp) is types.UnionType and typing.get_args(tp) == (int, str)
+def is_value_or_word(tp: Any) -> bool:
+    """An `int | str` or `bool | str` field: a number (true or false), or one of the words
+    its metadata names."""
+    return typing.get_origin(tp) is types.UnionType and typing.get_args(tp) in ((int, str),
+                                                                                (bool, str))
 
 
 def _bounds_problem(meta: Mapping[str, Any], value: Any, shown: str) -> str | None:

@@ -337,6 +337,8 @@ def _field_strategy(section: str, f: dataclasses.Field):
         return st.integers(int(lo) if lo is not None else -2**40, int(hi) if hi else 2**40)
     if tp == int | str:   # a number or one of its words ("auto")
         return st.one_of(st.integers(int(lo), int(hi)), st.sampled_from(meta["words"]))
+    if tp == bool | str:
+        return st.one_of(st.booleans(), st.sampled_from(meta["words"]))
     if tp is float:
         lo_v = lo if lo is not None else -1e9
         return st.floats(lo_v, hi if hi is not None else 1e9, exclude_min=bool(meta["lo_open"]),

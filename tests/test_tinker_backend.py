@@ -396,3 +396,34 @@ def test_no_slot_is_held_while_a_rate_limited_client_sleeps(tmp_path, sdk_env, t
         waiter.join(90)
         assert b._training is not None
         b.close()
+
+
+def test_stop_strings_go_to_the_service_and_cut_where_the_local_sampler_would(
+        tmp_path, sdk_env, tiny_model):
+    """training.stop over `retrain serve`: the strings travel as SamplingParams.stop, each
+    completion is the unstopped one cut at its first stop string, EOS still ends rows."""
+    from retrain.backends.local import LocalModel
+    from retrain.backends.stop_strings import cut_at_stop_strings
+    from retrain.serve.local_engine import LocalEngine
+
+    engine = LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
+    with Served(engine, tmp_path, hold_s=2.0) as served:
+        remote = TinkerBackend(base_model="tiny-random", lora_rank=4, seed=11,
+                               base_url=served.url, request_timeout_s=30)
+        prompts = [remote.tokenizer.encode("ab"), remote.tokenizer.encode("x")]
+        free = remote.sample(prompts, 4, SamplingParams(max_tokens=12, seed=2))
+        decode = remote.tokenizer.decode
+        longest = max((c.tokens for g in free for c in g), key=len)
+        stop = next(decode(longest[i:i + 1]) for i in range(3, len(longest))
+                    if decode(longest[i:i + 1]).isprintable())
+        stopped = remote.sample(prompts, 4, SamplingParams(max_tokens=12, seed=2,
+                                                           stop_strings=(stop,)))
+        remote.close()
+    cut = 0
+    for g_free, g_stop in zip(free, stopped, strict=True):
+        for a, b in zip(g_free, g_stop, strict=True):
+            want = cut_at_stop_strings(a, [stop], decode)
+            assert (b.tokens, b.finish_reason) == (want.tokens, want.finish_reason)
+            np.testing.assert_allclose(b.logprobs, want.logprobs, atol=1e-5)
+            cut += len(b.tokens) < len(a.tokens)
+    assert cut >= 1

@@ -325,3 +325,17 @@ def test_trackers_that_are_not_installed_are_a_user_error(workdir):
     with pytest.raises(UserError, match="pip install wandb"):
         run(path)
     assert runlog.load_state(workdir / "logs" / "run") is None  # never marked running
+
+
+def test_training_stop_strings_end_the_runs_completions(workdir):
+    printable = [chr(c) for c in range(32, 127)]  # the tiny model's bytes: most rows stop soon
+    tokens, cut = {}, {}
+    for name, stop in (("free", []), ("stopped", printable)):
+        path = write_config(workdir, name, training={"max_steps": 2, "save_every": 0,
+                                                     "max_tokens": 16, "stop": stop})
+        assert run(path) == 0
+        got = rows(workdir / "logs" / name)
+        tokens[name] = sum(r["mean_completion_tokens"] for r in got)
+        cut[name] = sum(r["max_token_hit_rate"] for r in got)
+    assert tokens["stopped"] < 0.5 * tokens["free"]
+    assert cut["stopped"] < cut["free"]

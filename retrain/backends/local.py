@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from retrain.backends import local_checkpoint, local_lora, local_loss
+from retrain.backends import local_checkpoint, local_compile, local_lora, local_loss
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -38,6 +38,7 @@ from retrain.backends.base import (
     TokenIds,
     finished,
 )
+from retrain.backends.local_compile import CompiledDecoder
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
 from retrain.backends.local_sampling import cache_keyword, eos_ids, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
@@ -64,6 +65,7 @@ class LocalModel:
         self.cache_key = cache_keyword(model)  # `cache` or `past_key_values`, by version
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
+        self.decoder: CompiledDecoder | None = None  # the sampler's compiled decoding step
         self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
 
     @classmethod
@@ -108,6 +110,11 @@ class LocalModel:
                          weight_bytes=sum(p.numel() * p.element_size() for p in params),
                          kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,
                          body_parameters=max(total - lookup, 1), head_parameters=head.numel())
+
+    def compile_decoding(self) -> None:
+        """Decode through the compiled forward of `net` from now on ([backend] compile)."""
+        self.decoder = CompiledDecoder(self.net)
+        self.summary += ", decoding step compiled"
 
     @property
     def net(self) -> Any:
@@ -205,7 +212,8 @@ class LocalBackend:
     @classmethod
     def from_config(cls, cfg: Config, config_dir: Path | None = None,
                     checkpoint_dir: Path | None = None) -> LocalBackend:
-        """A private LocalModel with one adapter, from `[model]` and `[training]`."""
+        """A private LocalModel with one adapter, from `[model]` and `[training]` (and
+        `[backend] compile`)."""
         from retrain.models import resolve_model
 
         m = cfg.model
@@ -215,10 +223,13 @@ class LocalBackend:
         except BackendError as exc:  # a folder or id that is no model: the config's fault
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
         local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
-        return model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
-                                 m.lora_target_modules, seed=cfg.training.seed,
-                                 micro_batch_size=cfg.training.micro_batch_size,
-                                 checkpoint_dir=checkpoint_dir)
+        backend = model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
+                                    m.lora_target_modules, seed=cfg.training.seed,
+                                    micro_batch_size=cfg.training.micro_batch_size,
+                                    checkpoint_dir=checkpoint_dir)
+        if local_compile.wanted(cfg.backend.compile):
+            model.compile_decoding()
+        return backend
 
     @property
     def tokenizer(self) -> Any:
@@ -267,7 +278,7 @@ class LocalBackend:
             return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
                                 pad_id=self.model.pad_id, generator=gen,
                                 make_cache=self._make_cache, cache_key=self.model.cache_key,
-                                decode=self.model.tokenizer.decode)
+                                decode=self.model.tokenizer.decode, decoder=self.model.decoder)
 
     def _make_cache(self) -> Any:
         from transformers import DynamicCache

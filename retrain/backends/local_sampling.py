@@ -141,10 +141,11 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
                  make_cache, cache_key: str = "past_key_values",
-                 decode=None) -> list[list[Completion]]:
+                 decode=None, decoder=None) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
-    see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`."""
+    see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
+    `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward)."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)
@@ -182,8 +183,9 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
             active, mask, tok = active[keep], mask[keep], tok[keep]
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         positions = mask.sum(dim=1, keepdim=True) - 1
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
-                    **{cache_key: cache}, use_cache=True, logits_to_keep=1)
+        out = (model if decoder is None else decoder)(
+            input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
+            **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length")
             for t, lp, f in zip(rows.tokens, rows.logprobs, rows.finished, strict=True)]

@@ -1,0 +1,97 @@
+"""`[backend] compile`: the compiled decoding step samples what the eager one does, and a
+compile that fails costs one line and falls back to eager."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from retrain.backends import local_compile
+from retrain.config import ConfigError, from_dict
+
+
+def test_compile_takes_true_false_or_auto():
+    assert from_dict({}).backend.compile == "auto"
+    for value in (True, False, "auto"):
+        assert from_dict({"backend": {"compile": value}}).backend.compile == value
+    for bad in ("yes", 1):
+        with pytest.raises(ConfigError, match='backend.compile.*expected true or false or "auto"'):
+            from_dict({"backend": {"compile": bad}})
+    assert local_compile.wanted(True)
+    assert not local_compile.wanted(False) and not local_compile.wanted("auto")
+
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from retrain.backends.base import SamplingParams  # noqa: E402
+from retrain.backends.local import LocalModel  # noqa: E402
+
+PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model) -> LocalModel:
+    return LocalModel.load(tiny_model, "float32", "cpu", 1)
+
+
+@pytest.fixture
+def backend(model):
+    b = model.new_backend("compiled", lora_rank=4, seed=3)
+    yield b
+    b.close()
+    model.delete_adapter("compiled")
+    model.decoder = None
+
+
+def _sample(backend, temperature: float):
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=9)
+    return [c for g in backend.sample(PROMPTS, 4, params) for c in g]
+
+
+def _same(eager, other, tol: float) -> None:
+    for a, b in zip(eager, other, strict=True):
+        assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < tol
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_compiled_step_samples_what_eager_does(model, backend, temperature):
+    eager = _sample(backend, temperature)
+    model.decoder = local_compile.CompiledDecoder(model.net, say=io.StringIO())
+    compiled = _sample(backend, temperature)
+    assert model.decoder.failed is None
+    _same(eager, compiled, 1e-4)
+
+
+def _refuse(_graph, _inputs):
+    raise RuntimeError("no C++ compiler here")
+
+
+def test_a_failed_compile_says_so_once_and_decodes_eagerly(model, backend):
+    eager = _sample(backend, 1.0)
+    said = io.StringIO()
+    model.decoder = local_compile.CompiledDecoder(
+        model.net, say=said,
+        compile_fn=lambda net, dynamic: torch.compile(net, dynamic=dynamic, backend=_refuse))
+    fallen = _sample(backend, 1.0)
+    again = _sample(backend, 1.0)
+    lines = said.getvalue().splitlines()
+    assert len(lines) == 1 and "no C++ compiler here" in lines[0]
+    assert lines[0].startswith("compile: torch.compile of the decoding step failed (")
+    assert lines[0].endswith("; decoding eagerly")
+    _same(eager, fallen, 1e-6)
+    _same(eager, again, 1e-6)
+
+
+def test_out_of_memory_is_not_taken_for_a_failed_compile(model, backend):
+    def no_memory(**_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    said = io.StringIO()
+    model.decoder = local_compile.CompiledDecoder(model.net, say=said,
+                                                  compile_fn=lambda net, dynamic: no_memory)
+    with pytest.raises(Exception, match="out of memory"):
+        _sample(backend, 1.0)
+    assert said.getvalue() == "" and model.decoder.failed is None
