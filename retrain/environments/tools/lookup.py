@@ -6,7 +6,8 @@ copy its answer: reward 1 when the reply's answer (inside <answer></answer>, els
 number) is the code, 0 otherwise. Small enough for SmolLM2-135M to learn on a CPU.
 `format_reward` (0 by default) is added once per episode in which the model called the tool
 and the call ran: shaping for a small model that answers at once without it (the
-`looked_up` metric counts such episodes; `correct`, and so the success rate, is unchanged).
+`looked_up` metric, on the answering step, counts such episodes; `correct`, and so the
+success rate, is unchanged).
 `examples` (0 by default) shows that many solved episodes first (question, call, result,
 answer; names not in the episode's table), a few-shot prompt.
 
