@@ -86,6 +86,17 @@ def read_serve_url(proc, timeout_s: float) -> str:
     return line.split("retrain serve: ")[1].split()[0]
 
 
+def wait_until(predicate, timeout: float, what: str):
+    """Poll `predicate` until it returns something true (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def wait_for(predicate, proc, timeout=120.0):
     """Poll `predicate` until true; fail early with the output if the process `proc` ended."""
     deadline = time.monotonic() + timeout

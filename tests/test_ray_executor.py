@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retr
 from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain import runlog  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
+from tests.run_helpers import wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
@@ -89,16 +89,6 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines if line.strip()]
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _running_at_step(campaign: Path, step: int):
     """The manifest's running entry once it is placed and its run has passed `step`."""
     m = load_manifest(campaign) if (campaign / runlog.MANIFEST_FILE).exists() else None
@@ -133,7 +123,7 @@ def test_removed_node_run_is_retried_elsewhere_and_resumes_exactly(tmp_path, env
     campaign = tmp_path / "logs" / "exp"
     driver = _start({**env, "RETRAIN_TEST_REWARD_DELAY": "0.15"}, path, tmp_path / "out.txt")
     try:
-        entry = _wait_for(lambda: _running_at_step(campaign, 2), 120, "step 2 on a node")
+        entry = wait_until(lambda: _running_at_step(campaign, 2), 120, "step 2 on a node")
         (victim,) = [n for n in cluster.worker_nodes if n.node_id == entry.node]
         cluster.remove_node(victim)
         assert driver.wait(timeout=180) == 0, (tmp_path / "out.txt").read_text()
@@ -156,7 +146,7 @@ def test_killed_driver_rerun_adopts_the_running_runs(tmp_path, env):
     campaign = tmp_path / "logs" / "exp"
     slow = {**env, "RETRAIN_TEST_REWARD_DELAY": "0.3"}  # still running while status looks
     driver = _start(slow, path, tmp_path / "first.txt")
-    _wait_for(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
+    wait_until(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     status = _retrain(env, "status", str(tmp_path / "logs"))
@@ -194,7 +184,7 @@ def test_folder_not_shared_with_a_node_stops_before_launching(tmp_path, env, clu
     try:
         alive = len([n for n in ray.nodes() if n["Alive"]])
         try:
-            _wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) > alive
+            wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) > alive
                       or node.poll() is not None, 60, "the namespaced node")
         except AssertionError:
             pytest.skip("could not start a Ray node in its own mount namespace")
@@ -217,7 +207,7 @@ def test_ctrl_c_checkpoints_the_runs_and_leaves_no_actor(tmp_path, env):
     campaign = tmp_path / "logs" / "exp"
     slow = {**env, "RETRAIN_TEST_REWARD_DELAY": "0.1"}
     driver = _start(slow, path, tmp_path / "out.txt")
-    _wait_for(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
+    wait_until(lambda: _running_at_step(campaign, 1), 120, "a run at step 1")
     driver.send_signal(signal.SIGINT)
     assert driver.wait(timeout=120) == 130, (tmp_path / "out.txt").read_text()
     (e,) = load_manifest(campaign).runs

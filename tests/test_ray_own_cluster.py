@@ -27,6 +27,7 @@ from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain import runlog  # noqa: E402
 from retrain.campaign import ray_cluster  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
+from tests.run_helpers import wait_until  # noqa: E402
 
 REWARD = """
 import os, time
@@ -63,16 +64,6 @@ def _ray_processes(ray_tmp: Path) -> list[int]:
     return out
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _steps(run_dir: Path) -> list[int]:
     lines = (run_dir / runlog.METRICS_FILE).read_text().splitlines()
     return [json.loads(line)["step"] for line in lines if line.strip()]
@@ -90,6 +81,15 @@ def _progress(campaign: Path) -> dict[str, int]:
             return {}
         out[e.name] = state.step
     return out
+
+
+def _clean_up(runner: subprocess.Popen, campaign: Path, own) -> None:
+    """Whatever a failed test left: the runner's process group and the campaign's cluster."""
+    if runner.poll() is None:
+        os.killpg(runner.pid, signal.SIGKILL)
+    leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
+    if leftover is not None:
+        ray_cluster.stop(campaign, leftover)
 
 
 def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, ray_tmp):
@@ -110,7 +110,7 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
                                   env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.5"},
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        before = _wait_for(lambda: _progress(campaign), 240, "both runs placed and at step 1")
+        before = wait_until(lambda: _progress(campaign), 240, "both runs placed and at step 1")
         own = ray_cluster._read(campaign / ray_cluster.RECORD)
         assert own is not None and own.pgid != runner.pid
         assert os.getpgid(runner.pid) != own.pgid  # the cluster is not the runner's group
@@ -127,7 +127,7 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         for name in mid:  # the run processes are alive, and they keep stepping
             state = runlog.load_state(campaign / name)
             assert runlog.pid_alive(state.pid, state.host), name
-        _wait_for(lambda: (p := _progress(campaign)) and all(
+        wait_until(lambda: (p := _progress(campaign)) and all(
             p[name] > step for name, step in mid.items()), 120,
             "the runs to keep stepping without their runner")
         again = subprocess.run([sys.executable, "-m", "retrain", str(path)], env=env,
@@ -140,14 +140,10 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
             assert _steps(campaign / e.name) == list(range(1, STEPS + 1))
         # The campaign is over: its cluster is stopped, forgotten, and nothing of Ray is left.
         assert not (campaign / ray_cluster.RECORD).exists()
-        _wait_for(lambda: not ray_cluster._group_members(own.pgid)
+        wait_until(lambda: not ray_cluster._group_members(own.pgid)
                   and not _ray_processes(ray_tmp), 30, "the cluster's processes to exit")
     finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-        leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
-        if leftover is not None:
-            ray_cluster.stop(campaign, leftover)
+        _clean_up(runner, campaign, own)
 
 
 def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
@@ -166,17 +162,13 @@ def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     own = None
     try:
-        _wait_for(lambda: _progress(campaign), 240, "the run placed and at step 1")
+        wait_until(lambda: _progress(campaign), 240, "the run placed and at step 1")
         own = ray_cluster._read(campaign / ray_cluster.RECORD)
         assert own is not None
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=120) == 130, (tmp_path / "out.txt").read_text()
         assert not (campaign / ray_cluster.RECORD).exists()
-        _wait_for(lambda: not ray_cluster._group_members(own.pgid)
+        wait_until(lambda: not ray_cluster._group_members(own.pgid)
                   and not _ray_processes(ray_tmp), 30, "the cluster's processes to exit")
     finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-        leftover = ray_cluster._read(campaign / ray_cluster.RECORD) or own
-        if leftover is not None:
-            ray_cluster.stop(campaign, leftover)
+        _clean_up(runner, campaign, own)
