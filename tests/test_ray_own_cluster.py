@@ -92,7 +92,10 @@ def _clean_up(runner: subprocess.Popen, campaign: Path, own) -> None:
         ray_cluster.stop(campaign, leftover)
 
 
-def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, ray_tmp):
+def _ray_campaign(tmp_path: Path, cli_env: dict, ray_tmp: Path, seeds: str,
+                  workers: int) -> tuple[dict, Path, Path]:
+    """(environment, TOML, campaign folder) of a tiny Ray campaign with no cluster to find:
+    the runner must start its own, in `ray_tmp`."""
     if shutil.which("ray", path=str(Path(sys.executable).parent)) is None \
             and shutil.which("ray") is None:
         pytest.skip("the `ray` command is not installed")
@@ -101,9 +104,14 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
     (tmp_path / "score.py").write_text(REWARD)
     path = tmp_path / "exp.toml"
     path.write_text(tiny_campaign_toml(
-        tmp_path / "logs", "[1, 2]", max_steps=STEPS, max_workers=2, training="save_every = 1",
-        campaign='executor = "ray"', tables=TABLES.format(function=tmp_path / "score.py")))
-    campaign = tmp_path / "logs" / "exp"
+        tmp_path / "logs", seeds, max_steps=STEPS, max_workers=workers,
+        training="save_every = 1", campaign='executor = "ray"',
+        tables=TABLES.format(function=tmp_path / "score.py")))
+    return env, path, tmp_path / "logs" / "exp"
+
+
+def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, ray_tmp):
+    env, path, campaign = _ray_campaign(tmp_path, cli_env, ray_tmp, "[1, 2]", workers=2)
     own = None
     with open(tmp_path / "first.txt", "w") as out:
         runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)],
@@ -149,14 +157,8 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
 def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
     """Ctrl-C: the runs checkpoint and stop, and with nothing of the campaign running the
     runner stops the cluster it started; nothing of Ray is left."""
-    env = {k: v for k, v in cli_env.items() if k != "RAY_ADDRESS"}
-    env.update(TMPDIR=str(ray_tmp), RAY_TMPDIR=str(ray_tmp), RETRAIN_TEST_REWARD_DELAY="0.5")
-    (tmp_path / "score.py").write_text(REWARD)
-    path = tmp_path / "exp.toml"
-    path.write_text(tiny_campaign_toml(
-        tmp_path / "logs", "[1]", max_steps=STEPS, max_workers=1, training="save_every = 1",
-        campaign='executor = "ray"', tables=TABLES.format(function=tmp_path / "score.py")))
-    campaign = tmp_path / "logs" / "exp"
+    env, path, campaign = _ray_campaign(tmp_path, cli_env, ray_tmp, "[1]", workers=1)
+    env["RETRAIN_TEST_REWARD_DELAY"] = "0.5"
     with open(tmp_path / "out.txt", "w") as out:
         runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
