@@ -78,14 +78,16 @@ def one_step(backend, prompts, spec, seed: int):
     backend.optim_step(AdamParams(learning_rate=spec["lr"]))
     t_train = time.perf_counter() - t0
     units = backend._plan(datums, backend.micro_batch_size)
-    prefix, padded = 0, 0
+    prefix, padded, runs = 0, 0, 0  # the suffixes run in length buckets (local_loss)
     for u in units:
         splits = [local_loss.split_point(datums[i]) for i in u.index]
         distinct = {tuple(datums[i].input_tokens[:s]) for i, s in zip(u.index, splits,
                                                                        strict=True)}
         prefix += sum(len(p) for p in distinct)
-        padded += len(u.index) * max(len(datums[i]) - s for i, s in zip(u.index, splits,
-                                                                           strict=True))
+        suffix = [len(datums[i]) - s for i, s in zip(u.index, splits, strict=True)]
+        for run in local_loss.length_buckets(suffix, backend.bucket_overhead):
+            padded += len(run) * max(suffix[r] for r in run)
+            runs += 1
     tokens = int(out.metrics["tokens"])
     steps = max(max(c) for c in lengths)
     width = max(len(p) for p in prompts)

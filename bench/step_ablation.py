@@ -21,6 +21,8 @@ them alike):
 - train: `LocalBackend.forward_backward` (distinct prompts once per micro-batch, completions on
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
+  - one suffix bucket: the completions of a micro-batch padded to its longest, not run in
+    length buckets (`local_loss.length_buckets`);
   - second forward: a no-grad pass over the same batch, what recomputing the sampler's
     log-probs (or a reference model) would add.
 
@@ -204,13 +206,24 @@ def main() -> None:
                 batch = local_loss.pack(datums, unit, model.pad_id, model.device)
                 backend._target_logprobs(backend.model.net, batch, loss.temperature)
 
+    def one_bucket():
+        backend.bucket_overhead = 10**9  # a bucket then costs more than any padding
+        try:
+            return backend.forward_backward(datums, loss)
+        finally:
+            backend.bucket_overhead = local_loss.BUCKET_OVERHEAD
+            backend._zero_grad()
+
     t = interleaved({"train": lambda: (backend.forward_backward(datums, loss),
                                        backend._zero_grad())[0],
+                     "one_bucket": one_bucket,
                      "plain": lambda: plain_forward_backward(backend, datums, loss, model.pad_id),
                      "second": second_forward}, r)
     t_train, out = t["train"]
     rows.append(("train (forward+backward)", t_train,
                  f"{sum(len(d) for d in datums)} tokens, loss {out.loss:.6f}"))
+    rows.append(("  one suffix bucket (padded)", t["one_bucket"][0],
+                 f"{t['one_bucket'][0] / t_train:.2f}x, loss {t['one_bucket'][1].loss:.6f}"))
     rows.append(("  plain full-sequence pass", t["plain"][0],
                  f"{t['plain'][0] / t_train:.2f}x, loss {t['plain'][1]:.6f}"))
     share = t["second"][0] / (t_sample + t_train)

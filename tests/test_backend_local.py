@@ -350,3 +350,24 @@ def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(monkeypatch, nati
 def test_the_loaded_model_says_what_it_chose(model):
     assert model.summary.startswith(f"{model.name_or_path} on cpu, float32 (as configured), ")
     assert model.summary.endswith(" 1 torch threads")
+
+
+def test_length_buckets_do_not_change_logprobs_or_gradient(model, backend, eos_bias):
+    """One bucket per completion length against one bucket for all: the same numbers."""
+    ps = prompts(model)
+    groups = backend.sample(ps, 4, SamplingParams(max_tokens=12, temperature=0.9, seed=11))
+    assert len({len(c.tokens) for g in groups for c in g}) > 2  # lengths differ: buckets form
+    datums = datums_for(ps, groups, adv=lambda i, j: 0.3 * j - 0.4 + 0.1 * i)
+    results = []
+    for overhead in (0, 10**9):
+        backend.bucket_overhead = overhead
+        out = backend.forward_backward(datums, LossConfig(name="ppo", temperature=0.9))
+        results.append((out, [p.grad.clone() for p in backend.params.values()]))
+        backend._zero_grad()
+    (many, g_many), (one, g_one) = results
+    assert many.loss == pytest.approx(one.loss, abs=1e-6)
+    assert max_logprob_diff(datums, many) < 1e-4
+    for a, b in zip(many.logprobs, one.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    for a, b in zip(g_many, g_one, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)

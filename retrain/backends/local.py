@@ -201,6 +201,7 @@ class LocalBackend:
         self.model = model
         self.adapter = adapter
         self.micro_batch_size = micro_batch_size
+        self.bucket_overhead = local_loss.BUCKET_OVERHEAD
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.params = model.adapter_params(adapter)
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=1e-4)
@@ -362,28 +363,43 @@ class LocalBackend:
 
     def _target_logprobs(self, net: Any, batch: local_loss.Packed,
                          temperature: float) -> torch.Tensor:
-        """Log-probs of the kept targets: prefixes once, suffixes on their repeated KV cache.
+        """Log-probs of the kept targets, in `batch.targets` order: prefixes once, suffixes in
+        length buckets on their rows of the prefix KV cache. Only kept positions reach the LM
+        head."""
+        prefix = None if batch.prefix_ids is None else self._prefix_kv(net, batch)
+        lengths = batch.suffix_mask.sum(-1).tolist()
+        entry = (batch.keep.flatten().cumsum(0) - 1).view_as(batch.keep)  # index in targets
+        parts, order = [], []
+        for run in local_loss.length_buckets(lengths, self.bucket_overhead):
+            rows = torch.tensor(run, device=batch.input_ids.device)
+            width = max(lengths[r] for r in run)
+            keep = batch.keep[rows, :width]
+            args: dict[str, Any] = {}  # right padding alone needs no attention mask
+            if prefix is not None:
+                prows = batch.row_prefix[rows]
+                cache = self._make_cache()
+                for layer, (k, v) in enumerate(prefix):
+                    cache.update(k[prows], v[prows], layer)
+                args = {"attention_mask": torch.cat([batch.prefix_mask[prows],
+                                                     batch.suffix_mask[rows, :width]], dim=1),
+                        "position_ids": batch.positions[rows, :width],
+                        self.model.cache_key: cache, "use_cache": True}
+            logits = net(input_ids=batch.input_ids[rows, :width], logits_to_keep=keep,
+                         **args).logits
+            parts.append(token_logprobs(logits, temperature))
+            order.append(entry[rows, :width][keep])
+        where = torch.cat(order)
+        lp = torch.cat(parts).gather(-1, batch.targets[where][:, None]).squeeze(-1)
+        return lp[torch.argsort(where)]
 
-        Only the kept positions go through the LM head.
-        """
-        if batch.prefix_ids is None:  # right padding alone needs no attention mask
-            logits = net(input_ids=batch.input_ids, logits_to_keep=batch.keep).logits
-        else:
-            cache = self._make_cache()
-            positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
-            key = self.model.cache_key
-            net(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
-                position_ids=positions, **{key: cache}, use_cache=True, logits_to_keep=1)
-            rows = batch.row_prefix
-            if rows.numel() != batch.prefix_ids.shape[0] or bool((rows != torch.arange(
-                    rows.numel(), device=rows.device)).any()):
-                cache.batch_select_indices(rows)
-            mask = torch.cat([batch.prefix_mask[rows], batch.suffix_mask], dim=1)
-            logits = net(input_ids=batch.input_ids, attention_mask=mask,
-                         position_ids=batch.positions, **{key: cache}, use_cache=True,
-                         logits_to_keep=batch.keep).logits
-        lp = token_logprobs(logits, temperature)
-        return lp.gather(-1, batch.targets[:, None]).squeeze(-1)
+    def _prefix_kv(self, net: Any, batch: local_loss.Packed) -> list[tuple[Any, Any]]:
+        """Each layer's keys and values of the distinct prefixes (with gradients in training)."""
+        cache = self._make_cache()
+        positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+        net(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
+            position_ids=positions, **{self.model.cache_key: cache}, use_cache=True,
+            logits_to_keep=1)
+        return [(layer.keys, layer.values) for layer in cache.layers]
 
     def logprobs(self, datums: list[Datum], temperature: float = 1.0,
                  adapter: str | None = None) -> list[list[float]]:

@@ -10,6 +10,11 @@ each distinct prompt *prefix* once (left-padded together, with gradients), repea
 cache for its completions, and runs the per-completion *suffixes* on top: two forward calls
 per micro-batch, the same layout as the sampler. The gradient is exactly that of running
 every full sequence (causal attention: the prompt never sees its completion).
+
+Length buckets: completions of one micro-batch differ in length (EOS), and padding every
+suffix to the longest wasted 37-63% of the suffix tokens in a 4x8 SmolLM2 step. The suffixes
+therefore run in a few buckets of similar length (`length_buckets`), each on its own copy of
+the prefix cache, so padding costs a few tokens per bucket instead.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from retrain.backends.base import Datum, LossConfig
 LOSSES = ("importance_sampling", "ppo", "cross_entropy")
 AUTO_TOKENS = 8192        # automatic micro-batches: padded suffix tokens per chunk
 AUTO_LOGITS = 2**26       # ... and logit entries (targets x vocab) per chunk
+BUCKET_OVERHEAD = 16      # padded token-rows that one more suffix forward (its fixed cost) is worth
 
 
 def per_token_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor,
@@ -85,6 +91,25 @@ def _fits(datums: list[Datum], index: list[int], size: int, vocab_size: int) -> 
         return len(index) <= size
     width = max(len(datums[i]) - split_point(datums[i]) for i in index)
     return width * len(index) <= AUTO_TOKENS and width * len(index) * vocab_size <= AUTO_LOGITS
+
+
+def length_buckets(lengths: list[int], overhead: int = BUCKET_OVERHEAD) -> list[list[int]]:
+    """Row indices in runs of similar length, shortest first: the cut of the rows sorted by
+    length that minimises (rows x longest) summed over runs + `overhead` per run."""
+    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
+    best = [0] + [None] * len(order)   # best[j]: cost of the first j rows of `order`
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            cost = best[i] + (j - i) * longest + overhead
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs, j = [], len(order)
+    while j > 0:
+        runs.append(order[cut[j]:j])
+        j = cut[j]
+    return runs[::-1]
 
 
 @dataclass
