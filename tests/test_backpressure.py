@@ -165,6 +165,38 @@ def test_window_sums_are_those_of_its_newest_points(points, window):
         assert got == pytest.approx(want, rel=1e-9)
 
 
+@FAST
+@given(st.lists(st.tuples(st.sampled_from([16, 48, 96, 192, 384, 768]), st.floats(0.8, 1.25)),
+                min_size=8, max_size=40), st.floats(1e-3, 1e3), st.floats(1.0, 500.0))
+def test_p_star_se_does_not_depend_on_units_or_conditioning(points, factor, center):
+    """The SE of log p* is a property of the points: the same when throughput is in other
+    units (y scaled) and whatever centre and scale map p onto q for conditioning."""
+    machine = (0.05, 2e-5, 900.0)
+    sums = [UslSums(100, 392.0, 376.0), UslSums(100, center, center / 2), UslSums(100, 392.0,
+                                                                                376.0)]
+    for p, noise in points:
+        y = p / (usl_throughput(p, *machine) * noise)
+        sums[0].add(p, y)
+        sums[1].add(p, y)
+        sums[2].add(p, y * factor)
+    fits = [s.fit() for s in sums]
+    assume(not isinstance(fits[0], str) and math.isfinite(fits[0].p_star))
+    se = [s.log_p_star_se(f) for s, f in zip(sums, fits, strict=True)]
+    assume(se[0] is not None and se[0] < 10)
+    assert se[1] == pytest.approx(se[0], rel=1e-4)
+    assert se[2] == pytest.approx(se[0], rel=1e-4)
+
+
+def test_p_star_se_needs_a_peak_and_three_sizes():
+    sums = UslSums()
+    for p in (16, 16, 32, 32, 64, 64):
+        sums.add(p, p / (usl_throughput(p, *MACHINE) * (1.01 if p == 32 else 1.0)))
+    assert sums.log_p_star_se(UslFit(*MACHINE)) > 0
+    assert sums.log_p_star_se(UslFit(0.05, 0.0, 900.0)) is None   # no finite p*
+    sums.keep_newest(4)
+    assert sums.log_p_star_se(UslFit(*MACHINE)) is None           # 2 distinct sizes
+
+
 def test_fit_needs_three_distinct_concurrencies():
     sums = UslSums()
     for p in (16, 16, 32, 32):
@@ -286,6 +318,26 @@ def test_retrograde_throttles_to_the_margin():
     ctl, _ = warmed()
     d = step(ctl, 30)                  # p = 480 > 0.85 * 221
     assert (d.regime, d.action, d.batch_size) == ("retrograde", "throttle", 11)
+
+
+def test_a_throttle_must_promise_throughput():
+    """Under an out-of-memory ceiling just above p*, throttle_margin * p* rounded down (5
+    prompts) is slower, by the fit itself, than the largest size that fits (7): hold there.
+    (Noisy points below a ceiling far under p* produced such fits: the simulator's OOM at 10%
+    noise throttled 7 -> 5 prompts, 0.915 of the best.)"""
+    peak100 = (0.0, 1e-4, 900.0)       # p* = 100: target floor(85 / 16) = 5, X(112) > X(80)
+    ctl = BackpressureController(ON, G)
+    b, reasons = ctl.first_batch_size(8), []
+    for _ in range(40):
+        while b >= 8:
+            b = ctl.observe(b, 0, 0.0, oom=True).batch_size
+        d = step(ctl, b, peak100)
+        b = d.batch_size
+        reasons.append(d.reason)
+    assert ctl.target_batch_size == 5 and b == 7
+    assert "the fit predicts p=112 at least as fast as 0.85 * p*" in reasons[-1]
+    ctl, _ = warmed()                  # without a ceiling the throttle is unconditional
+    assert step(ctl, 16).batch_size == 11
 
 
 def test_below_target_increases_to_the_margin():

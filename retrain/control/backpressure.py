@@ -36,6 +36,8 @@ __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roof
 
 P_MAX = 10**7              # largest concurrency accepted as an observation
 TRANSIENT = 2.0            # an exploring sample this far off the others at its size: a transient
+SE_GOAL = 0.07             # an exploration goes on until its fit locates p* to ±7% (one SE) ...
+REFINES = 5                # ... or for at most this many more pairs of steps
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
                "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency",
@@ -127,6 +129,7 @@ class BackpressureController:
         self._explore_len = len(self._planned)
         self._retries = 0                  # out-of-memory retries in this exploration
         self._checked = False              # the exploration's samples were checked for transients
+        self._refines = 0                  # pairs of steps added to locate p* more precisely
         self._refit_left = 0               # refits left before the fit is frozen
         self._land = False                 # at the last refit, go to its target
         self._approaching = False          # the last increase was cut short by the bisection
@@ -199,7 +202,7 @@ class BackpressureController:
                 "ceiling": ceiling.failed, "ok_max": ceiling.ok_max,
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
-                "probes": list(self._planned), "checked": self._checked,
+                "probes": list(self._planned), "checked": self._checked, "refines": self._refines,
                 "refit_left": self._refit_left, "land": self._land,
                 "approaching": self._approaching, **self._watch.state_dict(),
                 "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next,
@@ -240,6 +243,7 @@ class BackpressureController:
         # States saved before the warm-up plan was kept have [] there: the warm-up sweep.
         self._planned = [int(v) for v in d["probes"]] or self._warmup_plan()
         self._checked = bool(d.get("checked", False))
+        self._refines = int(d.get("refines", 0))
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
@@ -376,6 +380,9 @@ class BackpressureController:
             sweep = sweep_sizes(self.lo, self.largest)      # keep sweeping until a fit
             self._plan_more([sweep[len(self._planned) % len(sweep)]])
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
+        refine = self._refine(fit)
+        if refine:
+            return self._decision("hold", "warmup", self._plan(), p, refine)
         self._fit, self._exploring, self._land = fit, False, True
         note = f"; {dropped} transient sample(s) left out" if dropped else ""
         self._refit_left = self._sums.window - len(self._sums)
@@ -383,6 +390,23 @@ class BackpressureController:
         if self._watch.noise2 is None:
             self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
         return self._decide(b, p, roof, "first fit after exploring" + note, rule="first")
+
+    def _refine(self, fit: UslFit) -> str:
+        """While the fit locates p* worse than ±SE_GOAL (its standard error), plan two more
+        steps, at half and twice its target, at most REFINES times; returns why ("" when
+        done). The sweep and the drift probes are spread to find p* at all, not to place it
+        precisely: at 10% noise the 8 drift probes put p* 18% low in some runs, and the many
+        steps at the target that follow cannot move it (bench/RESULTS.md, 2026-11-25)."""
+        if self._fit is None:        # the warm-up: its sweep spans the whole range already
+            return ""
+        se = self._sums.log_p_star_se(fit)
+        if self._refines >= REFINES or se is None or se <= SE_GOAL:
+            return ""
+        self._refines += 1
+        target = self._goal(fit)[0]
+        self._plan_more([max(self.lo, target // 2), 2 * target])
+        return (f"refining ({self._refines}/{REFINES}): p*={fit.p_star:.4g} ± {se:.0%}, "
+                f"probing around the target {target}")
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
                roof: Roofline | None) -> Decision:
@@ -432,6 +456,9 @@ class BackpressureController:
                 nxt, rule = target, "approaching"
             else:
                 nxt = b
+        if nxt < b and bound == "throughput" and self.oom_ceiling.failed is not None \
+                and not self._pays(fit, p, nxt * self.group_size):
+            nxt, rule = b, "as fast"
         wanted = nxt
         nxt = self._bound(nxt)
         # Under an out-of-memory ceiling an increase goes by bisection; keep going on the next
@@ -440,6 +467,17 @@ class BackpressureController:
         action = "hold" if regime == "warmup" else _action(b, nxt)
         why = self._explain(rule, p, ratio, bound, at_bound=wanted != b and nxt == b, roof=roof)
         return self._decision(action, regime, nxt, p, f"{note}; {why}" if note else why)
+
+    def _pays(self, fit: UslFit, p: int, p_to: int) -> bool:
+        """Under an out-of-memory ceiling: does the fit predict p_to faster than p? There a
+        throttle must promise throughput. The steps below a ceiling far under p* cannot locate
+        p* (the Cramér-Rao bound of the simulator's OOM at 10% noise: ±130%), and a fluke of
+        their noise can put the fit's p* just below the largest size that fits; throttle_margin
+        * p* rounded down then lands on a size the fit itself predicts no faster than the one
+        it leaves (that scenario: 7 -> 5 prompts, 0.915 of the best). Without a ceiling the
+        throttle stays unconditional: holding above the target moved runs to sizes where RL's
+        drift raised false alarms (tests/test_backpressure_drift.py)."""
+        return fit.throughput(p_to) > fit.throughput(p)
 
     def _explain(self, rule: str, p: int, ratio: float, bound: str, at_bound: bool,
                  roof: Roofline | None) -> str:
@@ -453,6 +491,7 @@ class BackpressureController:
                "goodput": f"above the goodput bound: larger batches stop helping ({where})",
                "below": f"below target: p < {im} * {target} ({where})",
                "approaching": f"approaching {target} below the out-of-memory ceiling ({where})",
+               "as fast": f"holding: the fit predicts p={p} at least as fast as {target} ({where})",
                }.get(rule, where)
         if at_bound:
             why += " (at a batch size bound)"
@@ -473,7 +512,7 @@ class BackpressureController:
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
         """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
         self._planned = drift.probe_sizes(b, direction, self._bound) * 2
-        self._checked = False
+        self._checked, self._refines = False, 0
         self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
         self._explore_n, self._explore_len, self._retries = 0, len(self._planned), 0
