@@ -64,20 +64,23 @@ def test_a_short_simulated_run_fills_every_column():
     assert res.us[0] > 0 and 0 < res.se_first[0] < 0.2 and res.se_window[0] <= res.se_first[0]
 
 
-@pytest.mark.parametrize("name", ["A noise 20%", "hw p* 221->111 10%", "OOM b>=8 (A), 10%",
-                                  "hw sigma x4 5%"])
-def test_the_worst_seed_keeps_95_percent_of_the_best_throughput(name):
-    """The three scenarios whose worst seed was below 0.95 (0.931, 0.933, 0.847 with the
-    controller of 2026-11-23), and the 4x rise of contention: every seed ends on its own
-    refit's target (p/own 1) with at least 0.95 of the best throughput."""
+@pytest.mark.parametrize("name", ["A noise 10%", "A noise 20%", "A 5%, 1 in 25 slow",
+                                  "B noise 10%", "hw p* 221->111 10%", "hw sigma x4 5%",
+                                  "OOM b>=8 (A), 10%", "RL completions /2 5%"])
+def test_the_worst_of_60_seeds_keeps_95_percent_of_the_best_throughput(name):
+    """Issue 26: the worst of 60 seeds of every noise, drift, OOM and RL scenario keeps 0.95
+    of the best throughput (2026-11-25 before the refining and the ceiling test: OOM 10%
+    0.915, hw 221->111 10% 0.933; at 20 seeds A 20% was 0.931 and OOM 10% 0.847 on
+    2026-11-23), and after a hardware change every seed ends on its own refit's target
+    (p/own 1, issue 16)."""
     cfg = BackpressureConfig(enabled=True)
     sc = next(s for s in sim.scenarios() if s.name == name)
     res = sim.Result()
-    for seed in range(20):
+    for seed in range(60):
         sim.run(sc, seed, cfg, res)
     assert min(res.thr) >= 0.95
     if sc.after is not None:
-        assert res.own == [1.0] * 20
+        assert res.own == [1.0] * 60
 
 
 def test_the_estimated_se_of_p_star_matches_the_bound_and_the_spread():

@@ -37,7 +37,8 @@ __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roof
 P_MAX = 10**7              # largest concurrency accepted as an observation
 TRANSIENT = 2.0            # an exploring sample this far off the others at its size: a transient
 SE_GOAL = 0.07             # an exploration goes on until its fit locates p* to ±7% (one SE) ...
-REFINES = 5                # ... or for at most this many more pairs of steps
+REFINES = 6                # ... or for at most this many more pairs of steps
+CEILING_Z = 2.0            # under an OOM ceiling, a target below it needs a fit this significant
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
                "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency",
@@ -130,6 +131,7 @@ class BackpressureController:
         self._retries = 0                  # out-of-memory retries in this exploration
         self._checked = False              # the exploration's samples were checked for transients
         self._refines = 0                  # pairs of steps added to locate p* more precisely
+        self._ceiling_ok = False           # the data cannot reject a p* that targets the ceiling
         self._refit_left = 0               # refits left before the fit is frozen
         self._land = False                 # at the last refit, go to its target
         self._approaching = False          # the last increase was cut short by the bisection
@@ -203,6 +205,7 @@ class BackpressureController:
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
                 "probes": list(self._planned), "checked": self._checked, "refines": self._refines,
+                "ceiling_ok": self._ceiling_ok,
                 "refit_left": self._refit_left, "land": self._land,
                 "approaching": self._approaching, **self._watch.state_dict(),
                 "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next,
@@ -244,6 +247,7 @@ class BackpressureController:
         self._planned = [int(v) for v in d["probes"]] or self._warmup_plan()
         self._checked = bool(d.get("checked", False))
         self._refines = int(d.get("refines", 0))
+        self._ceiling_ok = bool(d.get("ceiling_ok", False))
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
@@ -300,7 +304,8 @@ class BackpressureController:
         Goodput: also no larger than the batch with the best throughput x efficiency."""
         tm, g = self.config.throttle_margin, self.group_size
         goal = tm * fit.p_star / g
-        target = self.largest if goal >= self.largest else max(self.lo, int(goal))
+        target = self.largest if goal >= self.largest or self._ceiling_ok \
+            else max(self.lo, int(goal))
         if self.objective == "goodput" and self._noise_scale is not None:
             best = goodput_batch(fit, g, self.lo, self.largest, self._noise_scale,
                                  self.base_batch_size)
@@ -383,13 +388,26 @@ class BackpressureController:
         refine = self._refine(fit)
         if refine:
             return self._decision("hold", "warmup", self._plan(), p, refine)
-        self._fit, self._exploring, self._land = fit, False, True
+        self._set_fit(fit)
+        self._exploring, self._land = False, True
         note = f"; {dropped} transient sample(s) left out" if dropped else ""
         self._refit_left = self._sums.window - len(self._sums)
         self._watch.cusum = drift.NO_DRIFT
         if self._watch.noise2 is None:
             self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
         return self._decide(b, p, roof, "first fit after exploring" + note, rule="first")
+
+    def _set_fit(self, fit: UslFit) -> None:
+        """Use `fit`; under an out-of-memory ceiling, also ask whether its points can reject
+        a p* high enough that the target is the largest size that fits. They often cannot:
+        the steps below a ceiling far under p* cannot locate p* (the simulator's OOM at 10%
+        noise: Cramér-Rao ±130%), and a fluke of their noise put the fit's p* at 83-96 for a
+        true 221, throttling 7 -> 4 or 5 prompts (0.915 of the best). Then the target is the
+        largest size that fits, as it would be for any p* the data allow."""
+        self._fit = fit
+        ceiling = self.largest * self.group_size / self.config.throttle_margin
+        self._ceiling_ok = (self.oom_ceiling.failed is not None and fit.p_star < ceiling
+                            and not self._sums.rejects_p_star_at_least(fit, ceiling, CEILING_Z))
 
     def _refine(self, fit: UslFit) -> str:
         """While the fit locates p* worse than ±SE_GOAL (its standard error), plan two more
@@ -419,7 +437,7 @@ class BackpressureController:
             if isinstance(fit, str):
                 note = f"keeping the previous fit ({fit})"
             else:
-                self._fit = fit
+                self._set_fit(fit)
             if self._refit_left == 0 and self._land:
                 rule, self._land = "landing", False   # the exploration's last refit
         if predicted:
@@ -456,9 +474,6 @@ class BackpressureController:
                 nxt, rule = target, "approaching"
             else:
                 nxt = b
-        if nxt < b and bound == "throughput" and self.oom_ceiling.failed is not None \
-                and not self._pays(fit, p, nxt * self.group_size):
-            nxt, rule = b, "as fast"
         wanted = nxt
         nxt = self._bound(nxt)
         # Under an out-of-memory ceiling an increase goes by bisection; keep going on the next
@@ -467,17 +482,6 @@ class BackpressureController:
         action = "hold" if regime == "warmup" else _action(b, nxt)
         why = self._explain(rule, p, ratio, bound, at_bound=wanted != b and nxt == b, roof=roof)
         return self._decision(action, regime, nxt, p, f"{note}; {why}" if note else why)
-
-    def _pays(self, fit: UslFit, p: int, p_to: int) -> bool:
-        """Under an out-of-memory ceiling: does the fit predict p_to faster than p? There a
-        throttle must promise throughput. The steps below a ceiling far under p* cannot locate
-        p* (the Cramér-Rao bound of the simulator's OOM at 10% noise: ±130%), and a fluke of
-        their noise can put the fit's p* just below the largest size that fits; throttle_margin
-        * p* rounded down then lands on a size the fit itself predicts no faster than the one
-        it leaves (that scenario: 7 -> 5 prompts, 0.915 of the best). Without a ceiling the
-        throttle stays unconditional: holding above the target moved runs to sizes where RL's
-        drift raised false alarms (tests/test_backpressure_drift.py)."""
-        return fit.throughput(p_to) > fit.throughput(p)
 
     def _explain(self, rule: str, p: int, ratio: float, bound: str, at_bound: bool,
                  roof: Roofline | None) -> str:
@@ -491,10 +495,12 @@ class BackpressureController:
                "goodput": f"above the goodput bound: larger batches stop helping ({where})",
                "below": f"below target: p < {im} * {target} ({where})",
                "approaching": f"approaching {target} below the out-of-memory ceiling ({where})",
-               "as fast": f"holding: the fit predicts p={p} at least as fast as {target} ({where})",
                }.get(rule, where)
         if at_bound:
             why += " (at a batch size bound)"
+        if self._ceiling_ok:
+            why += (f"; target {self.largest}, the largest size that fits: below the "
+                    "out-of-memory ceiling the steps cannot rule out a p* that high")
         if self.objective == "goodput":
             if self._noise_scale is None:
                 why += "; target bound: throughput (gradient noise scale not measured yet)"

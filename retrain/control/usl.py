@@ -180,6 +180,24 @@ class UslSums:
         var = self._variance(fit, grad)
         return None if var is None else math.sqrt(var)
 
+    def rejects_p_star_at_least(self, fit: UslFit, p_min: float, z: float) -> bool:
+        """Do these points reject "p* >= p_min" against `fit` (a fit of them with p* < p_min),
+        by more than z standard errors (a likelihood-ratio test: Δ residual / s² > z²)?
+
+        Under that hypothesis the best fits have p* = p_min exactly (y = B p + C (p_min² +
+        p²), since p*² = A / C) or no peak at all (y = A + B p); both are weighted least
+        squares with the fit's second-pass weights. Few points (fewer than 5, or fewer than 3
+        distinct concurrencies) reject nothing."""
+        pts = [(p, y, _weight_base(p, y, fit) ** -2) for p, y in self.points]
+        n = len(pts)
+        if n < 5 or self.distinct < 3 or not fit.p_star < p_min:
+            return False
+        free = math.fsum(w * (y - p / fit.throughput(p)) ** 2 for p, y, w in pts)
+        s2 = free / (n - 3)
+        bounded = min(_rss2(pts, lambda p: p, lambda p: p_min * p_min + p * p),
+                      _rss2(pts, lambda p: 1.0, lambda p: p))
+        return s2 > 0 and (bounded - free) / s2 > z * z
+
     def _variance(self, fit: UslFit, grad: list[float]) -> float | None:
         """gᵀ Cov g for the coefficients (a, b, c) of y = a + b q + c q²: Cov = s² (XᵀWX)⁻¹
         with the weights of the fit's second pass and s² the fit's own relative residual
@@ -252,6 +270,20 @@ def _weight_base(p: int, y: float, fitted: UslFit | None) -> float:
     if not (x > 0 and math.isfinite(p / x)):
         return y
     return y if y > SLOW_OUTLIER * (p / x) else p / x
+
+
+def _rss2(pts: list[tuple[int, float, float]], f, g) -> float:
+    """Weighted residual sum of squares of the least-squares fit y = u f(p) + v g(p) to the
+    points (p, y, weight); inf when the system is singular."""
+    col = [(f(p), g(p), y, w) for p, y, w in pts]
+    u, v = _solve2(math.fsum(w * a * a for a, _, _, w in col),
+                   math.fsum(w * a * b for a, b, _, w in col),
+                   math.fsum(w * b * b for _, b, _, w in col),
+                   math.fsum(w * a * y for a, _, y, w in col),
+                   math.fsum(w * b * y for _, b, y, w in col))
+    if not (math.isfinite(u) and math.isfinite(v)):
+        return math.inf
+    return math.fsum(w * (y - u * a - v * b) ** 2 for a, b, y, w in col)
 
 
 def _solve2(m00: float, m01: float, m11: float, r0: float, r1: float) -> tuple[float, float]:
