@@ -405,9 +405,9 @@ class BackpressureController:
         true 221, throttling 7 -> 4 or 5 prompts (0.915 of the best). Then the target is the
         largest size that fits, as it would be for any p* the data allow."""
         self._fit = fit
-        ceiling = self.largest * self.group_size / self.config.throttle_margin
-        self._ceiling_ok = (self.oom_ceiling.failed is not None and fit.p_star < ceiling
-                            and not self._sums.rejects_p_star_at_least(fit, ceiling, CEILING_Z))
+        p_high = self.largest * self.group_size / self.config.throttle_margin  # target: largest
+        self._ceiling_ok = (self.oom_ceiling.failed is not None and fit.p_star < p_high
+                            and not self._sums.rejects_p_star_at_least(fit, p_high, CEILING_Z))
 
     def _refine(self, fit: UslFit) -> str:
         """While the fit locates p* worse than ±SE_GOAL (its standard error), plan two more
@@ -518,7 +518,7 @@ class BackpressureController:
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
         """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
         self._planned = drift.probe_sizes(b, direction, self._bound) * 2
-        self._checked, self._refines = False, 0
+        self._checked, self._refines, self._ceiling_ok = False, 0, False   # asked at the refit
         self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
         self._explore_n, self._explore_len, self._retries = 0, len(self._planned), 0
