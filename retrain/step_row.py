@@ -42,13 +42,15 @@ def max_rss_mb() -> float:
 
 
 def step_work(sizes: list[list[tuple[int, int]]], advantages: list[list[float]]) -> StepWork:
-    """Tokens sampled and trained, and groups trained (a uniform group has no advantage).
-    `sizes` holds, per group and episode, (context tokens, sampled tokens): the context is the
-    prompt and everything the environment wrote."""
+    """Tokens sampled and trained, groups trained (a uniform group has no advantage) and the
+    tokens a batched decode runs (every episode as long as the longest). `sizes` holds, per
+    group and episode, (context tokens, sampled tokens): the context is the prompt and
+    everything the environment wrote."""
     sampled = [(p, c, a != 0.0)
                for group, adv in zip(sizes, advantages, strict=True)
                for (p, c), a in zip(group, adv, strict=True)]
     return StepWork(prompt_tokens=sum(p for p, _, _ in sampled),
                     completion_tokens=sum(c for _, c, _ in sampled),
                     trained_tokens=sum(p + c for p, c, trained in sampled if trained),
-                    groups_trained=sum(any(a != 0.0 for a in adv) for adv in advantages))
+                    groups_trained=sum(any(a != 0.0 for a in adv) for adv in advantages),
+                    decoded_tokens=len(sampled) * max((c for _, c, _ in sampled), default=0))

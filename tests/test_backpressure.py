@@ -165,6 +165,38 @@ def test_window_sums_are_those_of_its_newest_points(points, window):
         assert got == pytest.approx(want, rel=1e-9)
 
 
+@FAST
+@given(st.lists(st.tuples(st.sampled_from([16, 48, 96, 192, 384, 768]), st.floats(0.8, 1.25)),
+                min_size=8, max_size=40), st.floats(1e-3, 1e3), st.floats(1.0, 500.0))
+def test_p_star_se_does_not_depend_on_units_or_conditioning(points, factor, center):
+    """The SE of log p* is a property of the points: the same when throughput is in other
+    units (y scaled) and whatever centre and scale map p onto q for conditioning."""
+    machine = (0.05, 2e-5, 900.0)
+    sums = [UslSums(100, 392.0, 376.0), UslSums(100, center, center / 2), UslSums(100, 392.0,
+                                                                                376.0)]
+    for p, noise in points:
+        y = p / (usl_throughput(p, *machine) * noise)
+        sums[0].add(p, y)
+        sums[1].add(p, y)
+        sums[2].add(p, y * factor)
+    fits = [s.fit() for s in sums]
+    assume(not isinstance(fits[0], str) and math.isfinite(fits[0].p_star))
+    se = [s.log_p_star_se(f) for s, f in zip(sums, fits, strict=True)]
+    assume(se[0] is not None and se[0] < 10)
+    assert se[1] == pytest.approx(se[0], rel=1e-4, abs=1e-9)   # an exact fit: 0 (rounding)
+    assert se[2] == pytest.approx(se[0], rel=1e-4, abs=1e-9)
+
+
+def test_p_star_se_needs_a_peak_and_three_sizes():
+    sums = UslSums()
+    for p in (16, 16, 32, 32, 64, 64):
+        sums.add(p, p / (usl_throughput(p, *MACHINE) * (1.01 if p == 32 else 1.0)))
+    assert sums.log_p_star_se(UslFit(*MACHINE)) > 0
+    assert sums.log_p_star_se(UslFit(0.05, 0.0, 900.0)) is None   # no finite p*
+    sums.keep_newest(4)
+    assert sums.log_p_star_se(UslFit(*MACHINE)) is None           # 2 distinct sizes
+
+
 def test_fit_needs_three_distinct_concurrencies():
     sums = UslSums()
     for p in (16, 16, 32, 32):
@@ -286,6 +318,49 @@ def test_retrograde_throttles_to_the_margin():
     ctl, _ = warmed()
     d = step(ctl, 30)                  # p = 480 > 0.85 * 221
     assert (d.regime, d.action, d.batch_size) == ("retrograde", "throttle", 11)
+
+
+def test_below_an_oom_ceiling_the_target_is_the_ceiling_unless_the_data_rule_it_out():
+    """The steps below a ceiling far under p* cannot locate p*: the target is then the
+    largest size that fits. Where they do rule a high p* out, the target is the fit's.
+    (Noisy steps below the ceiling put p* at 83-96 for a true 221 in the simulator's OOM at
+    10% noise and throttled 7 -> 4 or 5 prompts: 0.915 of the best.)"""
+    def run(machine, noise: float):
+        rng, ctl = random.Random(41), BackpressureController(ON, G)
+        b, d = ctl.first_batch_size(8), None
+        for _ in range(60):
+            while b >= 8:
+                b = ctl.observe(b, 0, 0.0, oom=True).batch_size
+            d = step(ctl, b, machine, math.exp(noise * rng.gauss(0, 1)))
+            b = d.batch_size
+        return b, d
+
+    b, d = run((0.0, 1e-4, 900.0), 0.0)      # p* = 100, exactly: target floor(85 / 16) = 5
+    assert b == 5 and "cannot rule out" not in d.reason
+    b, d = run(MACHINE, 0.10)                # p* = 221: target 11, out of reach
+    assert d.p_star < 7 * G / 0.85          # this seed's fit puts p* below the ceiling ...
+    assert b == 7 and "cannot rule out a p* that high" in d.reason   # ... and cannot tell
+
+
+def test_the_ceiling_test_rejects_a_high_p_star_about_as_often_as_it_should():
+    """Likelihood-ratio test of "p* >= 7 prompts / 0.85" on noisy steps at 1..7 prompts:
+    rarely rejected when true (machine A, p* = 221; z = 2 is ~2% one-sided), mostly rejected
+    when p* = 60 (it shows within the sizes)."""
+    ps, rng, p_min = [16, 32, 64, 96, 112] * 3, random.Random(1), 7 * G / 0.85
+    rejected = {}
+    for name, machine in (("high", MACHINE), ("low", (0.02, 1 / 60**2 * 0.98, 900.0))):
+        hits = tried = 0
+        for _ in range(300):
+            sums = UslSums(100, 64.0, 48.0)
+            for p in ps:
+                sums.add(p, p / (usl_throughput(p, *machine) * math.exp(0.1 * rng.gauss(0, 1))))
+            fit = sums.fit()
+            if isinstance(fit, str) or not fit.p_star < p_min:
+                continue
+            tried += 1
+            hits += sums.rejects_p_star_at_least(fit, p_min, 2.0)
+        rejected[name] = hits / 300
+    assert rejected["high"] < 0.05 and rejected["low"] > 0.5, rejected
 
 
 def test_below_target_increases_to_the_margin():

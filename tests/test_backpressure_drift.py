@@ -97,6 +97,42 @@ def test_groups_going_uniform_is_no_change_either(seed):
     assert min(b for b, _ in after(got, 80)) >= settled
 
 
+DECODE_S = 0.002      # seconds per decoding step and sequence (with contention, as the rest)
+
+
+def quickstart_step(b: int, cap_rate: float, rng: random.Random,
+                    count_longest: bool) -> tuple[StepWork, float]:
+    """The CPU quickstart at batch b: completions of ~17 tokens, a share `cap_rate` of them
+    run to the 48-token cap; a batched decode runs every sequence as long as the longest.
+    `count_longest` False: the work as counted before `decoded_tokens`."""
+    p = b * G
+    lengths = [48 if rng.random() < cap_rate else max(1, round(rng.gauss(17, 4)))
+               for _ in range(p)]
+    work = StepWork(p * PROMPT, sum(lengths), 0, 0, p * max(lengths) if count_longest else 0)
+    per_token = COSTS[0] * p * PROMPT + COSTS[1] * sum(lengths) + DECODE_S * max(lengths) * p
+    return work, (FIXED_S + per_token * contention(p) * 16) * math.exp(0.03 * rng.gauss(0, 1))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_cap_hits_vanishing_is_no_change(seed):
+    """The CPU quickstart's false alarm (bench/RESULTS.md 2026-11-25, step 80): completions
+    stopped running to max_tokens, sampling got 25% faster at the same mean length, and
+    counted without the longest completion that was a drift "faster". Counted, no alarm."""
+    def alarms(count_longest: bool) -> list[str]:
+        rng, ctl = random.Random(seed), BackpressureController(ON, G)
+        b, reasons = ctl.first_batch_size(8), []
+        for step in range(200):          # 1% of completions hit the cap, then none by 140
+            cap_rate = 0.01 * min(1.0, max(0.0, (140 - step) / 40))
+            work, t = quickstart_step(b, cap_rate, rng, count_longest)
+            d = ctl.observe(b, work.sampled_tokens, t, work=work)
+            reasons.append(d.reason)
+            b = d.batch_size
+        return [r for r in reasons if "drifted" in r]
+
+    assert alarms(count_longest=True) == []
+    assert any("drifted faster" in r for r in alarms(count_longest=False))
+
+
 def test_a_machine_that_really_slows_down_is_still_seen():
     """The work model explains the mix, never a uniform slowdown: that still alarms."""
     ctl = BackpressureController(ON, G)
@@ -122,10 +158,11 @@ def test_costs_are_recovered_and_never_negative():
     for _ in range(120):
         p = rng.choice([8, 16, 64])
         f = (rng.uniform(100, 1000), rng.uniform(50, 2000), rng.uniform(0, 3000),
-             float(rng.randint(0, 8)))
-        steps.append((p, f, 0.01 * p + 0.001 * f[0] + 0.004 * f[1] + 0.05 * f[3]))
+             float(rng.randint(0, 8)), rng.uniform(10, 50))
+        steps.append((p, f, 0.01 * p + 0.001 * f[0] + 0.004 * f[1] + 0.05 * f[3] + 0.1 * f[4]))
         falling.append((p, f, max(0.01, 1.0 - 0.0003 * f[2])))     # time falls with work
-    assert fit_costs(steps) == pytest.approx([0.001, 0.004, 0.0, 0.05], rel=0.02, abs=2e-5)
+    assert fit_costs(steps) == pytest.approx([0.001, 0.004, 0.0, 0.05, 0.1], rel=0.02,
+                                             abs=2e-5)
     costs = fit_costs(falling)
     assert costs is not None and min(costs) >= 0.0
 
@@ -140,11 +177,24 @@ def test_the_work_model_survives_a_resume():
     assert [d for _, d in a] == [d for _, d in b]
 
 
+def test_a_state_saved_before_decoded_tokens_were_counted_still_loads():
+    """Its work steps have 4 features: the controller continues, its work model afresh."""
+    ctl = BackpressureController(ON, G)
+    run(ctl, [(40, 40.0, 0.8, 1.0)])
+    saved = json.loads(json.dumps(ctl.state_dict()))
+    saved["work"] = {"steps": [[p, f[:4], t] for p, f, t in saved["work"]["steps"]],
+                     "ref": saved["work"]["ref"][:4]}
+    resumed = BackpressureController(ON, G)
+    assert resumed.load_state_dict(saved)
+    assert resumed._fit == ctl._fit and len(resumed._work.steps) == 0
+
+
 def test_the_trainer_counts_the_work_of_a_step():
     sizes = [[(3, 4), (3, 6)], [(2, 1), (2, 1)]]     # (context, sampled) per episode
     work = step_work(sizes, [[0.5, -0.5], [0.0, 0.0]])    # group 2 is uniform
     assert work == StepWork(prompt_tokens=3 + 3 + 2 + 2, completion_tokens=12,
-                            trained_tokens=(3 + 4) + (3 + 6), groups_trained=1)
+                            trained_tokens=(3 + 4) + (3 + 6), groups_trained=1,
+                            decoded_tokens=4 * 6)
 
 
 counts = st.integers(0, 10**7)

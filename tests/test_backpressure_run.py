@@ -64,8 +64,10 @@ def test_low_peaks_make_a_real_run_compute_bound(workdir):
     # The step's work reaches the controller too (throughput counted in work, control/work.py)
     work = state(workdir / "logs" / "run")["controller"]["work"]
     assert len(work["steps"]) == 14 and work["ref"] is not None
-    for r, (p, (prompt, completion, trained, groups), _) in zip(got, work["steps"], strict=True):
+    for r, (p, (prompt, completion, trained, groups, decoded), _) in zip(got, work["steps"],
+                                                                          strict=True):
         assert p == r["batch_size"] * r["group_size"]
+        assert completion <= decoded and decoded % p == 0   # p x the longest completion
         assert prompt + completion == pytest.approx(r["tokens_per_second"] * r["step_time_s"])
         assert completion == pytest.approx(r["mean_completion_tokens"] * r["num_completions"])
         assert (trained > 0) == (r["trained_completions"] > 0) and groups <= r["batch_size"]

@@ -64,20 +64,58 @@ def test_a_short_simulated_run_fills_every_column():
     assert res.us[0] > 0 and 0 < res.se_first[0] < 0.2 and res.se_window[0] <= res.se_first[0]
 
 
-@pytest.mark.parametrize("name", ["A noise 20%", "hw p* 221->111 10%", "OOM b>=8 (A), 10%",
-                                  "hw sigma x4 5%"])
-def test_the_worst_seed_keeps_95_percent_of_the_best_throughput(name):
-    """The three scenarios whose worst seed was below 0.95 (0.931, 0.933, 0.847 with the
-    controller of 2026-11-23), and the 4x rise of contention: every seed ends on its own
-    refit's target (p/own 1) with at least 0.95 of the best throughput."""
+@pytest.mark.parametrize("name", ["A noise 10%", "A noise 20%", "A 5%, 1 in 25 slow",
+                                  "B noise 10%", "hw p* 221->111 10%", "hw sigma x4 5%",
+                                  "OOM b>=8 (A), 10%", "RL completions /2 5%"])
+def test_the_worst_of_60_seeds_keeps_95_percent_of_the_best_throughput(name):
+    """Issue 26: the worst of 60 seeds of every noise, drift, OOM and RL scenario keeps 0.95
+    of the best throughput (2026-11-25 before the refining and the ceiling test: OOM 10%
+    0.915, hw 221->111 10% 0.933; at 20 seeds A 20% was 0.931 and OOM 10% 0.847 on
+    2026-11-23), and after a hardware change every seed ends on its own refit's target
+    (p/own 1, issue 16)."""
     cfg = BackpressureConfig(enabled=True)
     sc = next(s for s in sim.scenarios() if s.name == name)
     res = sim.Result()
-    for seed in range(20):
+    for seed in range(60):
         sim.run(sc, seed, cfg, res)
     assert min(res.thr) >= 0.95
     if sc.after is not None:
-        assert res.own == [1.0] * 20
+        assert res.own == [1.0] * 60
+
+
+def test_the_estimated_se_of_p_star_matches_the_bound_and_the_spread():
+    """At 1% noise the controller's own SE of log p* (from its fit's residuals) is the
+    Cramér-Rao bound and the spread of log p* over many noisy fits, within sampling error."""
+    ps = [16, 48, 96, 192, 384] * 6
+    rng, logs, ses = random.Random(7), [], []
+    for _ in range(200):
+        sums = UslSums(len(ps), center=200.0, scale=184.0)
+        for p in ps:
+            sums.add(p, p / (usl_throughput(p, *MACHINE_C) * math.exp(0.01 * rng.gauss(0, 1))))
+        fit = sums.fit()
+        logs.append(math.log(fit.p_star))
+        ses.append(sums.log_p_star_se(fit))
+    bound = sim.p_star_se(ps, MACHINE_C, 0.01)
+    assert statistics.median(ses) == pytest.approx(bound, rel=0.1)
+    assert statistics.stdev(logs) == pytest.approx(statistics.median(ses), rel=0.2)
+
+
+def test_a_noisy_re_exploration_refines_p_star_and_a_quiet_one_does_not():
+    cfg = BackpressureConfig(enabled=True)
+    for noise, refines in ((0.10, True), (0.0, False)):
+        sc = sim.Scenario("hw", (0.02, 2e-5, 900.0), noise=noise, after=(0.02, 8e-5, 900.0),
+                          steps=200)
+        rng = random.Random(3)
+        ctl = sim.BackpressureController(cfg, sim.GROUP)
+        b, reasons = ctl.first_batch_size(8), []
+        for step in range(sc.steps):
+            usl = sc.after if step >= sc.change_at else sc.usl
+            x = usl_throughput(b * sim.GROUP, *usl) * math.exp(noise * rng.gauss(0.0, 1.0))
+            d = ctl.observe(b, b * sim.GROUP * 300, b * sim.GROUP * 300 / x)
+            reasons.append(d.reason)
+            b = d.batch_size
+        late = [r for r in reasons[sc.change_at:] if r.startswith("refining")]
+        assert (len(late) > 0) == refines and len(late) <= 5
 
 
 def test_rl_drift_raises_no_alarm_with_the_work_counted():

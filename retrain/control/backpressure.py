@@ -36,6 +36,9 @@ __all__ = ["METRIC_KEYS", "BackpressureController", "Decision", "UslSums", "roof
 
 P_MAX = 10**7              # largest concurrency accepted as an observation
 TRANSIENT = 2.0            # an exploring sample this far off the others at its size: a transient
+SE_GOAL = 0.07             # an exploration goes on until its fit locates p* to ±7% (one SE) ...
+REFINES = 6                # ... or for at most this many more pairs of steps
+CEILING_Z = 2.0            # under an OOM ceiling, a target below it needs a fit this significant
 
 METRIC_KEYS = ("bp_action", "bp_regime", "bp_p_star", "bp_sigma", "bp_kappa", "bp_lambda",
                "bp_utilization", "bp_throughput", "bp_p", "bp_goodput", "bp_efficiency",
@@ -127,6 +130,8 @@ class BackpressureController:
         self._explore_len = len(self._planned)
         self._retries = 0                  # out-of-memory retries in this exploration
         self._checked = False              # the exploration's samples were checked for transients
+        self._refines = 0                  # pairs of steps added to locate p* more precisely
+        self._ceiling_ok = False           # the data cannot reject a p* that targets the ceiling
         self._refit_left = 0               # refits left before the fit is frozen
         self._land = False                 # at the last refit, go to its target
         self._approaching = False          # the last increase was cut short by the bisection
@@ -199,7 +204,8 @@ class BackpressureController:
                 "ceiling": ceiling.failed, "ok_max": ceiling.ok_max,
                 "exploring": self._exploring, "explore_n": self._explore_n,
                 "explore_len": self._explore_len, "retries": self._retries,
-                "probes": list(self._planned), "checked": self._checked,
+                "probes": list(self._planned), "checked": self._checked, "refines": self._refines,
+                "ceiling_ok": self._ceiling_ok,
                 "refit_left": self._refit_left, "land": self._land,
                 "approaching": self._approaching, **self._watch.state_dict(),
                 "noise_scale": self._noise_scale, "regime": self._regime, "next": self._next,
@@ -240,6 +246,8 @@ class BackpressureController:
         # States saved before the warm-up plan was kept have [] there: the warm-up sweep.
         self._planned = [int(v) for v in d["probes"]] or self._warmup_plan()
         self._checked = bool(d.get("checked", False))
+        self._refines = int(d.get("refines", 0))
+        self._ceiling_ok = bool(d.get("ceiling_ok", False))
         self._refit_left = int(d["refit_left"])
         self._approaching = bool(d.get("approaching", False))
         self._land = bool(d.get("land", False))
@@ -296,7 +304,8 @@ class BackpressureController:
         Goodput: also no larger than the batch with the best throughput x efficiency."""
         tm, g = self.config.throttle_margin, self.group_size
         goal = tm * fit.p_star / g
-        target = self.largest if goal >= self.largest else max(self.lo, int(goal))
+        target = self.largest if goal >= self.largest or self._ceiling_ok \
+            else max(self.lo, int(goal))
         if self.objective == "goodput" and self._noise_scale is not None:
             best = goodput_batch(fit, g, self.lo, self.largest, self._noise_scale,
                                  self.base_batch_size)
@@ -376,13 +385,46 @@ class BackpressureController:
             sweep = sweep_sizes(self.lo, self.largest)      # keep sweeping until a fit
             self._plan_more([sweep[len(self._planned) % len(sweep)]])
             return self._decision("hold", "warmup", self._plan(), p, f"exploring further: {fit}")
-        self._fit, self._exploring, self._land = fit, False, True
+        refine = self._refine(fit)
+        if refine:
+            return self._decision("hold", "warmup", self._plan(), p, refine)
+        self._set_fit(fit)
+        self._exploring, self._land = False, True
         note = f"; {dropped} transient sample(s) left out" if dropped else ""
         self._refit_left = self._sums.window - len(self._sums)
         self._watch.cusum = drift.NO_DRIFT
         if self._watch.noise2 is None:
             self._watch.noise2 = drift.initial_noise2(fit, self._sums.points)
         return self._decide(b, p, roof, "first fit after exploring" + note, rule="first")
+
+    def _set_fit(self, fit: UslFit) -> None:
+        """Use `fit`; under an out-of-memory ceiling, also ask whether its points can reject
+        a p* high enough that the target is the largest size that fits. They often cannot:
+        the steps below a ceiling far under p* cannot locate p* (the simulator's OOM at 10%
+        noise: Cramér-Rao ±130%), and a fluke of their noise put the fit's p* at 83-96 for a
+        true 221, throttling 7 -> 4 or 5 prompts (0.915 of the best). Then the target is the
+        largest size that fits, as it would be for any p* the data allow."""
+        self._fit = fit
+        p_high = self.largest * self.group_size / self.config.throttle_margin  # target: largest
+        self._ceiling_ok = (self.oom_ceiling.failed is not None and fit.p_star < p_high
+                            and not self._sums.rejects_p_star_at_least(fit, p_high, CEILING_Z))
+
+    def _refine(self, fit: UslFit) -> str:
+        """While the fit locates p* worse than ±SE_GOAL (its standard error), plan two more
+        steps, at half and twice its target, at most REFINES times; returns why ("" when
+        done). The sweep and the drift probes are spread to find p* at all, not to place it
+        precisely: at 10% noise the 8 drift probes put p* 18% low in some runs, and the many
+        steps at the target that follow cannot move it (bench/RESULTS.md, 2026-11-25)."""
+        if self._fit is None:        # the warm-up: its sweep spans the whole range already
+            return ""
+        se = self._sums.log_p_star_se(fit)
+        if self._refines >= REFINES or se is None or se <= SE_GOAL:
+            return ""
+        self._refines += 1
+        target = self._goal(fit)[0]
+        self._plan_more([max(self.lo, target // 2), 2 * target])
+        return (f"refining ({self._refines}/{REFINES}): p*={fit.p_star:.4g} ± {se:.0%}, "
+                f"probing around the target {target}")
 
     def _track(self, b: int, p: int, x: float, predicted: float | None,
                roof: Roofline | None) -> Decision:
@@ -395,7 +437,7 @@ class BackpressureController:
             if isinstance(fit, str):
                 note = f"keeping the previous fit ({fit})"
             else:
-                self._fit = fit
+                self._set_fit(fit)
             if self._refit_left == 0 and self._land:
                 rule, self._land = "landing", False   # the exploration's last refit
         if predicted:
@@ -456,6 +498,9 @@ class BackpressureController:
                }.get(rule, where)
         if at_bound:
             why += " (at a batch size bound)"
+        if self._ceiling_ok:
+            why += (f"; target {self.largest}, the largest size that fits: below the "
+                    "out-of-memory ceiling the steps cannot rule out a p* that high")
         if self.objective == "goodput":
             if self._noise_scale is None:
                 why += "; target bound: throughput (gradient noise scale not measured yet)"
@@ -473,7 +518,7 @@ class BackpressureController:
     def _start_probe(self, b: int, p: int, direction: int, since: int) -> Decision:
         """The machine changed: forget old data, probe sizes around b (drift.probe_sizes)."""
         self._planned = drift.probe_sizes(b, direction, self._bound) * 2
-        self._checked = False
+        self._checked, self._refines, self._ceiling_ok = False, 0, False   # asked at the refit
         self._sums.keep_newest(min(since, self._watch.n_at_p))   # only the new machine's data
         self._exploring, self._approaching, self._land = True, False, True
         self._explore_n, self._explore_len, self._retries = 0, len(self._planned), 0

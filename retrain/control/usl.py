@@ -162,6 +162,59 @@ class UslSums:
         second = self._fit_weighted(first)
         return first if isinstance(second, str) else second
 
+    def log_p_star_se(self, fit: UslFit) -> float | None:
+        """Standard error of log p* of `fit`, made from these points (0.1 = ±10%), or None
+        without a finite p* > 1 or when the points cannot tell (see `_variance`).
+
+        p* = sqrt(A / C) for y = A + B p + C p², so this is the delta method; it takes the
+        fitted coefficients as the truth's, so a fit far off (a fluke of the data) can claim a
+        precision the data do not have (under an out-of-memory ceiling far below p*: ±20%
+        where the Cramér-Rao bound at the true curve is ±130%)."""
+        if not (fit.kappa > 0 and fit.p_star > 1):
+            return None
+        c0, sc = self.center, self.scale
+        big_a, big_c = (1.0 - fit.sigma) / fit.lam, fit.kappa / fit.lam
+        # d log p* / d(a, b, c) for y = a + b q + c q², q = (p - c0) / sc
+        grad = [0.5 / big_a, -0.5 * c0 / sc / big_a,
+                0.5 * (c0 * c0 / big_a - 1.0 / big_c) / (sc * sc)]
+        var = self._variance(fit, grad)
+        return None if var is None else math.sqrt(var)
+
+    def rejects_p_star_at_least(self, fit: UslFit, p_min: float, z: float) -> bool:
+        """Do these points reject "p* >= p_min" against `fit` (a fit of them with p* < p_min),
+        by more than z standard errors (a likelihood-ratio test: Δ residual / s² > z²)?
+
+        Under that hypothesis the best fits have p* = p_min exactly (y = B p + C (p_min² +
+        p²), since p*² = A / C) or no peak at all (y = A + B p); both are weighted least
+        squares with the fit's second-pass weights. Few points (fewer than 5, or fewer than 3
+        distinct concurrencies) reject nothing."""
+        pts = [(p, y, _weight_base(p, y, fit) ** -2) for p, y in self.points]
+        n = len(pts)
+        if n < 5 or self.distinct < 3 or not fit.p_star < p_min:
+            return False
+        free = math.fsum(w * (y - p / fit.throughput(p)) ** 2 for p, y, w in pts)
+        s2 = free / (n - 3)
+        bounded = min(_rss2(pts, lambda p: p, lambda p: p_min * p_min + p * p),
+                      _rss2(pts, lambda p: 1.0, lambda p: p))
+        return s2 > 0 and (bounded - free) / s2 > z * z
+
+    def _variance(self, fit: UslFit, grad: list[float]) -> float | None:
+        """gᵀ Cov g for the coefficients (a, b, c) of y = a + b q + c q²: Cov = s² (XᵀWX)⁻¹
+        with the weights of the fit's second pass and s² the fit's own relative residual
+        variance (the σ, κ >= 0 constraints are ignored). None with fewer than 4 points or 3
+        distinct concurrencies, or when not finite."""
+        n = len(self.points)
+        if n < 4 or self.distinct < 3:
+            return None
+        (s0, s1, s2, s3, s4), _ = self.sums(fit)
+        x = _solve3([[s0, s1, s2], [s1, s2, s3], [s2, s3, s4]], grad)
+        if x is None:
+            return None
+        resid = math.fsum(((y - p / fit.throughput(p)) / _weight_base(p, y, fit)) ** 2
+                          for p, y in self.points)
+        var = resid / (n - 3) * math.fsum(g * v for g, v in zip(grad, x, strict=True))
+        return var if math.isfinite(var) and var >= 0 else None
+
     def _fit_weighted(self, fitted: UslFit | None) -> UslFit | str:
         (s0, s1, s2, s3, s4), (t0, t1, t2) = self.sums(fitted)
         abc = _solve3([[s0, s1, s2], [s1, s2, s3], [s2, s3, s4]], [t0, t1, t2])
@@ -217,6 +270,20 @@ def _weight_base(p: int, y: float, fitted: UslFit | None) -> float:
     if not (x > 0 and math.isfinite(p / x)):
         return y
     return y if y > SLOW_OUTLIER * (p / x) else p / x
+
+
+def _rss2(pts: list[tuple[int, float, float]], f, g) -> float:
+    """Weighted residual sum of squares of the least-squares fit y = u f(p) + v g(p) to the
+    points (p, y, weight); inf when the system is singular."""
+    col = [(f(p), g(p), y, w) for p, y, w in pts]
+    u, v = _solve2(math.fsum(w * a * a for a, _, _, w in col),
+                   math.fsum(w * a * b for a, b, _, w in col),
+                   math.fsum(w * b * b for _, b, _, w in col),
+                   math.fsum(w * a * y for a, _, y, w in col),
+                   math.fsum(w * b * y for _, b, y, w in col))
+    if not (math.isfinite(u) and math.isfinite(v)):
+        return math.inf
+    return math.fsum(w * (y - u * a - v * b) ** 2 for a, b, y, w in col)
 
 
 def _solve2(m00: float, m01: float, m11: float, r0: float, r1: float) -> tuple[float, float]:
