@@ -15,7 +15,7 @@ class BenchProblem:
 
 
 def _data_config(spec: dict):
-    from retrain.config import DataConfig
+    from retrain.config.sections import DataConfig
 
     return DataConfig(source="arithmetic", digits=spec.get("digits", 1),
                       operations=spec.get("operations", ["+"]), eval_size=0,

@@ -1,7 +1,7 @@
 """One retrain measurement, run in its own process by bench/step_time.py.
 
 Reads a JSON spec on argv[1], runs warmup + steps RL steps through the real trainer
-(`retrain.trainer.run_single`), prints one JSON line with per-step timings and peak RSS.
+(`retrain.run.trainer.run_single`), prints one JSON line with per-step timings and peak RSS.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     from bench._common import REWARD_FUNCTION
-    from retrain.config import Config
-    from retrain.config_file import dumps_config
-    from retrain.runlog import read_metrics
-    from retrain.trainer import run_single
+    from retrain.config.loader import dumps_config
+    from retrain.config.sections import Config
+    from retrain.run.trainer import run_single
+    from retrain.runfiles.runlog import read_metrics
 
     cfg = Config()
     cfg.model.name = spec["model"]

@@ -22,7 +22,7 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from bench._common import bench_problems, reward_texts
-    from retrain.models import resolve_model
+    from retrain.backends.models import resolve_model
 
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])

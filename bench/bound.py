@@ -110,13 +110,13 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from retrain.backends.local import LocalModel
-    from retrain.config import DataConfig
+    from retrain.backends.models import resolve_model
+    from retrain.config.sections import DataConfig
     from retrain.control.bound import PhaseBound
     from retrain.control.stepcost import decode_cost, prefill_cost, train_cost
-    from retrain.cpu import auto_threads, cpu_model_name
     from retrain.environments.tasks import load_task, render_prompt
     from retrain.machine import measure, peaks
-    from retrain.models import resolve_model
+    from retrain.machine.cpu import auto_threads, cpu_model_name
 
     hf_logging.disable_progress_bar()
     spec = CONFIGS[args.config]

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from retrain.campaign.executor import LocalExecutor  # noqa: E402
 from retrain.campaign.runner import run_campaign  # noqa: E402
-from retrain.config_file import load  # noqa: E402
+from retrain.config.loader import load  # noqa: E402
 
 WORKER = textwrap.dedent("""
     import json, os, sys, time, tomllib

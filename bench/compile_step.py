@@ -32,7 +32,7 @@ def main() -> None:
     from retrain.backends.local_cache import reserve
     from retrain.backends.local_compile import CompiledDecoder
     from retrain.backends.local_sampling import left_pad
-    from retrain.models import resolve_model
+    from retrain.backends.models import resolve_model
 
     model = LocalModel.load(resolve_model(args.model), "float32", "cpu", args.threads)
     backend = model.new_backend("bench", 8, 16.0, 0.0, ["q_proj", "v_proj"], seed=0)

@@ -13,7 +13,7 @@ import argparse
 import platform
 
 from bench.timing import timed
-from retrain.cpu import NATIVE_BF16_FLAGS, auto_threads, cpu_flags, cpu_has_native_bf16
+from retrain.machine.cpu import NATIVE_BF16_FLAGS, auto_threads, cpu_flags, cpu_has_native_bf16
 
 
 def measure(path: str, dtype_name: str, batch: int, seq: int, repeat: int) -> tuple[float, float]:
@@ -50,7 +50,7 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from retrain.models import resolve_model
+    from retrain.backends.models import resolve_model
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(auto_threads())

@@ -130,8 +130,8 @@ class Watch:
         return pid if state.get("status") == "running" and b"retrain" in cmdline else 0
 
     def broker(self):
-        from retrain import slots_ray
         from retrain.campaign.ray_executor import campaign_key
+        from retrain.slots import ray_slots as slots_ray
 
         return slots_ray.find_broker(slots_ray.broker_name(campaign_key(self.folder)))
 
@@ -163,7 +163,7 @@ def inject(watch: Watch, proc: subprocess.Popen, steps: int, log) -> list[str]:
     injected (a run already finished, no holder caught)."""
     import ray
 
-    from retrain import slots_ray
+    from retrain.slots import ray_slots as slots_ray
 
     wait_until("every run's first step", lambda: len(watch.runs()) == RUNS and all(
         watch.steps(r) >= 1 for r in watch.runs()), watch, proc)
@@ -209,7 +209,7 @@ def stop_a_holder(watch: Watch, runs: list[Path], steps: int, log,
     can expire, the actor must still list it: it was stopped holding the slot (else it had
     just given the slot back: SIGCONT, and catch another). Returns (holder, pid, the actor's
     expired-lease count when it was stopped), or None."""
-    from retrain import slots_ray
+    from retrain.slots import ray_slots as slots_ray
 
     deadline = time.monotonic() + timeout_s
     tries = 0
@@ -273,7 +273,7 @@ def main() -> int:
     import ray
     from ray.cluster_utils import Cluster
 
-    from retrain.models import TINY, resolve_model
+    from retrain.backends.models import TINY, resolve_model
     from retrain.serve.app import build_app
     from retrain.serve.local_engine import LocalEngine
     from retrain.serve.server import ServerThread

@@ -31,7 +31,7 @@ from bench.campaign_overhead import CAMPAIGN, WORKER, baseline  # noqa: E402
 from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain.campaign.executor import LocalExecutor  # noqa: E402
 from retrain.campaign.runner import locate_campaign, run_campaign  # noqa: E402
-from retrain.config_file import load  # noqa: E402
+from retrain.config.loader import load  # noqa: E402
 
 
 def timed_campaign(path: Path, executor) -> float:
@@ -75,7 +75,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from retrain.models import TINY, resolve_model
+    from retrain.backends.models import TINY, resolve_model
 
     resolve_model(TINY)  # built once, before any timing
     os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")

@@ -9,7 +9,7 @@ Contention runs compare three variants on the same workload:
   doorbell   the shipped semaphore (line on queue.lock, head sleeps on the doorbell FIFO)
   polling    the same without the doorbell (head polls with backoff capped at 2 ms)
   slot0      the naive scheme: try every slot once, then block on slot 0
-  ray        the Ray executor's slot actor (retrain.slots_ray) on a local one-node Ray
+  ray        the Ray executor's slot actor (retrain.slots.ray_slots) on a local one-node Ray
              cluster started here; also reports its uncontended latency and how long a
              SIGKILLed holder keeps its slot
 Reported: acquisitions/s, mean holders while saturated (ideal = slots), max holders,
@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from retrain import slots as sem_mod  # noqa: E402
-from retrain.slots import CountingSemaphore  # noqa: E402
+from retrain.slots import file_slots as sem_mod  # noqa: E402
+from retrain.slots.file_slots import CountingSemaphore  # noqa: E402
 
 
 class Slot0Semaphore:
@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.variant == "polling":
         sem_mod._open_doorbell = lambda path: None
     if args.variant == "ray":
-        from retrain.slots_ray import RaySlots
+        from retrain.slots.ray_slots import RaySlots
 
         sem = RaySlots(args.folder, args.slots)
         with sem:  # join the cluster and reach the actor before the start line
@@ -98,7 +98,7 @@ def contention(variant: str, args: argparse.Namespace) -> dict:
         start_at = time.monotonic() + 1.0 + (2.0 if variant == "ray" else 0.05) * args.procs
         folder = os.path.join(tmp, "slots")
         if variant == "ray":
-            from retrain.slots_ray import ensure_broker
+            from retrain.slots.ray_slots import ensure_broker
 
             folder = f"slots:bench-{os.getpid()}-{time.monotonic_ns()}"
             ensure_broker(folder, args.slots)
@@ -150,7 +150,7 @@ def uncontended(n: int) -> dict:
 
 
 def ray_uncontended(n: int) -> dict:
-    from retrain.slots_ray import RaySlots, ensure_broker
+    from retrain.slots.ray_slots import RaySlots, ensure_broker
 
     name = f"slots:bench-u-{os.getpid()}"
     ensure_broker(name, 4)
@@ -173,7 +173,8 @@ def _acquire_release_times(sem, n: int) -> dict:
             "p50_us": 1e6 * times[n // 2], "p99_us": 1e6 * times[int(0.99 * (n - 1))]}
 
 
-HOLDER = "from retrain.slots import slots_from_env; s = slots_from_env(); s.acquire(); " \
+HOLDER = "from retrain.slots.file_slots import slots_from_env; " \
+         "s = slots_from_env(); s.acquire(); " \
          "print('held', flush=True); import time; time.sleep(600)"
 
 
@@ -181,8 +182,8 @@ def ray_dead_holder(trials: int) -> list[float]:
     """Seconds from SIGKILLing a holder until a waiter gets its (only) slot."""
     import signal
 
-    from retrain.slots import ENV_VAR
-    from retrain.slots_ray import RaySlots, ensure_broker
+    from retrain.slots.file_slots import ENV_VAR
+    from retrain.slots.ray_slots import RaySlots, ensure_broker
 
     out = []
     for i in range(trials):

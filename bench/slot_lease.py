@@ -23,9 +23,9 @@ def main() -> None:
     os.environ.setdefault("TINKER_API_KEY", "tml-bench-not-a-real-key")
     os.environ["TINKER_TELEMETRY"] = "0"
     from retrain.backends.base import SamplingParams
+    from retrain.backends.models import TINY, resolve_model
     from retrain.backends.tinker import TinkerBackend
-    from retrain.models import TINY, resolve_model
-    from retrain.slots import CountingSemaphore
+    from retrain.slots.file_slots import CountingSemaphore
     from tests.serve_doubles import BigramEngine, Served
 
     tmp = Path(tempfile.mkdtemp())

@@ -39,7 +39,7 @@ from pathlib import Path
 from unittest import mock
 
 from bench.timing import interleaved
-from retrain.cpu import auto_threads
+from retrain.machine.cpu import auto_threads
 
 
 def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
@@ -118,9 +118,9 @@ def main() -> None:
     from retrain.backends.local import LocalModel
     from retrain.backends.local_compile import CompiledDecoder
     from retrain.backends.local_sampling import sample_batch
-    from retrain.config import DataConfig
+    from retrain.backends.models import resolve_model
+    from retrain.config.sections import DataConfig
     from retrain.environments.tasks import load_task, render_prompt
-    from retrain.models import resolve_model
 
     hf_logging.disable_progress_bar()
     model = LocalModel.load(resolve_model(args.model), args.dtype, "cpu", auto_threads())

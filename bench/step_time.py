@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from retrain.cpu import cpu_has_native_bf16
+from retrain.machine.cpu import cpu_has_native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 

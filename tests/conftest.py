@@ -32,7 +32,7 @@ def model_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(model_cache) -> str:
     """Folder of the built-in `tiny-random` model (built once per session)."""
-    from retrain.models import TINY, resolve_model
+    from retrain.backends.models import TINY, resolve_model
 
     return resolve_model(TINY)
 

@@ -53,7 +53,7 @@ BASE = {
 
 def write_config(folder: Path, name: str = "run", **sections: dict) -> Path:
     """A tiny-model config in `folder` (with the digits reward next to it); returns its path."""
-    from retrain import toml_io
+    from retrain.config import toml_io
 
     (folder / "digits.py").write_text(DIGITS_REWARD)
     raw = {k: dict(v) for k, v in BASE.items()}

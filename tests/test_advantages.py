@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.advantages import EPS, METHODS, STD_SCALES, compute_advantages, uniform_group_rate
+from retrain.algorithms.advantages import (
+    EPS,
+    METHODS,
+    STD_SCALES,
+    compute_advantages,
+    uniform_group_rate,
+)
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 unit = st.floats(min_value=0.0, max_value=1.0)
@@ -156,7 +162,7 @@ def test_methods_agree_on_sign(rewards):
 @given(st.lists(st.floats(min_value=-1.7e308, max_value=1.7e308), min_size=1, max_size=16))
 def test_mean_and_std_are_finite_for_any_finite_rewards(values):
     """The trainer's reward statistics: 1e200 rewards once raised OverflowError at step 1."""
-    from retrain.advantages import mean_and_std
+    from retrain.algorithms.advantages import mean_and_std
 
     mean, std = mean_and_std(values)
     assert math.isfinite(mean) and math.isfinite(std) and std >= 0
@@ -164,7 +170,7 @@ def test_mean_and_std_are_finite_for_any_finite_rewards(values):
 
 
 def test_mean_and_std_match_the_plain_formula_on_small_values():
-    from retrain.advantages import mean_and_std
+    from retrain.algorithms.advantages import mean_and_std
 
     assert mean_and_std([1.0, 2.0, 3.0]) == (2.0, math.sqrt(2 / 3))
     assert mean_and_std([]) == (0.0, 0.0)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from retrain.config import BackpressureConfig
+from retrain.config.sections import BackpressureConfig
 from retrain.control.backpressure import (
     METRIC_KEYS,
     BackpressureController,

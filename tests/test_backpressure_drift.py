@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrain.config import BackpressureConfig
+from retrain.config.sections import BackpressureConfig
 from retrain.control.backpressure import BackpressureController
 from retrain.control.work import StepWork, WorkModel, fit_costs
-from retrain.step_row import step_work
+from retrain.run.step_row import step_work
 
 G = 8
 ON = BackpressureConfig(enabled=True, max_batch_size=32)

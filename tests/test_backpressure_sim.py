@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from bench import backpressure_sim as sim
-from retrain.config import BackpressureConfig
+from retrain.config.sections import BackpressureConfig
 from retrain.control.backpressure import UslSums, usl_throughput
 
 MACHINE_C = (0.30, 1e-4, 1200.0)          # p* = 84: steep, well identified

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from retrain import config, config_file, explain, status, status_view
+from retrain.cli import explain, status, status_view
+from retrain.config import loader as config_file
+from retrain.config import sections as config
 from tests.plans import GRPO_VS_RLOO, SINGLE_RUN
 
 BP = SINGLE_RUN + "[backpressure]\nenabled = true\n"

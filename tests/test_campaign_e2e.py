@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from bench.tiny_campaign import tiny_campaign_toml
-from retrain import runlog
 from retrain.campaign.manifest import load_manifest
+from retrain.runfiles import runlog
 
 CONDITIONS = """
 [[campaign.conditions]]

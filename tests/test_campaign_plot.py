@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("scipy")
 
-from retrain.cli import run_app  # noqa: E402
+from retrain.cli.app import run_app  # noqa: E402
 from retrain.results.campaign_plot import DPI, FIGSIZE  # noqa: E402
 from tests.results_helpers import write_campaign, write_run  # noqa: E402
 

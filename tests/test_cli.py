@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from retrain import __version__
-from retrain.cli import COMMANDS, _route, run_app
+from retrain.cli.app import COMMANDS, _route, run_app
 
 
 def cli(args, capsys):
@@ -110,7 +110,7 @@ HEAVY = ("torch", "transformers", "peft", "tinker", "matplotlib", "numpy", "pyda
 def test_light_path_imports_nothing_heavy(tmp_path, cli_env):
     script = textwrap.dedent(f"""
         import sys
-        from retrain.cli import run_app
+        from retrain.cli.app import run_app
         for args in (["--help"], ["init", "q.toml"], ["explain", "q.toml"],
                      ["explain", "q.toml", "--json"], ["status", "logs"], ["status", "--json"]):
             assert run_app(args) == 0, args
@@ -156,11 +156,11 @@ def test_os_errors_become_one_line_with_the_right_exit_status(tmp_path, capsys, 
     odd = user_error_from_os(OSError(errno.EMFILE, "Too many open files"))
     assert odd.exit_code == 1 and "Too many open files" in str(odd)
 
-    import retrain.launch
+    import retrain.cli.launch
 
     def boom(*_a, **_k):
         raise OSError(errno.EACCES, "Permission denied", "logs/run/state.json")
-    monkeypatch.setattr(retrain.launch, "launch", boom)
+    monkeypatch.setattr(retrain.cli.launch, "launch", boom)
     code, out = cli(["run", "x.toml"], capsys)
     assert code == 2 and out.startswith("error: logs/run/state.json: permission denied")
     assert "Traceback" not in out

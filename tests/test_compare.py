@@ -10,7 +10,7 @@ import pytest
 
 stats = pytest.importorskip("scipy.stats")
 
-from retrain.cli import run_app  # noqa: E402
+from retrain.cli.app import run_app  # noqa: E402
 from retrain.results.compare import build  # noqa: E402
 from tests.results_helpers import snapshot, write_campaign, write_run  # noqa: E402
 
@@ -229,7 +229,7 @@ def test_hostile_or_empty_manifests_are_not_fatal(tmp_path, capsys):
 
 
 def test_rich_output_on_a_terminal_says_the_same(tmp_path, capsys, monkeypatch):
-    from retrain import render
+    from retrain.cli import render
 
     camp = _campaign(tmp_path)
     monkeypatch.setattr(render, "stdout_is_terminal", lambda: True)

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("tinker")
 
 from retrain.campaign.concurrency import LOG_FILE, STATE_FILE, read_decisions  # noqa: E402
-from retrain.slots import read_cap  # noqa: E402
+from retrain.slots.file_slots import read_cap  # noqa: E402
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY  # noqa: E402
 

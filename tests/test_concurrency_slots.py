@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from retrain.slot_semaphore import Usage
-from retrain.slots import CountingSemaphore, clear_cap, read_cap, usage_of, write_cap
+from retrain.slots.file_slots import CountingSemaphore, clear_cap, read_cap, usage_of, write_cap
+from retrain.slots.semaphore import Usage
 
 REPO = Path(__file__).resolve().parents[1]
 HOLD_S = 0.01
@@ -20,7 +20,7 @@ HOLD_S = 0.01
 # A holder appends "+ <t>" after acquiring and "- <t>" before releasing (O_APPEND: atomic).
 WORKER = textwrap.dedent("""
     import os, sys, time
-    from retrain.slots import CountingSemaphore
+    from retrain.slots.file_slots import CountingSemaphore
     folder, log, stop, threads = sys.argv[1:5]
     sem = CountingSemaphore(folder, 8)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)

@@ -11,11 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrain import config, config_file, overrides, toml_io
 from retrain.campaign.plan import FILE_SECTIONS, CampaignPlan, Condition
-from retrain.cli import run_app
-from retrain.config import Config, ConfigError
-from retrain.schema import fields_of, hints_of
+from retrain.cli.app import run_app
+from retrain.config import loader as config_file
+from retrain.config import overrides, toml_io
+from retrain.config import sections as config
+from retrain.config.schema import fields_of, hints_of
+from retrain.config.sections import Config, ConfigError
 
 # ---------------------------------------------------------------------------- helpers
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retrain.config import Config, run_config
-from retrain.config_paths import anchor_paths
+from retrain.config.paths import anchor_paths
+from retrain.config.sections import Config, run_config
 
 
 def test_relative_paths_become_absolute(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain import config_file
+from retrain.config import loader as config_file
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from retrain.campaign.runner import thread_share_env
-from retrain.config import Config, run_config
-from retrain.cpu import (
+from retrain.config.sections import Config, run_config
+from retrain.machine.cpu import (
     AUTO_THREADS_ENV,
     auto_threads,
     available_cores,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from retrain import config_file, docgen
+from retrain.cli import docgen
+from retrain.config import loader as config_file
 
 
 def test_configuration_doc_is_up_to_date():
     assert docgen.DOC_PATH.read_text(encoding="utf-8") == docgen.configuration_markdown(), (
-        "docs/configuration.md is out of date: run `python -m retrain.docgen`")
+        "docs/configuration.md is out of date: run `python -m retrain.cli.docgen`")
 
 
 def test_every_key_is_documented_with_its_default():
@@ -23,7 +24,7 @@ def test_every_key_is_documented_with_its_default():
 def test_readme_holds_the_current_key_tables():
     readme = docgen.README_PATH.read_text(encoding="utf-8")
     assert readme == docgen.with_readme_block(readme), (
-        "README.md's configuration block is out of date: run `python -m retrain.docgen`")
+        "README.md's configuration block is out of date: run `python -m retrain.cli.docgen`")
     assert "### [backpressure]" in readme and "| `max_concurrent` | `4` |" in readme
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.errors import UserError
 

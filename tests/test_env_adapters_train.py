@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from retrain.backends.base import Completion, SamplingParams
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.host import WorkerHost
 from retrain.environments.kinds import KindContext
 from retrain.environments.ledger import Renderer
@@ -233,9 +233,9 @@ TRAIN_CASES = {
 @pytest.mark.parametrize("case", list(TRAIN_CASES))
 def test_each_adapter_trains_three_steps_on_the_tiny_model(case, tmp_path, monkeypatch,
                                                            tiny_model):
-    from retrain import toml_io
-    from retrain.config_file import load_config
-    from retrain.trainer import run_single
+    from retrain.config import toml_io
+    from retrain.config.loader import load_config
+    from retrain.run.trainer import run_single
     from tests.run_helpers import BASE, rows
 
     section = dict(TRAIN_CASES[case])

@@ -10,7 +10,7 @@ from typing import Literal
 
 import pytest
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.environments.protocol import Environment, Step
 from retrain.environments.tools import ToolEnvironment, with_tools

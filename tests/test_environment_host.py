@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.host import EnvError, EnvironmentFailure, Opened, WorkerHost
 from retrain.environments.kinds import KindContext
 from retrain.errors import UserError

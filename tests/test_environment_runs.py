@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from retrain import toml_io  # noqa: E402
-from retrain.config_file import load_config  # noqa: E402
-from retrain.trainer import run_single  # noqa: E402
+from retrain.config import toml_io  # noqa: E402
+from retrain.config.loader import load_config  # noqa: E402
+from retrain.run.trainer import run_single  # noqa: E402
 from tests.run_helpers import BASE, rows, state  # noqa: E402
 
 ENVS = Path(__file__).parent / "data" / "envs"
@@ -135,7 +135,7 @@ def test_repeated_worker_deaths_fail_the_run_with_a_clear_error(workdir, capsys)
 
 
 def test_data_and_reward_keys_conflict_with_another_kind(workdir):
-    from retrain.schema import ConfigError
+    from retrain.config.schema import ConfigError
 
     path = write_config(workdir, environment={"kind": "guess_number"},
                         data={"source": "countdown"})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("tinker")
-pytest.importorskip("retrain.trainer")
+pytest.importorskip("retrain.run.trainer")
 
 ENVS = Path(__file__).parent / "data" / "envs"
 

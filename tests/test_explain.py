@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from retrain import config, config_file, explain
 from retrain.campaign.plan import CampaignPlan, Condition
-from retrain.cli import run_app
-from retrain.config import Config
+from retrain.cli import explain
+from retrain.cli.app import run_app
+from retrain.config import loader as config_file
+from retrain.config import sections as config
+from retrain.config.sections import Config
 from tests.plans import GRPO_VS_RLOO, SINGLE_RUN
 
 
@@ -238,7 +240,7 @@ def test_rich_output_path(tmp_path, monkeypatch, capsys, matrix):
 
 @pytest.mark.parametrize("name", ["quickstart", "experiment", "campaign"])
 def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
-    from retrain import templates
+    from retrain.cli import templates
 
     monkeypatch.chdir(tmp_path)
     r = explain.build_report(templates.write_template(name))
@@ -250,7 +252,7 @@ def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
 
 
 def test_explain_shows_the_environment_and_warns_on_a_small_episode_budget(tmp_path):
-    from retrain.explain import build_report, plain_lines
+    from retrain.cli.explain import build_report, plain_lines
 
     path = tmp_path / "env.toml"
     path.write_text('[environment]\nkind = "guess_number"\nmax_turns = 4\n'

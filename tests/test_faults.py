@@ -1,6 +1,6 @@
 """Fault injection: every damaged file, hostile input and environment fault gets a clear
 answer (a finished run, or one `error:` line and the right exit status) and nothing that was
-written is lost. The real CLI (`retrain.cli.run_app`, in process for speed; a subprocess
+written is lost. The real CLI (`retrain.cli.app.run_app`, in process for speed; a subprocess
 where a pipe matters) trains the tiny model for a few steps.
 """
 
@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from retrain import runlog  # noqa: E402
-from retrain.cli import run_app  # noqa: E402
+from retrain.cli.app import run_app  # noqa: E402
+from retrain.runfiles import runlog  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
 STEPS = {"max_steps": 4, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from retrain.backends import local_loss  # noqa: E402
-from retrain.cli import run_app  # noqa: E402
+from retrain.cli.app import run_app  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
 STEPS = {"max_steps": 3, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain.config import DataConfig, EnvironmentConfig
+from retrain.config.sections import DataConfig, EnvironmentConfig
 from retrain.environments.kinds import (
     KINDS,
     KindContext,
@@ -26,7 +26,7 @@ def ctx(split="train", config_dir=ENVS, **kw) -> KindContext:
 
 
 def test_every_kind_of_the_config_has_a_builder_name():
-    from retrain.config import ENVIRONMENT_KINDS
+    from retrain.config.sections import ENVIRONMENT_KINDS
 
     assert set(ENVIRONMENT_KINDS) == set(KINDS)
     assert all(":" in spec for spec in KINDS.values())

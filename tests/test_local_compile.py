@@ -8,7 +8,7 @@ import io
 import pytest
 
 from retrain.backends import local_compile
-from retrain.config import ConfigError, from_dict
+from retrain.config.sections import ConfigError, from_dict
 
 
 def test_compile_takes_true_false_or_auto():

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain import toml_io
 from retrain.campaign.matrix import (
     MAX_NAME,
     RunSpec,
@@ -18,8 +17,9 @@ from retrain.campaign.matrix import (
     safe_name,
 )
 from retrain.campaign.plan import CampaignPlan, Condition
-from retrain.config import Config, ConfigError
-from retrain.config_file import dumps_config, loads_config, parse, to_dict
+from retrain.config import toml_io
+from retrain.config.loader import dumps_config, loads_config, parse, to_dict
+from retrain.config.sections import Config, ConfigError
 from tests.plans import GRPO_VS_RLOO
 
 SAFE = re.compile(r"^[^\W_][\w.+=-]*$")  # letters and digits of any script (issue 28 S11)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from retrain import config, config_file, toml_io
 from retrain.campaign import plan as plan_mod
 from retrain.campaign.plan import FILE_SECTIONS, CampaignPlan, Condition
-from retrain.config import Config, ConfigError
-from retrain.overrides import parse_set_args
+from retrain.config import loader as config_file
+from retrain.config import sections as config
+from retrain.config import toml_io
+from retrain.config.overrides import parse_set_args
+from retrain.config.sections import Config, ConfigError
 
 CAMPAIGN = """
 [training]

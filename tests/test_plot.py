@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from retrain.config import BackpressureConfig
+from retrain.config.sections import BackpressureConfig
 from retrain.control.backpressure import BackpressureController, usl_throughput
 from retrain.errors import UserError
-from retrain.runlog import MetricsWriter
+from retrain.runfiles.runlog import MetricsWriter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 G = 8
@@ -52,7 +52,7 @@ def matplotlib():
 
 
 def test_plot_writes_a_png(tmp_path, matplotlib):
-    from retrain.plot import plot_run
+    from retrain.cli.plot import plot_run
 
     run = fake_run(tmp_path / "run")
     out = plot_run(run)
@@ -62,7 +62,7 @@ def test_plot_writes_a_png(tmp_path, matplotlib):
 
 
 def test_plot_without_backpressure_and_with_torn_lines(tmp_path, matplotlib):
-    from retrain.plot import plot_run
+    from retrain.cli.plot import plot_run
 
     run = fake_run(tmp_path / "off", steps=5, enabled=False)
     with open(run / "metrics.jsonl", "a") as fh:
@@ -71,7 +71,7 @@ def test_plot_without_backpressure_and_with_torn_lines(tmp_path, matplotlib):
 
 
 def test_unbounded_p_star(tmp_path, matplotlib):
-    from retrain.plot import plot_run
+    from retrain.cli.plot import plot_run
 
     run = tmp_path / "lin"
     run.mkdir()
@@ -85,7 +85,7 @@ def test_unbounded_p_star(tmp_path, matplotlib):
 
 
 def test_clear_errors(tmp_path, matplotlib):
-    from retrain.plot import plot_run
+    from retrain.cli.plot import plot_run
 
     with pytest.raises(UserError, match="no such run folder"):
         plot_run(tmp_path / "missing")
@@ -98,7 +98,7 @@ def test_clear_errors(tmp_path, matplotlib):
 
 
 def test_missing_matplotlib_says_how_to_install(tmp_path, monkeypatch):
-    from retrain import plot
+    from retrain.cli import plot
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)   # import now fails
     with pytest.raises(UserError, match=r"pip install 'retrain\[plot\]'"):

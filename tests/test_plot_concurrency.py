@@ -16,9 +16,9 @@ from retrain.campaign.concurrency import (
     CampaignConcurrency,
     read_decisions,
 )
-from retrain.config import BackendConfig
+from retrain.config.sections import BackendConfig
 from retrain.errors import UserError
-from retrain.slot_semaphore import Usage
+from retrain.slots.semaphore import Usage
 from tests.test_plot import is_png
 
 
@@ -73,7 +73,7 @@ def test_runner_controller_logs_every_decision_and_resumes(tmp_path):
 
 def test_plot_concurrency_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from retrain.plot_concurrency import plot_concurrency
+    from retrain.cli.plot_concurrency import plot_concurrency
 
     drive(tmp_path, Endpoint(0.05, kappa_for(3, 0.05), fail_above=5), 40)
     out = plot_concurrency(tmp_path)
@@ -84,7 +84,7 @@ def test_plot_concurrency_writes_a_png(tmp_path):
 
 def test_plot_concurrency_clear_error_without_decisions(tmp_path):
     pytest.importorskip("matplotlib")
-    from retrain.plot_concurrency import plot_concurrency
+    from retrain.cli.plot_concurrency import plot_concurrency
 
     with pytest.raises(UserError, match=LOG_FILE):
         plot_concurrency(tmp_path)

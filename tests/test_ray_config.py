@@ -11,8 +11,8 @@ import time
 import pytest
 
 from retrain.campaign.plan import run_resources
-from retrain.config import ConfigError
-from retrain.config_file import loads
+from retrain.config.loader import loads
+from retrain.config.sections import ConfigError
 
 BASE = '[model]\nname = "tiny-random"\n[campaign]\nseeds = [1, 2]\n'
 
@@ -43,17 +43,17 @@ def test_bad_values_name_the_key_and_the_fix():
 def test_local_campaign_explain_does_not_import_ray(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(BASE)
-    code = ("import sys\nfrom retrain.explain import build_report\n"
+    code = ("import sys\nfrom retrain.cli.explain import build_report\n"
             f"r = build_report({str(path)!r})\n"
             "assert r.executor == 'local' and r.runs_at_once is None\n"
             "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules), 'ray'\n"
-            "import retrain.campaign.runner, retrain.trainer, retrain.status\n"
+            "import retrain.campaign.runner, retrain.run.trainer, retrain.cli.status\n"
             "assert 'ray' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_executor_shortcut_on_the_command_line():
-    from retrain.overrides import command_line_overrides
+    from retrain.config.overrides import command_line_overrides
 
     assert command_line_overrides([], {"--executor": "ray"}) == {"campaign.executor": "ray"}
     with pytest.raises(ConfigError, match="--executor"):

@@ -21,8 +21,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
 
 from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
-from retrain import runlog  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
+from retrain.runfiles import runlog  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

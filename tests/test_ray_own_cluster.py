@@ -24,9 +24,9 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
 
 from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
-from retrain import runlog  # noqa: E402
 from retrain.campaign import ray_cluster  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
+from retrain.runfiles import runlog  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 
 REWARD = """

@@ -16,8 +16,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
 
-from retrain import slots_ray  # noqa: E402
-from retrain.slots import ENV_VAR, slots_from_env  # noqa: E402
+from retrain.slots import ray_slots as slots_ray  # noqa: E402
+from retrain.slots.file_slots import ENV_VAR, slots_from_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def test_timeout_leaves_the_line_and_misuse_raises(cluster):
 
 HOLDER = """
 import sys, time
-from retrain.slots import slots_from_env
+from retrain.slots.file_slots import slots_from_env
 slots = slots_from_env()
 slots.acquire()
 print("held", flush=True)
@@ -171,7 +171,7 @@ def test_slots_from_env_names_the_ray_actor(monkeypatch):
 
 KEEPS_HANDLER = """
 import signal
-from retrain.slots import slots_from_env
+from retrain.slots.file_slots import slots_from_env
 def mine(signum, frame):
     pass
 signal.signal(signal.SIGTERM, mine)
@@ -256,7 +256,7 @@ def test_the_runner_controller_owns_the_actor_cap(cluster, tmp_path):
     """max_concurrent = "auto" with the Ray executor: the runner's controller sets the slot
     actor's cap and reads the usage the actor metered (RayCap)."""
     from retrain.campaign.concurrency import CampaignConcurrency, RayCap, read_decisions
-    from retrain.config import BackendConfig
+    from retrain.config.sections import BackendConfig
 
     name = "slots:test-raycap"
     slots_ray.ensure_broker(name, 64)
@@ -316,7 +316,7 @@ def test_the_cap_holds_across_a_restart_of_the_slot_actor(cluster):
 
 CALLER = """
 import sys, time, urllib.request
-from retrain.slots import slots_from_env
+from retrain.slots.file_slots import slots_from_env
 slots = slots_from_env()
 while True:
     with slots:  # one API call per slot, as the tinker backend makes them

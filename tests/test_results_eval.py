@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("scipy")
 
-from retrain.cli import run_app  # noqa: E402
-from retrain.config_file import load_config  # noqa: E402
+from retrain.cli.app import run_app  # noqa: E402
+from retrain.config.loader import load_config  # noqa: E402
 from retrain.results.evaluate import EvalRequest, evaluate  # noqa: E402
 from tests.results_helpers import snapshot  # noqa: E402
 from tests.run_helpers import rows, write_config  # noqa: E402
@@ -131,15 +131,16 @@ def test_not_a_run_folder(tmp_path, capsys, command):
 
 # ---------------------------------------------------------------------------- sample
 
-TRAINING_CODE = ("retrain.trainer", "retrain.launch", "retrain.checkpoint", "retrain.advantages",
-                 "retrain.backends.local", "retrain.backends.local_loss", "retrain.eval",
+TRAINING_CODE = ("retrain.run.trainer", "retrain.cli.launch", "retrain.run.checkpoint",
+                 "retrain.algorithms.advantages",
+                 "retrain.backends.local", "retrain.backends.local_loss", "retrain.run.eval",
                  "retrain.environments.scorer", "retrain.control.backpressure",
-                 "retrain.campaign.runner", "retrain.campaign.executor", "retrain.offpolicy",
-                 "retrain.results.evaluate", "retrain.trackers", "retrain.step_row")
+                 "retrain.campaign.runner", "retrain.campaign.executor", "retrain.run.offpolicy",
+                 "retrain.results.evaluate", "retrain.run.trackers", "retrain.run.step_row")
 
 
 def test_sample_answers_and_imports_no_training_code(run_dir, cli_env):
-    script = ("import sys\nfrom retrain.cli import run_app\n"
+    script = ("import sys\nfrom retrain.cli.app import run_app\n"
               f"code = run_app(['sample', {str(run_dir)!r}, 'What is 2 + 2?', '--temperature',"
               " '0', '--max-tokens', '6'])\n"
               "print('\\nMODULES', sorted(m for m in sys.modules if m.startswith('retrain')))\n"

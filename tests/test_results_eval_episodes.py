@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("scipy")
 
-from retrain import toml_io  # noqa: E402
-from retrain.cli import run_app  # noqa: E402
+from retrain.cli.app import run_app  # noqa: E402
+from retrain.config import toml_io  # noqa: E402
 from retrain.results.evaluate import EvalRequest, evaluate  # noqa: E402
 from tests.run_helpers import rows  # noqa: E402
 from tests.test_environment_runs import ENVS, env_config  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.config import RewardConfig
+from retrain.config.sections import RewardConfig
 from retrain.environments.answers import (
     CHECKERS,
     answers_match,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from retrain.backends.base import Completion, SamplingParams
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.host import WorkerHost
 from retrain.environments.kinds import KindContext
 from retrain.environments.ledger import Renderer
@@ -28,7 +28,7 @@ def smol():
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from retrain.models import SMOLLM2_GGUF, smollm2_gguf_path
+    from retrain.backends.models import SMOLLM2_GGUF, smollm2_gguf_path
 
     try:
         path = smollm2_gguf_path()

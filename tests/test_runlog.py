@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from retrain import runlog
-from retrain.runlog import MetricsWriter, RunState
+from retrain.runfiles import runlog
+from retrain.runfiles.runlog import MetricsWriter, RunState
 
 
 def test_writer_appends_one_flushed_row_per_line(tmp_path):
@@ -117,7 +117,7 @@ def test_walk_logs_finds_runs_and_campaigns(tmp_path):
 def test_hostile_json_is_a_bad_line_not_a_crash(tmp_path):
     """safejson's limits: deep nesting, 400-digit integers and lone surrogates are bad lines;
     non-finite numbers read as null."""
-    from retrain import safejson
+    from retrain.runfiles import safejson
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(["[" * 100_000 + "]" * 100_000, '{"step": 1' + "0" * 400 + "}",
@@ -175,7 +175,7 @@ def test_failed_state_is_written_in_place_when_the_disk_is_full(tmp_path, monkey
 
 
 def test_prune_removes_resume_points_with_their_checkpoints(tmp_path):
-    from retrain import checkpoint
+    from retrain.run import checkpoint
 
     folder = tmp_path / "checkpoints"
     for step in range(1, 6):

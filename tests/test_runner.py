@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from retrain import runlog, toml_io
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import load_manifest, save_manifest
 from retrain.campaign.runner import locate_campaign, log_tail, run_campaign
-from retrain.config import ConfigError
-from retrain.config_file import load, load_config, loads_config
+from retrain.config import toml_io
+from retrain.config.loader import load, load_config, loads_config
+from retrain.config.sections import ConfigError
 from retrain.errors import UserError
+from retrain.runfiles import runlog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ FAKE_WORKER = textwrap.dedent('''
     import json, os, signal, sys, time, tomllib
     from pathlib import Path
     from retrain import runlog
-    from retrain.slots import slots_from_env
+    from retrain.slots.file_slots import slots_from_env
 
     cfg = tomllib.loads(Path(sys.argv[1]).read_text())
     opts = cfg["backend"]["options"]
@@ -81,7 +82,7 @@ DRIVER = textwrap.dedent('''
     import sys
     from retrain.campaign.executor import LocalExecutor
     from retrain.campaign.runner import run_campaign
-    from retrain.config_file import load
+    from retrain.config.loader import load
     path, fake = sys.argv[1], sys.argv[2]
     new = "--new" in sys.argv
     sys.exit(run_campaign(*load(path), path, new=new,

@@ -10,7 +10,7 @@ import pytest
 
 from retrain.backends.base import Completion
 from retrain.backends.stop_strings import StopWatch, cut_at_stop_strings, first_stop_end
-from retrain.config import ConfigError, from_dict
+from retrain.config.sections import ConfigError, from_dict
 
 
 def _utf8(tokens: list[int]) -> str:

@@ -368,7 +368,7 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
 
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
     from retrain.backends.tinker import TinkerBackend
-    from retrain.slots import CountingSemaphore
+    from retrain.slots.file_slots import CountingSemaphore
     from tests.run_helpers import read_serve_url
 
     sleeps: list[tuple[int, float, float]] = []

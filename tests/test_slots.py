@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from retrain.errors import UserError
-from retrain.slots import (
+from retrain.slots.file_slots import (
     ENV_VAR,
     CountingSemaphore,
     NoSlots,
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # are atomic and ordered), so replaying the log can only under-count the true holders.
 WORKER = textwrap.dedent("""
     import os, sys, time
-    from retrain.slots import CountingSemaphore
+    from retrain.slots.file_slots import CountingSemaphore
     folder, n, rounds, hold, log, start_at = sys.argv[1:7]
     sem = CountingSemaphore(folder, int(n))
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)

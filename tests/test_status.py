@@ -13,8 +13,9 @@ from io import StringIO
 
 import pytest
 
-from retrain import runlog, status, status_view
-from retrain.cli import run_app
+from retrain.cli import status, status_view
+from retrain.cli.app import run_app
+from retrain.runfiles import runlog
 
 HOST = socket.gethostname()
 
@@ -239,10 +240,10 @@ def test_campaign_plain_output(campaign, capsys):
 
 
 def test_campaign_slots_in_use(campaign, monkeypatch, capsys):
-    sem = types.ModuleType("retrain.slots")
+    sem = types.ModuleType("retrain.slots.file_slots")
     seen = []
     sem.slots_in_use = lambda folder: seen.append(folder) or 3
-    monkeypatch.setitem(sys.modules, "retrain.slots", sem)
+    monkeypatch.setitem(sys.modules, "retrain.slots.file_slots", sem)
     (c,) = status.scan(campaign).campaigns
     assert c.api_slots_in_use == 3 and seen == [campaign / "sweep" / "slots"]
     assert "API slots 3/4 in use" in status_view.campaign_header(c)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.config import DataConfig
+from retrain.config.sections import DataConfig
 from retrain.environments.answers import check_countdown
 from retrain.environments.tasks import (
     DataCursor,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from retrain import config_file, templates
+from retrain.cli import templates
+from retrain.config import loader as config_file
 from retrain.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,13 +103,13 @@ def test_unwritable_target_is_a_user_error(tmp_path):
 
 
 def test_templates_ship_inside_the_package():
-    # retrain/_templates is the package-data view of the top-level templates/ folder.
-    packaged = REPO / "retrain" / "_templates"
+    # retrain/cli/_templates is the package-data view of the top-level templates/ folder.
+    packaged = REPO / "retrain" / "cli" / "_templates"
     assert packaged.resolve() == (REPO / "templates").resolve()
     for name in NAMES:
         assert (packaged / f"{name}.toml").read_text() == templates.template_text(name)
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    data = pyproject["tool"]["setuptools"]["package-data"]["retrain"]
+    data = pyproject["tool"]["setuptools"]["package-data"]["retrain.cli"]
     assert "_templates/*.toml" in data and "_templates/*.py" in data
     for name, files in templates.COMPANIONS.items():
         assert name in NAMES and all((packaged / f).is_file() for f in files)
@@ -119,7 +120,7 @@ def test_the_environment_template_writes_its_environment_and_trains(tmp_path, mo
                                                                     tiny_model):
     pytest.importorskip("torch")
     from retrain.environments.kinds import KindContext, build_factory
-    from retrain.trainer import run_single
+    from retrain.run.trainer import run_single
 
     path = templates.write_template("environment", tmp_path / "environment.toml")
     assert (tmp_path / "my_env.py").read_text() == \

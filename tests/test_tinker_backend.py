@@ -290,7 +290,7 @@ def test_same_step_as_the_local_backend(tmp_path, sdk_env, tiny_model):
 def test_two_workers_share_the_campaign_semaphore(tmp_path, sdk_env, tiny_model):
     """Two backends (as two campaign workers) on the real cross-process semaphore with 2
     slots: both finish (no deadlock) and the server never has more than 2 requests."""
-    from retrain.slots import CountingSemaphore
+    from retrain.slots.file_slots import CountingSemaphore
 
     with Served(_engine(tiny_model, delay_s=0.02), tmp_path, hold_s=2.0) as served:
         backends = [_backend(served.url, slots=CountingSemaphore(tmp_path / "slots", 2))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("tinker")
-pytest.importorskip("retrain.trainer")
+pytest.importorskip("retrain.run.trainer")
 pytest.importorskip("retrain.control.backpressure")
 pytest.importorskip("retrain.campaign.runner")
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain import toml_io
+from retrain.config import toml_io
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
 _key = st.one_of(st.from_regex(r"[A-Za-z0-9_-]{1,8}", fullmatch=True), _text)

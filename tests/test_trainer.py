@@ -8,12 +8,12 @@ pytest.importorskip("torch")
 
 import subprocess  # noqa: E402
 
-from retrain import runlog  # noqa: E402
 from retrain.backends.base import BackendOOMError  # noqa: E402
-from retrain.config_file import load_config  # noqa: E402
+from retrain.config.loader import load_config  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
-from retrain.seeds import derive_seed  # noqa: E402
-from retrain.trainer import run_single  # noqa: E402
+from retrain.run.seeds import derive_seed  # noqa: E402
+from retrain.run.trainer import run_single  # noqa: E402
+from retrain.runfiles import runlog  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
 PROMISED = ("step", "batch_size", "group_size", "num_completions", "mean_reward", "reward_std",

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from retrain.backends.base import Backend
-from retrain.slots import ApiSlots, NoSlots
+from retrain.slots.file_slots import ApiSlots, NoSlots
 
 if TYPE_CHECKING:
-    from retrain.config import Config
+    from retrain.config.sections import Config
 
 
 def create_backend(cfg: Config, slots: ApiSlots | None = None,

@@ -42,11 +42,11 @@ from retrain.backends.local_compile import CompiledDecoder
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
 from retrain.backends.local_sampling import cache_keyword, eos_ids, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
-from retrain.cpu import auto_threads
 from retrain.errors import UserError
+from retrain.machine.cpu import auto_threads
 
 if TYPE_CHECKING:
-    from retrain.config import Config
+    from retrain.config.sections import Config
 
 class LocalModel:
     """A base causal LM + tokenizer loaded once; LoRA adapters are added to it by name."""
@@ -215,7 +215,7 @@ class LocalBackend:
                     checkpoint_dir: Path | None = None) -> LocalBackend:
         """A private LocalModel with one adapter, from `[model]` and `[training]` (and
         `[backend] compile`)."""
-        from retrain.models import resolve_model
+        from retrain.backends.models import resolve_model
 
         m = cfg.model
         path = resolve_model(m.name, config_dir)

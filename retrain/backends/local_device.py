@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import torch
 
 from retrain.backends.base import BackendError, BackendOOMError
-from retrain.cpu import cpu_has_native_bf16
 from retrain.errors import UserError
+from retrain.machine.cpu import cpu_has_native_bf16
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retrain import runlog
 from retrain.backends import tinker_slot_lease as slot_lease
 from retrain.backends.base import BackendError, LossOutput, OptimOutput, finished
 from retrain.backends.stop_strings import cut_at_stop_strings
@@ -49,7 +48,8 @@ from retrain.backends.tinker_rate_limit import (
 )
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
 from retrain.errors import UserError
-from retrain.slots import ApiSlots, NoSlots
+from retrain.runfiles import runlog
+from retrain.slots.file_slots import ApiSlots, NoSlots
 
 if TYPE_CHECKING:  # the contract's datatypes this backend only names in signatures
     from retrain.backends.base import (
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the contract's datatypes this backend only names in signatu
         SamplingParams,
         TokenIds,
     )
-    from retrain.config import Config
+    from retrain.config.sections import Config
 
 log = logging.getLogger("retrain.tinker")
 TINKER_VERSION = "0.38.0"

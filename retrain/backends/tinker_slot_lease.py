@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from retrain.slot_semaphore import OVERLOAD_CODES
+from retrain.slots.semaphore import OVERLOAD_CODES
 
 CURRENT: contextvars.ContextVar[SlotLease | None] = contextvars.ContextVar(
     "retrain_slot_lease", default=None)

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from retrain import runlog, safejson
-from retrain.config import BackendConfig
+from retrain.config.sections import BackendConfig
 from retrain.control.concurrency import ConcurrencyController, Decision, Sample
-from retrain.slot_semaphore import Usage
+from retrain.runfiles import runlog, safejson
+from retrain.slots.semaphore import Usage
 
 INTERVAL_S = 3.0
 START_CAP = 4                 # the first cap of a new campaign: today's fixed default
@@ -54,12 +54,12 @@ class FileCap:
         self.folder = folder
 
     def apply(self, cap: int) -> None:
-        from retrain.slots import write_cap
+        from retrain.slots.file_slots import write_cap
 
         write_cap(self.folder, cap)
 
     def usage(self) -> Usage:
-        from retrain.slots import usage_of
+        from retrain.slots.file_slots import usage_of
 
         return usage_of(self.folder)
 
@@ -72,7 +72,7 @@ class RayCap:
         self._broker: Any = None
 
     def _actor(self) -> Any:
-        from retrain.slots_ray import find_broker
+        from retrain.slots.ray_slots import find_broker
 
         if self._broker is None:
             self._broker = find_broker(self.name)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import runlog, safejson
 from retrain.errors import UserError
+from retrain.runfiles import runlog, safejson
 
 RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
 CAMPAIGN_STATUSES = ("running", "completed", "failed", "interrupted")

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import config as config_mod
-from retrain import config_file
 from retrain.campaign.plan import CampaignPlan, Condition
-from retrain.config import Config, ConfigError, ConfigIssue
+from retrain.config import loader as config_file
+from retrain.config import sections as config_mod
+from retrain.config.sections import Config, ConfigError, ConfigIssue
 
 MAX_NAME = 80          # folder-name budget for a run name, seed suffix included
 BASE_CONDITION = "base"

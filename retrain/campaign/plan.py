@@ -12,9 +12,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain import ray_address, toml_io
-from retrain.config import SECTIONS, Config
-from retrain.schema import (
+from retrain.campaign import ray_address
+from retrain.config import toml_io
+from retrain.config.schema import (
     MAX_WAIT_S,
     MAX_WORKERS,
     ConfigIssue,
@@ -29,6 +29,7 @@ from retrain.schema import (
     show,
     unknown_key,
 )
+from retrain.config.sections import SECTIONS, Config
 
 SECTION = "campaign"
 

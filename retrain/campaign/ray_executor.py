@@ -30,12 +30,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from retrain import ray_address, slots_ray
-from retrain.campaign import ray_cluster
+from retrain.campaign import ray_address, ray_cluster
 from retrain.campaign.executor import Job
 from retrain.campaign.plan import CampaignPlan, run_resources
-from retrain.config import Config
+from retrain.config.sections import Config
 from retrain.errors import UserError
+from retrain.slots import ray_slots as slots_ray
 
 NAMESPACE = slots_ray.NAMESPACE
 FORWARDED_ENV = ("RETRAIN_", "TINKER_", "HF_", "WANDB_")  # the driver's settings workers need
@@ -88,7 +88,7 @@ class RunProcess:
 async def _previous_attempt_gone(run_dir: Path, log_path: str) -> None:
     """Wait while the run's last worker is still alive on this host (its node's raylet died but
     it has not noticed yet), so two attempts never write one run folder at once."""
-    from retrain import runlog
+    from retrain.runfiles import runlog
 
     deadline = time.monotonic() + PREVIOUS_ATTEMPT_WAIT_S
     waited = False
@@ -231,8 +231,8 @@ class RayExecutor:
         """What every run's process gets: the slot actor, the cluster, the driver's settings."""
         import ray
 
-        from retrain.cpu import AUTO_THREADS_ENV
-        from retrain.slots import ENV_VAR, RAY_PREFIX
+        from retrain.machine.cpu import AUTO_THREADS_ENV
+        from retrain.slots.file_slots import ENV_VAR, RAY_PREFIX
 
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
         env[ENV_VAR] = f"{RAY_PREFIX}{self.broker_name}:{max_concurrent}"

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrain import config_file, runlog, toml_io
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import (
     SLOTS_DIR,
@@ -22,8 +21,11 @@ from retrain.campaign.manifest import (
 )
 from retrain.campaign.matrix import RunSpec, matrix_hash
 from retrain.campaign.plan import CampaignPlan
-from retrain.config import Config, ConfigError
+from retrain.config import loader as config_file
+from retrain.config import toml_io
+from retrain.config.sections import Config, ConfigError
 from retrain.errors import UserError
+from retrain.runfiles import runlog
 
 NEXT_CONFIG_FILE = "config.next.toml"
 
@@ -105,7 +107,7 @@ def _describe_campaign(manifest: Manifest, cfg: Config, c: CampaignPlan, config_
     manifest.executor, manifest.ray_address = c.executor, c.ray_address
     if c.executor == "ray":
         from retrain.campaign.ray_executor import campaign_key
-        from retrain.slots_ray import broker_name
+        from retrain.slots.ray_slots import broker_name
 
         manifest.slots_dir, manifest.slots_actor = "", broker_name(campaign_key(campaign_dir))
     manifest.conditions = list(dict.fromkeys(r.condition for r in manifest.runs))

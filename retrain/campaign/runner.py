@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from retrain import runlog
 from retrain.campaign import executor as ex
 from retrain.campaign.concurrency import CampaignConcurrency, FileCap, RayCap
 from retrain.campaign.manifest import (
@@ -38,11 +37,12 @@ from retrain.campaign.run_records import (
     record_progress,
     write_run_config,
 )
-from retrain.config import Config, ConfigError
-from retrain.config_paths import anchor_paths
-from retrain.cpu import AUTO_THREADS_ENV, available_cores
+from retrain.config.paths import anchor_paths
+from retrain.config.sections import Config, ConfigError
 from retrain.errors import UserError
-from retrain.slots import ENV_VAR, clear_cap, env_value
+from retrain.machine.cpu import AUTO_THREADS_ENV, available_cores
+from retrain.runfiles import runlog
+from retrain.slots.file_slots import ENV_VAR, clear_cap, env_value
 
 GRACE_S = 60.0          # how long stopped workers get to checkpoint before SIGKILL
 TICK_S = 0.005          # scheduler poll interval after an event (a waitpid per worker) ...

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import re
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import Factory, KindContext
 from retrain.environments.protocol import Environment, Message, Step
 from retrain.errors import UserError

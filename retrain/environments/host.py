@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from retrain.backends.base import BackendError
-from retrain.config import DataConfig, EnvironmentConfig, RewardConfig
+from retrain.config.sections import DataConfig, EnvironmentConfig, RewardConfig
 from retrain.environments.answers import Problem
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.environments.protocol import Message, Step

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from retrain.config import DataConfig, EnvironmentConfig, RewardConfig
+from retrain.config.sections import DataConfig, EnvironmentConfig, RewardConfig
 from retrain.environments.protocol import Environment
 from retrain.errors import UserError
 

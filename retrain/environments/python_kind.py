@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import Factory, KindContext
 from retrain.environments.protocol import Environment
 from retrain.environments.rewards import load_custom

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from retrain.config import RewardConfig
+from retrain.config.sections import RewardConfig
 from retrain.environments.answers import (
     CORRECT_AT,
     Problem,

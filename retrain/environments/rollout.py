@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from retrain.backends.base import Backend, Completion, Datum, SamplingParams
-from retrain.config import DataConfig, EnvironmentConfig, RewardConfig
+from retrain.config.sections import DataConfig, EnvironmentConfig, RewardConfig
 from retrain.environments.answers import CORRECT_AT, Problem
 from retrain.environments.host import EnvError, Host, Opened, TaskHost, WorkerHost
 from retrain.environments.kinds import KindContext, default_max_turns

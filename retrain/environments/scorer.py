@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain.config import RewardConfig
+from retrain.config.sections import RewardConfig
 from retrain.environments.answers import Problem
 from retrain.environments.rewards import clip_message, reward_function, score_one
 from retrain.errors import UserError

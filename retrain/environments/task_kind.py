@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from retrain.config import DataConfig, EnvironmentConfig
+from retrain.config.sections import DataConfig, EnvironmentConfig
 from retrain.environments.answers import Problem
 from retrain.environments.kinds import Factory, KindContext
 from retrain.environments.protocol import Environment, Message, Step

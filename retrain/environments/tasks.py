@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrain import safejson
-from retrain.config import DataConfig
+from retrain.config.sections import DataConfig
 from retrain.environments.answers import CHECKERS, Problem
 from retrain.errors import UserError
+from retrain.runfiles import safejson
 
 # Rejection sampling gives up after this many duplicates in a row (the space is exhausted).
 _MAX_MISSES = 2000

@@ -14,7 +14,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
     args = ap.parse_args()
-    from retrain.cpu import auto_threads
+    from retrain.machine.cpu import auto_threads
 
     p = measure_peaks(args.dtype, args.threads or auto_threads())
     print(f"{p.gflops:.1f} GFLOP/s {p.dtype} matmul, {p.bw_gb_s:.1f} GB/s memory copy, "

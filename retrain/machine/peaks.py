@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from retrain.cpu import cpu_model_name
+from retrain.machine.cpu import cpu_model_name
 
 CACHE_FILE = "machine.json"
 
@@ -35,7 +35,7 @@ def machine_key(dtype: str, threads: int, device: str = "cpu") -> str:
 
 
 def cache_path() -> Path:
-    from retrain.models import cache_dir
+    from retrain.backends.models import cache_dir
 
     return cache_dir().parent / CACHE_FILE  # beside models/, under $RETRAIN_CACHE
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from retrain.cli.figures import figure_class, save_png
+from retrain.cli.status import scan_campaign
 from retrain.errors import UserError
-from retrain.figures import figure_class, save_png
 from retrain.results.run_rows import number, read_rows
 from retrain.results.stats import estimate
-from retrain.status import scan_campaign
 
 CAMPAIGN_PLOT_FILE = "curves.png"   # `retrain plot CAMPAIGN_DIR` draws here by default
 FIGSIZE = (13, 5)                   # inches, at DPI: a 1300 x 500 PNG

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import runlog
+from retrain.cli.status import RunStatus, scan_campaign
 from retrain.errors import UserError
 from retrain.results.run_rows import number, read_rows, series
 from retrain.results.stats import Difference, Estimate, estimate, welch
-from retrain.status import RunStatus, scan_campaign
+from retrain.runfiles import runlog
 
 LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
 COMPARED = (("final_reward", "final reward"), ("eval_accuracy", "eval accuracy"))

@@ -7,9 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from retrain import render
+from retrain.cli import render
+from retrain.cli.render import Block
 from retrain.errors import UserError
-from retrain.render import Block
 from retrain.results.compare import CompareReport, ConditionSummary, build
 from retrain.results.stats import Estimate
 

@@ -16,13 +16,13 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from retrain import runlog
-from retrain.config import Config, ConfigError
-from retrain.config import run_config as changed_config
+from retrain.config.sections import Config, ConfigError
+from retrain.config.sections import run_config as changed_config
 from retrain.environments.answers import Problem
 from retrain.errors import UserError
 from retrain.results import run_checkpoint
 from retrain.results.stats import CONFIDENCE, Estimate, estimate
+from retrain.runfiles import runlog
 
 EVALS_DIR = "evals"
 BUILT_IN_TASKS = ("arithmetic", "countdown")
@@ -174,7 +174,7 @@ def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, 
     """`k` episodes per held-out seed (the trainer's seeds), played by the checkpoint."""
     from retrain.backends.base import SamplingParams
     from retrain.environments.rollout import build_rollouts
-    from retrain.seeds import heldout_episode_seeds
+    from retrain.run.seeds import heldout_episode_seeds
 
     if cfg.data.eval_size == 0:
         raise UserError(f"{run_dir}: the run has no held-out episodes (data.eval_size = 0); "
@@ -286,7 +286,7 @@ def summary_lines(r: EvalReport) -> list[str]:
 def show(run_dir: Path, req: EvalRequest, as_json: bool = False) -> None:
     report = evaluate(run_dir, req)
     if as_json:
-        from retrain import render
+        from retrain.cli import render
 
         print(render.dump_json(asdict(report)))
     else:

@@ -40,7 +40,7 @@ def _check_out(out: Path, run_dir: Path) -> None:
 
 def export(run_dir: Path, out: Path, *, step: int | None = None,
            merged: bool = False) -> ExportReport:
-    from retrain.models import resolve_model
+    from retrain.backends.models import resolve_model
 
     run_dir = run_checkpoint.check_run_dir(run_dir)
     out = Path(out)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from retrain import runlog
 from retrain.results.run_rows import number, read_rows
+from retrain.runfiles import runlog
 
 CARD_METRICS = ("mean_reward", "correct_rate", "eval_accuracy", "initial_eval_accuracy")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.backends.base import Completion, SamplingParams, TokenIds
-from retrain.config import Config
+from retrain.config.sections import Config
 from retrain.errors import UserError
 from retrain.results.run_checkpoint import Checkpoint
 
@@ -45,8 +45,8 @@ class LocalPolicy:
         from transformers.utils import logging as hf_logging
 
         from retrain.backends.local_device import pick_device, resolve_dtype
-        from retrain.cpu import auto_threads
-        from retrain.models import resolve_model
+        from retrain.backends.models import resolve_model
+        from retrain.machine.cpu import auto_threads
 
         hf_logging.disable_progress_bar()
         warnings.filterwarnings("ignore", category=FutureWarning)  # transformers/peft renames

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrain import runlog
-from retrain.config import Config, ConfigError
+from retrain.config.sections import Config, ConfigError
 from retrain.errors import UserError
+from retrain.runfiles import runlog
 
 TINKER_SCHEME = "tinker://"
 POINT_SUFFIX = ".json"
@@ -48,7 +48,7 @@ def check_run_dir(run_dir: Path) -> Path:
 
 def run_config(run_dir: Path) -> Config:
     """The run's resolved config.toml."""
-    from retrain.config_file import load_config
+    from retrain.config.loader import load_config
 
     path = Path(run_dir) / runlog.CONFIG_FILE
     try:

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from retrain import runlog
+from retrain.runfiles import runlog
 
 
 def read_rows(run_dir: Path) -> list[dict]:

@@ -9,7 +9,7 @@ import contextlib
 import urllib.request
 from pathlib import Path
 
-from retrain.config import Config
+from retrain.config.sections import Config
 from retrain.errors import UserError
 from retrain.results.run_checkpoint import Checkpoint
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from retrain.backends.base import BackendError, Completion, SamplingParams, TokenIds
-from retrain.config import Config
+from retrain.config.sections import Config
 from retrain.errors import UserError
 from retrain.results.run_checkpoint import Checkpoint
 

@@ -36,7 +36,7 @@ from retrain.backends.base import (
 )
 from retrain.backends.local import LocalBackend, LocalModel
 from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
-from retrain.config import ModelConfig
+from retrain.config.sections import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
 
 
@@ -64,7 +64,7 @@ class LocalEngine:
     def load(cls, name: str, dtype: str = "auto", device: str = "auto",
              threads: int = 0) -> LocalEngine:
         """Load `name` (a built-in name, a folder or a cached hub id) once."""
-        from retrain.models import resolve_model
+        from retrain.backends.models import resolve_model
 
         path = resolve_model(name)
         return cls(LocalModel.load(path, dtype, device, threads), name)

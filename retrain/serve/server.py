@@ -25,7 +25,7 @@ def default_state_dir() -> Path:
     """Where served checkpoints live: $RETRAIN_SERVE_DIR, else <retrain cache>/serve."""
     if os.environ.get("RETRAIN_SERVE_DIR"):
         return Path(os.environ["RETRAIN_SERVE_DIR"])
-    from retrain.models import cache_dir
+    from retrain.backends.models import cache_dir
 
     return cache_dir().parent / "serve"
 

@@ -23,7 +23,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import KindContext, MissingExtra
 from retrain.environments.protocol import Environment, Message, Step
 from retrain.errors import UserError

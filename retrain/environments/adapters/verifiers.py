@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import KindContext, MissingExtra
 from retrain.environments.protocol import Environment, Message, Step
 from retrain.environments.tools.calls import parse_tool_calls

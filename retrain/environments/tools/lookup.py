@@ -23,7 +23,7 @@ import random
 import re
 from collections.abc import Callable
 
-from retrain.config import EnvironmentConfig
+from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import KindContext
 from retrain.environments.protocol import Environment, Message, Step
 from retrain.environments.tools.render import tool_message

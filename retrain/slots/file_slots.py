@@ -5,7 +5,7 @@ The ground floor for the trainer, the backends and `status`: they see only `ApiS
 - `NoSlots`: a standalone run, never waits.
 - `CountingSemaphore`: `max_concurrent` flock'ed slot files in one folder, shared by every
   worker of a campaign on one machine (the local executor).
-- `retrain.slots_ray.RaySlots`: a named Ray actor shared by workers on every node of a
+- `retrain.slots.ray_slots.RaySlots`: a named Ray actor shared by workers on every node of a
   cluster (the Ray executor); imported only when $RETRAIN_API_SLOTS names it.
 
 How the file semaphore stays correct and fair:
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from retrain.errors import UserError
-from retrain.slot_semaphore import SlotSemaphore, Usage
+from retrain.slots.semaphore import SlotSemaphore, Usage
 
 ENV_VAR = "RETRAIN_API_SLOTS"
 QUEUE_FILE = "queue.lock"
@@ -393,7 +393,7 @@ def slots_from_env() -> ApiSlots:
                         "(or 'ray:<actor name>:<max_concurrent>') with max_concurrent >= 1; "
                         "unset it for a standalone run")
     if is_ray:
-        from retrain.slots_ray import RaySlots  # only Ray campaigns pay for importing ray
+        from retrain.slots.ray_slots import RaySlots  # only Ray campaigns pay for importing ray
 
         return RaySlots(where[len(RAY_PREFIX):], n)
     return CountingSemaphore(where, n)

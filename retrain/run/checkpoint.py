@@ -28,10 +28,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrain import runlog, safejson
-from retrain.config import Config, ConfigError, to_dict
-from retrain.config_file import diff, dumps_config, loads_config
+from retrain.config.loader import diff, dumps_config, loads_config
+from retrain.config.sections import Config, ConfigError, to_dict
 from retrain.errors import UserError
+from retrain.runfiles import runlog, safejson
 
 # Keys that may differ between the first launch and a resume without changing the math.
 RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval_every",

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain.schema import (
+from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
     MAX_GROUP,

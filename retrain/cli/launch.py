@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from retrain.config_file import load
-from retrain.config_paths import anchor_paths
+from retrain.config.loader import load
+from retrain.config.paths import anchor_paths
 
 
 def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: bool = False) -> int:
@@ -17,6 +17,6 @@ def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: b
         from retrain.campaign.runner import run_campaign
 
         return run_campaign(cfg, plan, Path(path), new=new, force=force)
-    from retrain.trainer import run_single
+    from retrain.run.trainer import run_single
 
     return run_single(cfg, Path(path), new=new)

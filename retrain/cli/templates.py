@@ -1,6 +1,6 @@
 """`retrain init`: the commented starter configs in templates/, shipped inside the package.
 
-The files live in the repository's top-level `templates/`; `retrain/_templates` is a link to
+The files live in the repository's top-level `templates/`; `retrain/cli/_templates` is a link to
 that folder so the same files are package data in an installed wheel.
 """
 
@@ -35,7 +35,7 @@ def template_text(name: str) -> str:
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise UserError(f"unknown template '{name}'{hint}; templates are "
                         + ", ".join(TEMPLATES) + " (see `retrain init --list`)")
-    return (resources.files("retrain") / "_templates" / f"{name}.toml").read_text("utf-8")
+    return (resources.files("retrain.cli") / "_templates" / f"{name}.toml").read_text("utf-8")
 
 
 def write_template(name: str, path: Path | None = None, *, force: bool = False) -> Path:
@@ -47,7 +47,7 @@ def write_template(name: str, path: Path | None = None, *, force: bool = False) 
     target = Path(path) if path is not None else Path(f"{name}.toml")
     if target.is_dir():
         target = target / f"{name}.toml"
-    folder = resources.files("retrain") / "_templates"
+    folder = resources.files("retrain.cli") / "_templates"
     files = {target: text} | {target.parent / c: (folder / c).read_text("utf-8")
                               for c in COMPANIONS.get(name, ())}
     for path_ in files:

@@ -6,8 +6,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from retrain.config import Config
-from retrain.config_file import to_dict
+from retrain.config.loader import to_dict
+from retrain.config.sections import Config
 from retrain.errors import UserError
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrain import runlog
 from retrain.backends.base import Backend, Completion, SamplingParams, TokenIds
+from retrain.runfiles import runlog
 
 FOLDER = "prefetch"
 EXTRA_KEY = "prefetched_batch"  # state.json `extra`: the batch file saved with the checkpoint

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain import toml_io
+from retrain.config import toml_io
 from retrain.errors import UserError
 
 # ---------------------------------------------------------------------------- size bounds

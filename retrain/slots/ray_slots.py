@@ -1,7 +1,8 @@
 """The API budget across nodes: one named, detached Ray actor hands out `max_concurrent` slots.
 
-- Same contract as the file semaphore (`retrain.slots.ApiSlots`): `with slots:` holds one slot,
-  `wait_s` adds up the time spent waiting; waiters queue, nothing fails for lack of a slot.
+- Same contract as the file semaphore (`retrain.slots.file_slots.ApiSlots`): `with slots:` holds
+  one slot, `wait_s` adds up the time spent waiting; waiters queue, nothing fails for lack
+  of a slot.
 - FIFO-fair: waiters are served in arrival order at the actor; a holder that releases and
   asks again joins the back of the line.
 - Dead holders: each process renews the leases of the slots it holds every HEARTBEAT_S from a
@@ -38,8 +39,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from retrain import ray_address
-from retrain.slot_semaphore import SlotSemaphore, Usage
+from retrain.campaign import ray_address
+from retrain.slots.semaphore import SlotSemaphore, Usage
 
 NAMESPACE = "retrain"
 HEARTBEAT_S = 0.5

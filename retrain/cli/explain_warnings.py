@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from retrain import toml_io
 from retrain.campaign.plan import CampaignPlan
-from retrain.config import Config
+from retrain.config import toml_io
+from retrain.config.sections import Config
 from retrain.environments.kinds import default_max_turns
 
 
@@ -104,7 +104,7 @@ def _runs_on_cpu(cfg: Config) -> bool:
 
 def _roofline_hints(cfg: Config) -> list[str]:
     """Back-pressure on this CPU without the roofline hints: offer the measured peaks."""
-    from retrain.cpu import auto_threads, cpu_has_native_bf16
+    from retrain.machine.cpu import auto_threads, cpu_has_native_bf16
     from retrain.machine.peaks import load_peaks
 
     bp = cfg.backpressure

@@ -15,12 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import config, config_file, render, runlog, toml_io
 from retrain.campaign.plan import CampaignPlan
-from retrain.config import Config
+from retrain.cli import render
+from retrain.cli.explain_warnings import warnings
+from retrain.config import loader as config_file
+from retrain.config import sections as config
+from retrain.config import toml_io
+from retrain.config.sections import Config
 from retrain.control import capacity
 from retrain.environments.kinds import default_max_turns, episode_token_bound
-from retrain.explain_warnings import warnings
+from retrain.runfiles import runlog
 
 UNKNOWN_TIME = "unknown: run a pilot"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from retrain.config import Config, run_config
+from retrain.config.sections import Config, run_config
 
 
 def anchor_paths(cfg: Config, config_dir: Path) -> Config:

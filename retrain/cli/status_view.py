@@ -9,12 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from retrain import render
+from retrain.cli import render
+from retrain.cli.render import Block
+from retrain.cli.status import CampaignStatus, RunStatus, StatusReport, scan
 from retrain.control import capacity
 from retrain.errors import UserError
-from retrain.render import Block
 from retrain.results import compare, compare_view
-from retrain.status import CampaignStatus, RunStatus, StatusReport, scan
 
 
 def blocks(report: StatusReport) -> list[Block]:

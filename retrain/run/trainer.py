@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import checkpoint, run_lock, runlog
-from retrain.advantages import (
+from retrain.algorithms.advantages import (
     bounded_for_loss,
     compute_advantages,
     mean_and_std,
@@ -48,7 +47,7 @@ from retrain.backends.base import (
     SamplingParams,
     skipped_nonfinite,
 )
-from retrain.config import Config, run_config, run_name_problem
+from retrain.config.sections import Config, run_config, run_name_problem
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
 from retrain.control.work import StepWork
@@ -62,17 +61,19 @@ from retrain.environments.rollout import (
 from retrain.environments.scorer import build_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits, load_task, render_prompt
 from retrain.errors import UserError
-from retrain.eval import evaluate, evaluate_episodes
-from retrain.offpolicy import Overlap
-from retrain.progress import Progress
-from retrain.seeds import derive_seed, heldout_episode_seeds
-from retrain.slots import slots_from_env
-from retrain.step_row import logprob_diff, max_rss_mb, ordered, step_work
-from retrain.stop_request import StopRequest
-from retrain.trackers import Trackers
+from retrain.run import checkpoint, run_lock
+from retrain.run.eval import evaluate, evaluate_episodes
+from retrain.run.offpolicy import Overlap
+from retrain.run.progress import Progress
+from retrain.run.seeds import derive_seed, heldout_episode_seeds
+from retrain.run.step_row import logprob_diff, max_rss_mb, ordered, step_work
+from retrain.run.stop_request import StopRequest
+from retrain.run.trackers import Trackers
+from retrain.runfiles import runlog
+from retrain.slots.file_slots import slots_from_env
 
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
-ADVANTAGE_NOTE = "+-65536"  # retrain.advantages.LOSS_LIMIT, as the note shows it
+ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the note shows it
 
 
 def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
@@ -468,7 +469,7 @@ class Trainer:
 
     def _sample_ahead(self, step: int) -> None:
         """max_steps_off_policy = 1: start sampling `step`'s batch now, before this step's
-        update, so it runs while this step trains (see retrain/offpolicy.py)."""
+        update, so it runs while this step trains (see retrain/run/offpolicy.py)."""
         if not self.overlap.enabled or step > self.training.max_steps:
             return
         before = self.cursor.state_dict()

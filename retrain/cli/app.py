@@ -51,7 +51,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def _overrides(sets: list[str] | None, seed: int | None, max_steps: int | None,
                log_dir: str | None, executor: str | None) -> dict:
-    from retrain.overrides import command_line_overrides
+    from retrain.config.overrides import command_line_overrides
 
     return command_line_overrides(sets or [], {"--seed": seed, "--max-steps": max_steps,
                                                "--log-dir": log_dir, "--executor": executor})
@@ -66,7 +66,7 @@ def run(
                                         "changed.")] = False,
 ) -> None:
     """Train: a single run, or every run of a campaign. Re-running resumes."""
-    from retrain.launch import launch
+    from retrain.cli.launch import launch
 
     code = launch(config, _overrides(set_, seed, max_steps, log_dir, executor), new=new,
                   force=force)
@@ -85,7 +85,7 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a ready, commented config from a template."""
-    from retrain import templates
+    from retrain.cli import templates
 
     if list_:
         for name, about in templates.list_templates():
@@ -103,7 +103,7 @@ def explain(
 ) -> None:
     """Dry run: settings, run matrix, completions per step, total steps, wall-time estimate.
     Takes the same overrides as `run`, so it shows exactly what that command would do."""
-    from retrain import explain as explain_mod
+    from retrain.cli import explain as explain_mod
 
     overrides = _overrides(set_, seed, max_steps, log_dir, executor)
     report = explain_mod.build_report(config, overrides)
@@ -120,7 +120,7 @@ def status(
                                             min=0.1)] = 2.0,
 ) -> None:
     """What is running, what finished, what failed (runs and campaigns under LOGDIR)."""
-    from retrain import status_view
+    from retrain.cli import status_view
 
     status_view.show(logdir, as_json=json_, watch=watch, interval=interval)
 
@@ -229,8 +229,8 @@ def plot(
     and, where its API concurrency was "auto", the campaign's USL curve with the chosen cap
     (CAMPAIGN_DIR/concurrency.png)."""
     from retrain.campaign.concurrency import LOG_FILE
-    from retrain.plot import plot
-    from retrain.plot_concurrency import plot_concurrency
+    from retrain.cli.plot import plot
+    from retrain.cli.plot_concurrency import plot_concurrency
 
     typer.echo(f"wrote {plot(run_dir, out)}")
     if (run_dir / LOG_FILE).is_file():
@@ -319,7 +319,7 @@ def run_app(argv: list[str]) -> int:
 
 def main() -> None:
     """Console entry point."""
-    from retrain.stop_request import exit_quietly_on_interrupt
+    from retrain.run.stop_request import exit_quietly_on_interrupt
 
     exit_quietly_on_interrupt()  # Ctrl-C while torch/transformers import: 130, one line
     try:

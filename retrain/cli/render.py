@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain.runlog import json_safe
+from retrain.runfiles.runlog import json_safe
 
 
 def stdout_is_terminal() -> bool:

@@ -11,10 +11,10 @@ import math
 from pathlib import Path
 
 from retrain.campaign.concurrency import LOG_FILE, read_decisions
+from retrain.cli.figures import figure_class, save_png
+from retrain.cli.plot import _num
 from retrain.control.usl import usl_throughput
 from retrain.errors import UserError
-from retrain.figures import figure_class, save_png
-from retrain.plot import _num
 
 PLOT_FILE = "concurrency.png"
 UNOBSERVED = "runs starting"   # rows the controller logged without observing them

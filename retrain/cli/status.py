@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import runlog, safejson, toml_io
+from retrain.config import toml_io
 from retrain.control import capacity
 from retrain.errors import UserError
+from retrain.runfiles import runlog, safejson
 
 # A run that says "running" but whose process cannot be checked (another host) is stale
 # after this long without an update, or after 5 median steps, whichever is longer.
@@ -348,7 +349,7 @@ def _slots_in_use(folder: Path, manifest: dict) -> int | None:
             or ".." in Path(slots).parts:
         return None
     try:
-        from retrain.slots import slots_in_use
+        from retrain.slots.file_slots import slots_in_use
     except ImportError:
         return None
     try:
@@ -366,7 +367,7 @@ def _ray_slots_in_use(actor: str, manifest: dict, folder: Path) -> int | None:
         import ray
 
         from retrain.campaign.ray_cluster import recorded
-        from retrain.slots_ray import connect, find_broker
+        from retrain.slots.ray_slots import connect, find_broker
 
         own = None if manifest.get("ray_address") else recorded(folder)
         if own is not None:

@@ -13,11 +13,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from retrain import config, toml_io
 from retrain.campaign import plan as plan_mod
 from retrain.campaign.plan import FILE_SECTIONS, SECTION, CampaignPlan
-from retrain.config import Config, ConfigError, ConfigIssue
-from retrain.schema import flatten, section_problem
+from retrain.config import sections as config
+from retrain.config import toml_io
+from retrain.config.schema import flatten, section_problem
+from retrain.config.sections import Config, ConfigError, ConfigIssue
 
 # ---------------------------------------------------------------------------- parsing
 

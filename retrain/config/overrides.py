@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from retrain import toml_io
 from retrain.campaign import plan as plan_mod
 from retrain.campaign.plan import FILE_SECTIONS, SECTION
-from retrain.config import ConfigError, ConfigIssue
-from retrain.schema import check_field, fields_of, hints_of, is_value_or_word, key_hint
+from retrain.config import toml_io
+from retrain.config.schema import check_field, fields_of, hints_of, is_value_or_word, key_hint
+from retrain.config.sections import ConfigError, ConfigIssue
 
 
 def parse_cli_value(section: str, key: str, text: str) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain import safejson
+from retrain.runfiles import safejson
 
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "state.json"

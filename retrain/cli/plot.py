@@ -9,12 +9,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from retrain import toml_io
-from retrain.config import BackpressureConfig
+from retrain.cli.figures import figure_class, save_png
+from retrain.config import toml_io
+from retrain.config.sections import BackpressureConfig
 from retrain.control.backpressure import usl_throughput
 from retrain.errors import UserError
-from retrain.figures import figure_class, save_png
-from retrain.runlog import CONFIG_FILE, METRICS_FILE, PLOT_FILE, is_campaign_dir, read_metrics
+from retrain.runfiles.runlog import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLOT_FILE,
+    is_campaign_dir,
+    read_metrics,
+)
 
 REGIME_COLORS = {"warmup": "#9e9e9e", "retrograde": "#d62728", "memory_bound": "#1f77b4",
                  "compute_bound": "#9467bd", "optimal": "#2ca02c"}
