@@ -1,7 +1,7 @@
 """One retrain measurement, run in its own process by bench/step_time.py.
 
 Reads a JSON spec on argv[1], runs warmup + steps RL steps through the real trainer
-(`retrain.run.trainer.run_single`), prints one JSON line with per-step timings and peak RSS.
+(`retrain.run.single.run_single`), prints one JSON line with per-step timings and peak RSS.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def main() -> None:
     from bench._common import REWARD_FUNCTION
     from retrain.config.loader import dumps_config
     from retrain.config.sections import Config
-    from retrain.run.trainer import run_single
+    from retrain.run.single import run_single
     from retrain.runfiles.runlog import read_metrics
 
     cfg = Config()

@@ -109,7 +109,8 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local import LocalBackend
+    from retrain.backends.local_model import LocalModel
     from retrain.backends.models import resolve_model
     from retrain.config.sections import DataConfig
     from retrain.control.bound import PhaseBound
@@ -122,8 +123,9 @@ def main() -> None:
     spec = CONFIGS[args.config]
     model = LocalModel.load(resolve_model(spec["model"]), spec["dtype"], "cpu",
                             args.threads or auto_threads())
-    backend = model.new_backend("bench", spec["lora_rank"], float(spec["lora_alpha"]), 0.0,
-                                spec["target_modules"], seed=0)
+    backend = LocalBackend.new_adapter(model, "bench", spec["lora_rank"],
+                                       float(spec["lora_alpha"]), 0.0, spec["target_modules"],
+                                       seed=0)
     data = DataConfig(operations=["+"], eval_size=0, size=64)
     splits = load_task(data, seed=7, config_dir=Path.cwd())
     dtype = next(model.base.parameters()).dtype

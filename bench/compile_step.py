@@ -28,14 +28,15 @@ def main() -> None:
 
     import torch
 
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local import LocalBackend
     from retrain.backends.local_cache import reserve
     from retrain.backends.local_compile import CompiledDecoder
+    from retrain.backends.local_model import LocalModel
     from retrain.backends.local_sampling import left_pad
     from retrain.backends.models import resolve_model
 
     model = LocalModel.load(resolve_model(args.model), "float32", "cpu", args.threads)
-    backend = model.new_backend("bench", 8, 16.0, 0.0, ["q_proj", "v_proj"], seed=0)
+    backend = LocalBackend.new_adapter(model, "bench", 8, 16.0, 0.0, ["q_proj", "v_proj"], seed=0)
     net, key = model.net, model.cache_key
     net.eval()
     compiled = CompiledDecoder(net)

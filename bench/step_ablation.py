@@ -115,8 +115,9 @@ def main() -> None:
 
     from retrain.backends import local_loss, local_sampling
     from retrain.backends.base import LossConfig, SamplingParams, make_datum
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local import LocalBackend
     from retrain.backends.local_compile import CompiledDecoder
+    from retrain.backends.local_model import LocalModel
     from retrain.backends.local_sampling import sample_batch
     from retrain.backends.models import resolve_model
     from retrain.config.sections import DataConfig
@@ -124,7 +125,7 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()
     model = LocalModel.load(resolve_model(args.model), args.dtype, "cpu", auto_threads())
-    backend = model.new_backend("bench", 8, 16.0, 0.0, ["q_proj", "v_proj"], seed=0)
+    backend = LocalBackend.new_adapter(model, "bench", 8, 16.0, 0.0, ["q_proj", "v_proj"], seed=0)
     data = DataConfig(operations=["+", "*"], eval_size=0, size=64)
     splits = load_task(data, seed=7, config_dir=Path.cwd())
     prompts = [render_prompt(model.tokenizer, p, data) for p in splits.train[:args.batch]]

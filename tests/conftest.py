@@ -76,7 +76,7 @@ def sdk_env(monkeypatch, sdk_key):
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model):
     """The real local engine over the tiny model (loaded once per module)."""
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local_model import LocalModel
     from retrain.serve.local_engine import LocalEngine
 
     return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")

@@ -132,3 +132,4 @@ def test_every_package_says_what_it_holds():
                     if p.parent != ROOT and not ast.get_docstring(ast.parse(p.read_text())))
     assert not silent, f"give these packages a docstring: {silent}"
 
+

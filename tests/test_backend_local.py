@@ -14,8 +14,9 @@ from retrain.backends.base import (  # noqa: E402
     SamplingParams,
     make_datum,
 )
-from retrain.backends.local import LocalBackend, LocalModel  # noqa: E402
+from retrain.backends.local import LocalBackend  # noqa: E402
 from retrain.backends.local_loss import per_token_loss, plan  # noqa: E402
+from retrain.backends.local_model import LocalModel  # noqa: E402
 
 EOS = 2
 
@@ -29,7 +30,8 @@ def model(tiny_model) -> LocalModel:
 def backend(model, tmp_path) -> LocalBackend:
     """A fresh adapter per test on the shared model (the sharing `retrain serve` relies on)."""
     name = f"t{len(model.lora_configs)}"
-    b = model.new_backend(name, lora_rank=4, lora_alpha=8.0, seed=7, checkpoint_dir=tmp_path)
+    b = LocalBackend.new_adapter(model, name, lora_rank=4, lora_alpha=8.0, seed=7,
+                                 checkpoint_dir=tmp_path)
     yield b
     b.close()
     model.delete_adapter(name)
@@ -225,9 +227,9 @@ def test_optim_step_trains_only_the_adapter(model, backend, eos_bias):
 
 
 def test_lora_init_is_deterministic_per_seed(model):
-    a = model.new_backend("seed_a", lora_rank=4, seed=3)
-    b = model.new_backend("seed_b", lora_rank=4, seed=3)
-    c = model.new_backend("seed_c", lora_rank=4, seed=4)
+    a = LocalBackend.new_adapter(model, "seed_a", lora_rank=4, seed=3)
+    b = LocalBackend.new_adapter(model, "seed_b", lora_rank=4, seed=3)
+    c = LocalBackend.new_adapter(model, "seed_c", lora_rank=4, seed=4)
     try:
         va, vb, vc = ([p.detach() for p in x.params.values()] for x in (a, b, c))
         assert all(torch.equal(x, y) for x, y in zip(va, vb, strict=True))
@@ -275,7 +277,7 @@ def test_checkpoint_is_a_plain_peft_adapter(model, backend, tiny_model):
 
 
 def test_adapters_on_one_model_are_independent_and_snapshots_frozen(model, backend):
-    other = model.new_backend("other", lora_rank=4, seed=7)
+    other = LocalBackend.new_adapter(model, "other", lora_rank=4, seed=7)
     try:
         ps = prompts(model)
         params = SamplingParams(max_tokens=8, seed=21)

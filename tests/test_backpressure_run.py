@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
-from retrain.run.trainer import run_single  # noqa: E402
+from retrain.run.single import run_single  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
 

@@ -235,7 +235,7 @@ def test_each_adapter_trains_three_steps_on_the_tiny_model(case, tmp_path, monke
                                                            tiny_model):
     from retrain.config import toml_io
     from retrain.config.loader import load_config
-    from retrain.run.trainer import run_single
+    from retrain.run.single import run_single
     from tests.run_helpers import BASE, rows
 
     section = dict(TRAIN_CASES[case])

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 from retrain.config import toml_io  # noqa: E402
 from retrain.config.loader import load_config  # noqa: E402
-from retrain.run.trainer import run_single  # noqa: E402
+from retrain.run.single import run_single  # noqa: E402
 from tests.run_helpers import BASE, rows, state  # noqa: E402
 
 ENVS = Path(__file__).parent / "data" / "envs"

@@ -197,10 +197,11 @@ def test_weights_that_sample_nan_are_one_line_and_resume_goes_back(four_steps, c
 
 def test_the_local_backend_never_saves_nonfinite_weights(tmp_path, tiny_model):
     from retrain.backends.base import DivergedError
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local import LocalBackend
+    from retrain.backends.local_model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
-    backend = model.new_backend("a", lora_rank=2, checkpoint_dir=tmp_path)
+    backend = LocalBackend.new_adapter(model, "a", lora_rank=2, checkpoint_dir=tmp_path)
     backend.save_state("good")
     with torch.no_grad():
         next(iter(backend.params.values())).view(-1)[0] = float("inf")
@@ -309,10 +310,11 @@ def test_a_tiny_temperature_samples_greedily_instead_of_overflowing(tiny_model):
     """S3 in the sampler (serve clients may send any temperature > 0): logits / 1e-300
     overflowed float32 and torch.multinomial died."""
     from retrain.backends.base import SamplingParams
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local import LocalBackend
+    from retrain.backends.local_model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
-    backend = model.new_backend("t", lora_rank=2)
+    backend = LocalBackend.new_adapter(model, "t", lora_rank=2)
     prompt = [[1, 5, 9, 13]]
     greedy = backend.sample(prompt, 1, SamplingParams(max_tokens=6, temperature=0.0))[0][0]
     cold = backend.sample(prompt, 2, SamplingParams(max_tokens=6, temperature=1e-300,

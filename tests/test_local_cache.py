@@ -9,8 +9,9 @@ pytest.importorskip("transformers")
 
 from retrain.backends import local_sampling  # noqa: E402
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local import LocalModel  # noqa: E402
+from retrain.backends.local import LocalBackend  # noqa: E402
 from retrain.backends.local_cache import ReservedLayer, reserve  # noqa: E402
+from retrain.backends.local_model import LocalModel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def _sample(model, backend, params, monkeypatch=None, capacity=None):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_reserved_cache_matches_the_growing_cache(model, monkeypatch, temperature):
-    backend = model.new_backend(f"c{int(temperature)}", lora_rank=4, seed=1)
+    backend = LocalBackend.new_adapter(model, f"c{int(temperature)}", lora_rank=4, seed=1)
     try:
         params = SamplingParams(max_tokens=10, temperature=temperature, seed=4)
         reserved = _sample(model, backend, params)

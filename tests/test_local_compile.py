@@ -26,7 +26,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local import LocalModel  # noqa: E402
+from retrain.backends.local import LocalBackend  # noqa: E402
+from retrain.backends.local_model import LocalModel  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
 
@@ -38,7 +39,7 @@ def model(tiny_model) -> LocalModel:
 
 @pytest.fixture
 def backend(model):
-    b = model.new_backend("compiled", lora_rank=4, seed=3)
+    b = LocalBackend.new_adapter(model, "compiled", lora_rank=4, seed=3)
     yield b
     b.close()
     model.delete_adapter("compiled")

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
-from retrain.run.trainer import run_single  # noqa: E402
+from retrain.run.single import run_single  # noqa: E402
 from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
 
 COMPARED = ("batch_size", "num_completions", "mean_reward", "reward_std", "loss", "grad_norm",

@@ -48,7 +48,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local import LocalModel  # noqa: E402
+from retrain.backends.local import LocalBackend  # noqa: E402
+from retrain.backends.local_model import LocalModel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def model(tiny_model) -> LocalModel:
 
 @pytest.fixture
 def backend(model):
-    b = model.new_backend("stops", lora_rank=4, seed=3)
+    b = LocalBackend.new_adapter(model, "stops", lora_rank=4, seed=3)
     yield b
     b.close()
     model.delete_adapter("stops")

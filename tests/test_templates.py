@@ -120,7 +120,7 @@ def test_the_environment_template_writes_its_environment_and_trains(tmp_path, mo
                                                                     tiny_model):
     pytest.importorskip("torch")
     from retrain.environments.kinds import KindContext, build_factory
-    from retrain.run.trainer import run_single
+    from retrain.run.single import run_single
 
     path = templates.write_template("environment", tmp_path / "environment.toml")
     assert (tmp_path / "my_env.py").read_text() == \

@@ -254,11 +254,12 @@ def test_same_step_as_the_local_backend(tmp_path, sdk_env, tiny_model):
     same initial adapter (same seed), same loss, same trainer log-probs, same update."""
     import torch
 
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local import LocalBackend
+    from retrain.backends.local_model import LocalModel
     from retrain.serve.local_engine import LocalEngine
 
     ref_model = LocalModel.load(tiny_model, "float32", "cpu", 1)
-    local = ref_model.new_backend("ref", 4, 16.0, 0.0, [], seed=11)
+    local = LocalBackend.new_adapter(ref_model, "ref", 4, 16.0, 0.0, [], seed=11)
     engine = LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")
     with Served(engine, tmp_path, hold_s=2.0) as served:
         remote = TinkerBackend(base_model="tiny-random", lora_rank=4, seed=11,
@@ -402,7 +403,7 @@ def test_stop_strings_go_to_the_service_and_cut_where_the_local_sampler_would(
         tmp_path, sdk_env, tiny_model):
     """training.stop over `retrain serve`: the strings travel as SamplingParams.stop, each
     completion is the unstopped one cut at its first stop string, EOS still ends rows."""
-    from retrain.backends.local import LocalModel
+    from retrain.backends.local_model import LocalModel
     from retrain.backends.stop_strings import cut_at_stop_strings
     from retrain.serve.local_engine import LocalEngine
 

@@ -12,7 +12,7 @@ from retrain.backends.base import BackendOOMError  # noqa: E402
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from retrain.run.seeds import derive_seed  # noqa: E402
-from retrain.run.trainer import run_single  # noqa: E402
+from retrain.run.single import run_single  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 

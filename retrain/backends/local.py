@@ -1,7 +1,8 @@
 """The local backend: torch + transformers + peft, in process.
 
 Two objects, so that several trainers can share one base model (e.g. `retrain serve`):
-- `LocalModel`: the base model and tokenizer, loaded once, wrapped by peft with named adapters.
+- `LocalModel` (local_model.py): the base model and tokenizer, loaded once, wrapped by peft
+  with named adapters.
 - `LocalBackend`: one LoRA adapter of a `LocalModel` with its own AdamW optimizer and RNG. It
   activates its adapter before every operation, under the model's lock.
 
@@ -12,9 +13,7 @@ see `local_sampling` for top_p and `local_loss` for the token aggregation.
 from __future__ import annotations
 
 import math
-import threading
 import time
-import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -38,138 +37,14 @@ from retrain.backends.base import (
     TokenIds,
     finished,
 )
-from retrain.backends.local_compile import CompiledDecoder
-from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
-from retrain.backends.local_sampling import cache_keyword, eos_ids, sample_batch, token_logprobs
+from retrain.backends.local_device import oom_as_backend_error
+from retrain.backends.local_model import LocalModel
+from retrain.backends.local_sampling import sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
-from retrain.machine.cpu import auto_threads
 
 if TYPE_CHECKING:
     from retrain.config.sections import Config
-
-class LocalModel:
-    """A base causal LM + tokenizer loaded once; LoRA adapters are added to it by name."""
-
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, name_or_path: str):
-        self.base = model
-        self.peft: Any = None            # the PeftModel, once the first adapter exists
-        self.tokenizer = tokenizer
-        self.device = device
-        self.name_or_path = name_or_path
-        self.lock = threading.RLock()
-        self.eos_ids = _eos_ids(model, tokenizer)
-        pad = tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else min(self.eos_ids))
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.cache_key = cache_keyword(model)  # `cache` or `past_key_values`, by version
-        self.lora_configs: dict[str, Any] = {}
-        self._active: str | None = None  # what we last activated; peft's own flag can lag
-        self.decoder: CompiledDecoder | None = None  # the sampler's compiled decoding step
-        self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
-
-    @classmethod
-    def load(cls, name_or_path: str, dtype: str = "auto", device: str = "auto",
-             threads: int = 0) -> LocalModel:
-        """Load weights and tokenizer from a folder or the local Hugging Face cache."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        torch.set_num_threads(threads or auto_threads())
-        dev = pick_device(device)
-        torch_dtype, dtype_note = resolve_dtype(dtype, dev)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
-        except (OSError, ValueError) as exc:  # missing files, unknown architecture, ...
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise BackendError(f"cannot load model {name_or_path!r}: {first}") from exc
-        model.to(dev)
-        model.eval()
-        loaded = cls(model, tokenizer, dev, name_or_path)
-        loaded.summary = (f"{name_or_path} on {dev.type}, {str(torch_dtype).removeprefix('torch.')}"
-                          f" ({dtype_note}), {torch.get_num_threads()} torch threads")
-        return loaded
-
-    def cost_model(self) -> ModelCost:
-        """Parameter count, weight bytes and KV-cache bytes per token (for the roofline)."""
-        params = list(self.net.parameters())
-        cfg = self.base.config
-        layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
-        heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
-        kv_heads = int(getattr(cfg, "num_key_value_heads", 0) or heads)
-        head_dim = int(getattr(cfg, "head_dim", 0) or
-                       (getattr(cfg, "hidden_size", 0) // heads if heads else 0))
-        element = params[0].element_size() if params else 4
-        total = sum(p.numel() for p in params)
-        embed = self.base.get_input_embeddings().weight
-        head = self.base.get_output_embeddings().weight
-        lookup = embed.numel() + (0 if head.data_ptr() == embed.data_ptr() else head.numel())
-        return ModelCost(parameters=total,
-                         weight_bytes=sum(p.numel() * p.element_size() for p in params),
-                         kv_bytes_per_token=2 * layers * kv_heads * head_dim * element,
-                         body_parameters=max(total - lookup, 1), head_parameters=head.numel())
-
-    def compile_decoding(self) -> None:
-        """Decode through the compiled forward of `net` from now on ([backend] compile)."""
-        self.decoder = CompiledDecoder(self.net)
-        self.summary += ", decoding step compiled"
-
-    @property
-    def net(self) -> Any:
-        """The module to call: the peft wrapper once adapters exist."""
-        return self.peft if self.peft is not None else self.base
-
-    def add_adapter(self, name: str, lora_config: Any, seed: int) -> None:
-        """Add a LoRA adapter `name`, initialised deterministically from `seed`."""
-        from peft import get_peft_model
-
-        with self.lock:
-            if name in self.lora_configs:
-                raise BackendError(f"adapter {name!r} already exists")
-            with warnings.catch_warnings():  # peft calls a transformers API deprecated in v5
-                warnings.simplefilter("ignore", FutureWarning)
-                if self.peft is None:
-                    self.peft = get_peft_model(self.base, lora_config, adapter_name=name)
-                else:
-                    self.peft.add_adapter(name, lora_config)
-            self.lora_configs[name] = lora_config
-            self._active = None
-            local_lora.init_lora(self.adapter_params(name), seed)
-
-    def delete_adapter(self, name: str) -> None:
-        with self.lock:
-            self.peft.delete_adapter(name)
-            del self.lora_configs[name]
-            self._active = None
-
-    def activate(self, name: str) -> None:
-        """Route forward passes through adapter `name` (and make only it trainable)."""
-        if self.peft is not None and self._active != name:
-            self.peft.set_adapter(name)
-            self._active = name
-
-    def adapter_params(self, name: str) -> dict[str, torch.nn.Parameter]:
-        """The adapter's parameters by module name, in a stable order."""
-        out = {k: p for k, p in self.peft.named_parameters() if local_lora.adapter_of(k) == name}
-        return dict(sorted(out.items()))
-
-    def new_backend(self, adapter_name: str, lora_rank: int = 8, lora_alpha: float = 16.0,
-                    lora_dropout: float = 0.0, target_modules: list[str] | None = None,
-                    seed: int = 0, micro_batch_size: int = 0,
-                    checkpoint_dir: str | Path | None = None) -> LocalBackend:
-        """A trainer for a fresh adapter on this model (empty targets = peft's per-architecture
-        default, e.g. q_proj/v_proj for Llama-like models)."""
-        config = local_lora.lora_config(lora_rank, lora_alpha, lora_dropout, target_modules)
-        try:
-            self.add_adapter(adapter_name, config, seed)
-        except ValueError as exc:  # peft: no default targets for this architecture, bad names
-            raise BackendError(f"cannot add LoRA to {self.name_or_path}: {exc}; set "
-                               "model.lora_target_modules") from exc
-        return LocalBackend(self, adapter_name, micro_batch_size=micro_batch_size, seed=seed,
-                            checkpoint_dir=checkpoint_dir)
-
 
 @contextmanager
 def _seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterator[None]:
@@ -182,13 +57,6 @@ def _seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterato
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids = eos_ids(model, tokenizer)
-    if not ids:
-        raise BackendError("the tokenizer defines no EOS token; completions could never stop")
-    return ids
 
 
 class LocalBackend:
@@ -211,6 +79,23 @@ class LocalBackend:
         self._loss_finite = True  # the gradient waiting for optim_step came from a finite loss
 
     @classmethod
+    def new_adapter(cls, model: LocalModel, adapter_name: str, lora_rank: int = 8,
+                    lora_alpha: float = 16.0, lora_dropout: float = 0.0,
+                    target_modules: list[str] | None = None, seed: int = 0,
+                    micro_batch_size: int = 0,
+                    checkpoint_dir: str | Path | None = None) -> LocalBackend:
+        """A trainer for a fresh adapter on `model` (empty targets = peft's per-architecture
+        default, e.g. q_proj/v_proj for Llama-like models)."""
+        config = local_lora.lora_config(lora_rank, lora_alpha, lora_dropout, target_modules)
+        try:
+            model.add_adapter(adapter_name, config, seed)
+        except ValueError as exc:  # peft: no default targets for this architecture, bad names
+            raise BackendError(f"cannot add LoRA to {model.name_or_path}: {exc}; set "
+                               "model.lora_target_modules") from exc
+        return cls(model, adapter_name, micro_batch_size=micro_batch_size, seed=seed,
+                            checkpoint_dir=checkpoint_dir)
+
+    @classmethod
     def from_config(cls, cfg: Config, config_dir: Path | None = None,
                     checkpoint_dir: Path | None = None) -> LocalBackend:
         """A private LocalModel with one adapter, from `[model]` and `[training]` (and
@@ -224,10 +109,11 @@ class LocalBackend:
         except BackendError as exc:  # a folder or id that is no model: the config's fault
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
         local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
-        backend = model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
-                                    m.lora_target_modules, seed=cfg.training.seed,
-                                    micro_batch_size=cfg.training.micro_batch_size,
-                                    checkpoint_dir=checkpoint_dir)
+        backend = LocalBackend.new_adapter(model, "default", m.lora_rank, m.lora_alpha,
+                                           m.lora_dropout, m.lora_target_modules,
+                                           seed=cfg.training.seed,
+                                           micro_batch_size=cfg.training.micro_batch_size,
+                                           checkpoint_dir=checkpoint_dir)
         if local_compile.wanted(cfg.backend.compile):
             model.compile_decoding()
         return backend

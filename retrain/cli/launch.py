@@ -17,6 +17,6 @@ def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: b
         from retrain.campaign.runner import run_campaign
 
         return run_campaign(cfg, plan, Path(path), new=new, force=force)
-    from retrain.run.trainer import run_single
+    from retrain.run.single import run_single
 
     return run_single(cfg, Path(path), new=new)

@@ -24,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retrain.backends.base import BackendError
 from retrain.config.loader import diff, dumps_config, loads_config
 from retrain.config.sections import Config, ConfigError, to_dict
 from retrain.errors import UserError
@@ -261,3 +263,20 @@ def _remove(path: Path) -> None:
 def _step_of(name: str) -> int | None:
     """12 for `step-000012` (a checkpoint) and `step-000012.json` (its resume point)."""
     return runlog.checkpoint_step(name.removesuffix(POINT_SUFFIX))
+
+
+def first_loadable(run_dir: Path, points: list[runlog.RunState],
+                   load: Callable[[runlog.RunState], None],
+                   say: Callable[[str], None]) -> runlog.RunState:
+    """The first resume point (newest first) that `load` accepts; a UserError naming every
+    failure, with nothing changed, when none does."""
+    failures = []
+    for saved in points:
+        try:
+            load(saved)
+            return saved
+        except (BackendError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            failures.append(f"{saved.checkpoint!r} ({type(exc).__name__}: {exc})"[:300])
+            say(f"cannot resume from checkpoint {failures[-1]}")
+    raise UserError(f"{run_dir}: cannot resume from any checkpoint: " + "; ".join(failures)
+                    + ". Nothing was changed; start over with --new (moves this folder aside)")

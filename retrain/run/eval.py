@@ -1,5 +1,6 @@
 """Greedy evaluation on the held-out split: eval_accuracy = fraction of correct completions
-(for an environment: of successful held-out episodes, with their mean reward)."""
+(for an environment: of successful held-out episodes, with their mean reward); `HeldOut`:
+when a run evaluates and what it puts on the row."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 from retrain.backends.base import Backend, SamplingParams, TokenIds
 from retrain.environments.answers import Problem
 from retrain.environments.rollout import Rollout
+from retrain.environments.tasks import render_prompt
+from retrain.run.seeds import heldout_episode_seeds
 
 
 @dataclass
@@ -49,3 +52,44 @@ def evaluate_episodes(rollout: Rollout, seeds: list[int], max_tokens: int,
     return EvalResult(accuracy=sum(e.success for e in episodes) / n if n else 0.0,
                       mean_reward=sum(e.reward for e in episodes) / n if n else 0.0,
                       seconds=time.perf_counter() - start, n=n)
+
+
+class HeldOut:
+    """The run's held-out evaluation: before the first step and after every `eval_every`-th
+    step and the last (greedy problems of the task's eval split, or held-out episodes)."""
+
+    def __init__(self, backend: Backend, rollouts: Any, eval_split: list[Problem], scorer: Any,
+                 data: Any, training: Any):
+        self.backend, self.rollouts, self.problems = backend, rollouts, eval_split
+        self.scorer, self.data, self.training = scorer, data, training
+        self._prompts: list[TokenIds] | None = None
+
+    def available(self) -> bool:
+        if self.rollouts.make_eval is None:
+            return bool(self.problems)
+        return self.data.eval_size > 0
+
+    def due(self, step: int) -> bool:
+        every, last = self.training.eval_every, self.training.max_steps
+        return self.available() and (step == last or bool(every and step % every == 0))
+
+    def run(self) -> EvalResult:
+        training, stop = self.training, tuple(self.training.stop)
+        if self.rollouts.make_eval is not None:  # an environment: held-out episodes
+            seeds = heldout_episode_seeds(training.seed, self.data.eval_size)
+            return evaluate_episodes(self.rollouts.eval, seeds, training.max_tokens, stop=stop)
+        if self._prompts is None:
+            self._prompts = [render_prompt(self.backend.tokenizer, p, self.data)
+                             for p in self.problems]
+        chunk = max(16, training.batch_size * training.group_size)
+        return evaluate(self.backend, self._prompts, self.problems, self.scorer,
+                        training.max_tokens, chunk=chunk, stop=stop)
+
+    def into_row(self, row: dict) -> EvalResult:
+        """Evaluate now and put the result on the step's row."""
+        result = self.run()
+        row["eval_accuracy"] = result.accuracy
+        if self.rollouts.make_eval is not None:
+            row["eval_mean_reward"] = result.mean_reward
+        row["eval_time_s"] = result.seconds
+        return result

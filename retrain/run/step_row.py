@@ -5,8 +5,13 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
+from retrain.algorithms.advantages import mean_and_std, uniform_group_rate
 from retrain.backends.base import Datum
+from retrain.control.gradnoise import GradStats
+from retrain.control.stepcost import step_cost
 from retrain.control.work import StepWork
 
 ROW_ORDER = ("step", "batch_size", "group_size", "num_completions", "mean_reward", "reward_std",
@@ -54,3 +59,51 @@ def step_work(sizes: list[list[tuple[int, int]]], advantages: list[list[float]])
                     trained_tokens=sum(p + c for p, c, trained in sampled if trained),
                     groups_trained=sum(any(a != 0.0 for a in adv) for adv in advantages),
                     decoded_tokens=len(sampled) * max((c for _, c, _ in sampled), default=0))
+
+
+@dataclass
+class SampledStep:
+    """What one attempt at a step produced, before the metrics row is assembled."""
+
+    row: dict
+    work: StepWork                       # what the step did, for the back-pressure controller
+    errors: list[str] = field(default_factory=list)
+    flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
+    bytes_moved: float | None = None
+    noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
+
+    @property
+    def tokens(self) -> int:
+        return self.work.sampled_tokens
+
+    def add_estimates(self, cost_model: Any, groups: list[list[Any]], train_metrics: dict,
+                      batch_size: int) -> None:
+        """FLOPs and bytes for the roofline; the noise scale in prompts for goodput.
+        `groups`: the step's episodes, per group."""
+        if cost_model is not None:
+            est = step_cost(cost_model, [g[0].ledger.context_tokens for g in groups],
+                            [[e.ledger.sampled_tokens for e in g] for g in groups],
+                            int(train_metrics.get("tokens", 0)),
+                            int(train_metrics.get("grad_micro_batches", 1)))
+            self.flops, self.bytes_moved = est.flops, est.bytes_moved
+        scale, stats = self.row.get("grad_noise_scale"), GradStats.from_metrics(train_metrics)
+        if scale is not None and stats is not None:
+            self.noise_scale = scale / (stats.big_tokens / batch_size)
+
+
+def rollout_row(result: Any, rewards: list[list[float]], batch_size: int, group_size: int,
+                train: dict) -> dict:
+    """The row's numbers about the episodes of a step (`result`: a RolloutResult) and its
+    update (`train`)."""
+    episodes = [e for g in result.groups for e in g]
+    n, replies = len(episodes), sum(e.turns for e in episodes)
+    flat = [r for g in rewards for r in g]
+    mean_reward, reward_std = mean_and_std(flat)  # overflow-safe (1e200 rewards)
+    return {
+        "batch_size": batch_size, "group_size": group_size,
+        "num_completions": n, "mean_reward": mean_reward, "reward_std": reward_std,
+        "correct_rate": sum(e.success for e in episodes) / n,
+        "max_token_hit_rate": sum(e.cut_replies for e in episodes) / max(1, replies),
+        "mean_completion_tokens": sum(e.ledger.sampled_tokens for e in episodes) / n,
+        **train, "reward_uniform_group_rate": uniform_group_rate(rewards),
+    }

@@ -18,123 +18,48 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 import random
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrain.algorithms.advantages import (
-    bounded_for_loss,
-    compute_advantages,
-    mean_and_std,
-    uniform_group_rate,
-)
-from retrain.backends import create_backend
+from retrain.algorithms.advantages import bounded_for_loss, compute_advantages
+from retrain.algorithms.lr import step_lr
 from retrain.backends.base import (
-    AdamParams,
     Backend,
     BackendError,
     BackendOOMError,
     Datum,
     DivergedError,
-    LossConfig,
     SamplingParams,
-    skipped_nonfinite,
 )
-from retrain.config.sections import Config, run_config, run_name_problem
+from retrain.config.sections import Config
 from retrain.control.gradnoise import GradStats, NoiseScale
-from retrain.control.stepcost import step_cost
-from retrain.control.work import StepWork
-from retrain.environments.rollout import (
-    RolloutResult,
-    Rollouts,
-    build_rollouts,
-    episode_datum,
-    uses_scorer,
-)
-from retrain.environments.scorer import build_scorer
-from retrain.environments.tasks import DataCursor, TaskSplits, load_task, render_prompt
-from retrain.errors import UserError
-from retrain.run import checkpoint, run_lock
-from retrain.run.eval import evaluate, evaluate_episodes
+from retrain.environments.rollout import RolloutResult, Rollouts, episode_datum, uses_scorer
+from retrain.environments.tasks import DataCursor, TaskSplits
+from retrain.run import checkpoint, endings
+from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
 from retrain.run.progress import Progress
-from retrain.run.seeds import derive_seed, heldout_episode_seeds
-from retrain.run.step_row import logprob_diff, max_rss_mb, ordered, step_work
+from retrain.run.seeds import derive_seed
+from retrain.run.step_row import (
+    SampledStep,
+    logprob_diff,
+    max_rss_mb,
+    ordered,
+    rollout_row,
+    step_work,
+)
 from retrain.run.stop_request import StopRequest
 from retrain.run.trackers import Trackers
+from retrain.run.update import NO_UPDATE, update
 from retrain.runfiles import runlog
-from retrain.slots.file_slots import slots_from_env
 
-REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
 ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the note shows it
-
-
-def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
-    """Train (or resume) the run described by `cfg`; returns the process exit status."""
-    config_path = Path(config_path)
-    run_name = cfg.logging.run_name or config_path.stem
-    if run_name_problem(run_name):  # a file named `..toml`: its stem names no folder
-        raise UserError(f"{config_path}: logging.run_name (the file's stem by default): "
-                        f"{run_name_problem(run_name)}")
-    run_dir = Path(cfg.logging.log_dir) / run_name
-    with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
-        return _run_locked(cfg, config_path, run_dir, run_name, new)
-
-
-def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
-                new: bool) -> int:
-    start = checkpoint.prepare(run_dir, cfg, new=new)
-    if start.moved_to is not None:
-        print(f"--new: moved the previous run to {start.moved_to}")
-    if start.note:
-        print(f"{run_dir}: {start.note}")
-    if start.finished:
-        print(f"{run_dir} already finished {start.state.step} steps; nothing to do "
-              "(raise training.max_steps to continue it, or use --new to start over)")
-        return 0
-    checkpoint.ensure_writable(run_dir)
-    config_dir = config_path.resolve().parent
-    splits = load_task(cfg.data, cfg.training.seed, config_dir)
-    scorer = build_scorer(cfg.reward, config_dir) if uses_scorer(cfg.environment) else None
-    slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
-    backend = create_backend(cfg, slots, config_dir=config_dir,
-                             checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
-    rollouts = None
-    try:
-        rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
-                                  config_dir, backend, scorer, splits.train)
-        cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
-        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts)
-        return trainer.run(start.state, start.fallbacks)
-    finally:
-        if rollouts is not None:
-            rollouts.close()
-        if scorer is not None:
-            scorer.close()
-        backend.close()
-
-
-@dataclass
-class _Sampled:
-    """What one attempt at a step produced, before the metrics row is assembled."""
-
-    row: dict
-    work: StepWork                       # what the step did, for the back-pressure controller
-    errors: list[str] = field(default_factory=list)
-    flops: float | None = None           # estimates for the roofline (retrain.control.stepcost)
-    bytes_moved: float | None = None
-    noise_scale: float | None = None     # gradient noise scale in prompts, for goodput
-
-    @property
-    def tokens(self) -> int:
-        return self.work.sampled_tokens
 
 
 class Trainer:
@@ -162,8 +87,8 @@ class Trainer:
         self.stop = StopRequest()
         self.state = runlog.RunState()
         self.batch_size = self.training.batch_size
-        self.reward_errors_shown = 0
-        self._eval_prompts: list[list[int]] | None = None
+        self.failures = endings.FailureReport(self.progress.say, uses_scorer(cfg.environment))
+        self.heldout = HeldOut(backend, rollouts, splits.eval, scorer, cfg.data, self.training)
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
         self._api_waited = 0.0         # API waits already counted in a row (api_wait_s)
@@ -213,23 +138,8 @@ class Trainer:
 
     def _restore(self, points: list[runlog.RunState]) -> int:
         """Resume from the first point whose checkpoint and saved state load, newest first."""
-        failures = []
-        for saved in points:
-            try:
-                self.backend.load_state(saved.checkpoint)
-                self.cursor.load_state_dict(saved.data_cursor)
-                self.controller.load_state_dict(saved.controller)
-                self.noise.load_state_dict(saved.extra.get("grad_noise"))
-                streak = saved.extra.get("nonfinite_streak", 0)
-                self.nonfinite_streak = streak if isinstance(streak, int) and streak > 0 else 0
-                break
-            except (BackendError, ValueError, TypeError, KeyError, AttributeError) as exc:
-                failures.append(f"{saved.checkpoint!r} ({type(exc).__name__}: {exc})"[:300])
-                self.progress.say(f"cannot resume from checkpoint {failures[-1]}")
-        else:
-            raise UserError(f"{self.run_dir}: cannot resume from any checkpoint: "
-                            + "; ".join(failures) + ". Nothing was changed; start over with "
-                            "--new (moves this folder aside)")
+        saved = checkpoint.first_loadable(self.run_dir, points, self._load_point,
+                                          self.progress.say)
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
         self.state = saved
         # Hand-edited sizes must not make a step take 10**12 prompts: keep the configured range.
@@ -249,13 +159,22 @@ class Trainer:
         self.progress.say(f"resuming {self.run_dir} after step {saved.step}{note}")
         return saved.step + 1
 
+    def _load_point(self, saved: runlog.RunState) -> None:
+        """Load one resume point into the backend and the run's stateful parts."""
+        self.backend.load_state(saved.checkpoint)
+        self.cursor.load_state_dict(saved.data_cursor)
+        self.controller.load_state_dict(saved.controller)
+        self.noise.load_state_dict(saved.extra.get("grad_noise"))
+        streak = saved.extra.get("nonfinite_streak", 0)
+        self.nonfinite_streak = streak if isinstance(streak, int) and streak > 0 else 0
+
     def _loop(self, first: int, trackers: Trackers) -> int:
         self.progress.say(f"run folder: {self.run_dir}")
         if self.backend.summary:
             self.progress.say(f"model: {self.backend.summary}")
         initial = None
-        if first == 1 and self._has_eval():
-            initial = self._evaluate()
+        if first == 1 and self.heldout.available():
+            initial = self.heldout.run()
             self.progress.say(f"eval accuracy before training: {initial.accuracy:.3f} "
                               f"({initial.n} held-out problems, {initial.seconds:.1f}s)")
         self.progress.start(self.training.max_steps, first - 1)
@@ -332,10 +251,10 @@ class Trainer:
             self.progress.say(f"step {step}: back-pressure {decision.action} ({decision.regime}), "
                               f"batch_size {batch_size} -> {decision.batch_size}: "
                               f"{decision.reason}")
-        self._report_reward_errors(step, sampled.errors)
+        self.failures.report(step, sampled.errors)
         return ordered(row, decision.metrics())
 
-    def _attempt(self, step: int, batch_size: int) -> _Sampled:
+    def _attempt(self, step: int, batch_size: int) -> SampledStep:
         training = self.training
         random.seed(derive_seed(training.seed, step, "python"))  # for user reward code using random
         t0 = time.perf_counter()
@@ -374,28 +293,17 @@ class Trainer:
         work = step_work([[(e.ledger.context_tokens,
                             e.ledger.sampled_tokens) for e in g] for g in result.groups],
                          advantages)
-        sampled = _Sampled(row=row, work=work,
-                           errors=list(rollout.host.errors)
-                           + [f"episode {e.id}: {e.error}" for e in episodes if e.error])
-        self._add_estimates(sampled, result, batch_size)
+        sampled = SampledStep(row=row, work=work,
+                              errors=list(rollout.host.errors)
+                              + [f"episode {e.id}: {e.error}" for e in episodes if e.error])
+        sampled.add_estimates(self.backend.cost_model, result.groups, self._train_metrics,
+                              batch_size)
         return sampled
 
     def _row(self, result: RolloutResult, batch_size: int, rewards: list[list[float]],
              train: dict) -> dict:
-        episodes = [e for g in result.groups for e in g]
-        n, replies = len(episodes), sum(e.turns for e in episodes)
-        flat = [r for g in rewards for r in g]
-        mean_reward, reward_std = mean_and_std(flat)  # overflow-safe (1e200 rewards)
-        row = {
-            "batch_size": batch_size, "group_size": self.training.group_size,
-            "num_completions": n, "mean_reward": mean_reward, "reward_std": reward_std,
-            "correct_rate": sum(e.success for e in episodes) / n,
-            "max_token_hit_rate": sum(e.cut_replies for e in episodes) / max(1, replies),
-            "mean_completion_tokens": sum(e.ledger.sampled_tokens for e in episodes) / n,
-            **train, "lr": self._lr(batch_size),
-            "reward_uniform_group_rate": uniform_group_rate(rewards),
-            "reward_failures": self.rollouts.train.host.failures,
-        }
+        row = rollout_row(result, rewards, batch_size, self.training.group_size, train)
+        row.update(lr=self._lr(batch_size), reward_failures=self.rollouts.train.host.failures)
         if not uses_scorer(self.cfg.environment):
             row.update(result.metrics())
         return row
@@ -408,54 +316,26 @@ class Trainer:
         return [derive_seed(self.training.seed, step, f"episode:{g}") for g in range(batch_size)]
 
     def _lr(self, batch_size: int) -> float:
-        """training.lr, scaled for a batch the controller chose ([backpressure] lr_scaling)."""
         bp = self.cfg.backpressure
-        if not bp.enabled or bp.lr_scaling == "none":
-            return self.training.lr
-        ratio = batch_size / self.training.batch_size
-        return self.training.lr * (math.sqrt(ratio) if bp.lr_scaling == "sqrt" else ratio)
-
-    def _add_estimates(self, sampled: _Sampled, result: RolloutResult,
-                       batch_size: int) -> None:
-        """FLOPs and bytes for the roofline; the noise scale in prompts for goodput."""
-        metrics = self._train_metrics
-        cost = self.backend.cost_model
-        if cost is not None:
-            est = step_cost(cost, [g[0].ledger.context_tokens
-                                   for g in result.groups],
-                            [[e.ledger.sampled_tokens for e in g] for g in result.groups],
-                            int(metrics.get("tokens", 0)),
-                            int(metrics.get("grad_micro_batches", 1)))
-            sampled.flops, sampled.bytes_moved = est.flops, est.bytes_moved
-        scale, stats = sampled.row.get("grad_noise_scale"), GradStats.from_metrics(metrics)
-        if scale is not None and stats is not None:
-            sampled.noise_scale = scale / (stats.big_tokens / batch_size)
+        return step_lr(self.training.lr, self.training.batch_size, batch_size, bp.lr_scaling,
+                       bp.enabled)
 
     def _train(self, datums: list[Datum], batch_size: int) -> dict:
         """forward_backward + optim_step; groups without signal were left out of `datums`."""
         self._train_metrics = {}
         if not datums:  # every group uniform: nothing to learn from this step
             self._land_commit()
-            return {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": False,
-                    "sampler_trainer_logprob_diff": None,
-                    "grad_noise_scale": None, "grad_coherence": None}
-        training, alg = self.training, self.cfg.algorithm
-        loss = LossConfig(name=alg.loss, clip_eps=alg.clip_eps, clip_eps_high=alg.clip_eps_high,
-                          temperature=training.temperature)
-        out = self.backend.forward_backward(datums, loss)
-        self._train_metrics = out.metrics
+            return dict(NO_UPDATE)
+        done = update(self.backend, datums, self.cfg.algorithm, self.training,
+                      self._lr(batch_size))
+        out, self._train_metrics = done.loss, done.loss.metrics
+        self._land_commit()  # the last step's save landed while this step's update ran
+        if not done.skipped:  # a skipped update leaves the weights (and staleness) as they were
+            self.overlap.updated()
         # Measured on the local backend with two or more micro-batches, else None (docs).
         stats = GradStats.from_metrics(out.metrics)
-        adam = AdamParams(learning_rate=self._lr(batch_size), beta1=training.beta1,
-                          beta2=training.beta2, eps=training.adam_eps,
-                          weight_decay=training.weight_decay,
-                          grad_clip_norm=training.grad_clip_norm)
-        opt = self.backend.optim_step(adam)
-        self._land_commit()  # the last step's save landed while this step's update ran
-        skipped = skipped_nonfinite(opt.metrics)
-        if not skipped:  # a skipped update leaves the weights (and the staleness) as they were
-            self.overlap.updated()
-        return {"loss": out.loss, "grad_norm": opt.grad_norm, "skipped_nonfinite": skipped,
+        return {"loss": out.loss, "grad_norm": done.optim.grad_norm,
+                "skipped_nonfinite": done.skipped,
                 "sampler_trainer_logprob_diff": logprob_diff(datums, out.logprobs),
                 "grad_noise_scale": self.noise.update(stats),
                 "grad_coherence": stats.coherence if stats else None,
@@ -487,33 +367,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ eval, checkpoints
 
-    def _has_eval(self) -> bool:
-        if self.rollouts.make_eval is None:
-            return bool(self.splits.eval)
-        return self.cfg.data.eval_size > 0
-
-    def _evaluate(self):
-        if self.rollouts.make_eval is not None:  # an environment: held-out episodes
-            seeds = heldout_episode_seeds(self.training.seed, self.cfg.data.eval_size)
-            return evaluate_episodes(self.rollouts.eval, seeds, self.training.max_tokens,
-                                     stop=tuple(self.training.stop))
-        if self._eval_prompts is None:
-            self._eval_prompts = [render_prompt(self.backend.tokenizer, p, self.cfg.data)
-                                  for p in self.splits.eval]
-        chunk = max(16, self.training.batch_size * self.training.group_size)
-        return evaluate(self.backend, self._eval_prompts, self.splits.eval, self.scorer,
-                        self.training.max_tokens, chunk=chunk, stop=tuple(self.training.stop))
-
     def _maybe_evaluate(self, step: int, row: dict) -> None:
-        every, last = self.training.eval_every, self.training.max_steps
-        if not self._has_eval() or not (step == last or (every and step % every == 0)):
-            return
-        result = self._evaluate()
-        row["eval_accuracy"] = result.accuracy
-        if self.rollouts.make_eval is not None:
-            row["eval_mean_reward"] = result.mean_reward
-        row["eval_time_s"] = result.seconds
-        self.state.extra["eval_accuracy"] = result.accuracy
+        if self.heldout.due(step):
+            self.state.extra["eval_accuracy"] = self.heldout.into_row(row).accuracy
 
     def _commit(self, step: int, *, wait: bool) -> None:
         """Checkpoint the step. state.json moves to it once the save has landed: at once, or,
@@ -563,34 +419,15 @@ class Trainer:
             raise self._diverged(step, exc, saved) from None
 
     def _diverged(self, step: int, exc: DivergedError, saved: bool) -> DivergedError:
-        """Name the last sound checkpoint. An update that diverged was undone and never
-        saved; weights that sample NaN/inf were saved as the last checkpoint, which is moved
-        aside (to `diverged-step-N`) so that a resume starts from the one before."""
         with contextlib.suppress(BackendError):
             self._land_commit()
-        fix = ("Lower training.lr or training.weight_decay and start over with --new "
-               "(resuming as is repeats the divergence)")
-        bad = self.state.step
-        if not (exc.sampling and saved) or bad < 1:
-            return DivergedError(f"weights diverged at step {step}: {exc}. Nothing non-finite "
-                                 f"was saved; the last checkpoint is step {bad}'s. {fix}")
-        moved = checkpoint.set_aside(self.run_dir, bad)
-        points = checkpoint.resume_points(self.run_dir, None)
-        self.state = copy.deepcopy(points[0]) if points else runlog.RunState()
-        back = f"step {self.state.step}" if points else "the start"
-        return DivergedError(f"weights diverged at step {bad}: sampling step {step} met "
-                             f"non-finite probabilities. Its checkpoint was moved to {moved}; "
-                             f"the run now resumes from {back}, the last checkpoint whose "
-                             f"sampling was finite. {fix}")
+        error, self.state = endings.diverged(self.run_dir, self.state, step, exc, saved)
+        return error
 
     def _too_many_nonfinite(self, step: int) -> DivergedError:
-        n = self.nonfinite_streak
-        return DivergedError(
-            f"{n} steps in a row (steps {step - n + 1}-{step}) had a non-finite loss or "
-            f"gradient norm and were not applied (training.max_nonfinite_steps = "
-            f"{self.training.max_nonfinite_steps}); stopped. The weights are unchanged since "
-            f"step {step - n}; checkpoint {self.state.checkpoint} holds them. Check the reward "
-            "and lower training.lr, then start over with --new")
+        return endings.too_many_nonfinite(step, self.nonfinite_streak,
+                                          self.training.max_nonfinite_steps,
+                                          self.state.checkpoint)
 
     def _fail(self, exc: BaseException) -> None:
         with contextlib.suppress(BackendError):
@@ -599,13 +436,3 @@ class Trainer:
         self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
         with contextlib.suppress(OSError):  # the original error matters more
             runlog.save_state_even_if_full(self.run_dir, self.state)
-
-    def _report_reward_errors(self, step: int, errors: list[str]) -> None:
-        if errors and self.reward_errors_shown < REPORTED_REWARD_ERRORS:
-            self.reward_errors_shown += 1
-            more = "" if self.reward_errors_shown < REPORTED_REWARD_ERRORS else \
-                (" (further failures are only counted in reward_failures)"
-                 if uses_scorer(self.cfg.environment) else
-                 " (further failures are only counted in env_errors)")
-            what = "reward function" if uses_scorer(self.cfg.environment) else "environment"
-            self.progress.say(f"step {step}: {what} failed: {errors[0]}{more}")

@@ -34,8 +34,9 @@ from retrain.backends.base import (
     LossOutput,
     SamplingParams,
 )
-from retrain.backends.local import LocalBackend, LocalModel
+from retrain.backends.local import LocalBackend
 from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
+from retrain.backends.local_model import LocalModel
 from retrain.config.sections import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
 
@@ -76,8 +77,8 @@ class LocalEngine:
         with self._lock:
             name = f"{prefix}{next(self._ids)}"
         m = self.lora
-        return self.model.new_backend(name, rank, m.lora_alpha, m.lora_dropout,
-                                      m.lora_target_modules, seed=seed)
+        return LocalBackend.new_adapter(self.model, name, rank, m.lora_alpha, m.lora_dropout,
+                                        m.lora_target_modules, seed=seed)
 
     def _backend(self, model_id: str) -> LocalBackend:
         backend = self._backends.get(model_id)

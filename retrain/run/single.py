@@ -1,0 +1,62 @@
+"""One run from its config: the run folder's lock and resume point, the stages built from the
+config's sections (task, scorer, backend, rollouts), handed to the Trainer, and closed after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from retrain.backends import create_backend
+from retrain.config.sections import Config, run_config, run_name_problem
+from retrain.environments.rollout import build_rollouts, uses_scorer
+from retrain.environments.scorer import build_scorer
+from retrain.environments.tasks import load_task
+from retrain.errors import UserError
+from retrain.run import checkpoint, run_lock
+from retrain.run.trainer import Trainer
+from retrain.runfiles import runlog
+from retrain.slots.file_slots import slots_from_env
+
+
+def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
+    """Train (or resume) the run described by `cfg`; returns the process exit status."""
+    config_path = Path(config_path)
+    run_name = cfg.logging.run_name or config_path.stem
+    if run_name_problem(run_name):  # a file named `..toml`: its stem names no folder
+        raise UserError(f"{config_path}: logging.run_name (the file's stem by default): "
+                        f"{run_name_problem(run_name)}")
+    run_dir = Path(cfg.logging.log_dir) / run_name
+    with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
+        return _run_locked(cfg, config_path, run_dir, run_name, new)
+
+
+def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
+                new: bool) -> int:
+    start = checkpoint.prepare(run_dir, cfg, new=new)
+    if start.moved_to is not None:
+        print(f"--new: moved the previous run to {start.moved_to}")
+    if start.note:
+        print(f"{run_dir}: {start.note}")
+    if start.finished:
+        print(f"{run_dir} already finished {start.state.step} steps; nothing to do "
+              "(raise training.max_steps to continue it, or use --new to start over)")
+        return 0
+    checkpoint.ensure_writable(run_dir)
+    config_dir = config_path.resolve().parent
+    splits = load_task(cfg.data, cfg.training.seed, config_dir)
+    scorer = build_scorer(cfg.reward, config_dir) if uses_scorer(cfg.environment) else None
+    slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
+    backend = create_backend(cfg, slots, config_dir=config_dir,
+                             checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
+    rollouts = None
+    try:
+        rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
+                                  config_dir, backend, scorer, splits.train)
+        cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
+        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts)
+        return trainer.run(start.state, start.fallbacks)
+    finally:
+        if rollouts is not None:
+            rollouts.close()
+        if scorer is not None:
+            scorer.close()
+        backend.close()

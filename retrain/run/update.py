@@ -1,0 +1,44 @@
+"""A step's update: the loss the [algorithm] section names, `forward_backward` over the step's
+datums, then one `optim_step` with the training section's AdamW settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from retrain.backends.base import (
+    AdamParams,
+    Backend,
+    Datum,
+    LossConfig,
+    LossOutput,
+    OptimOutput,
+    skipped_nonfinite,
+)
+
+NO_UPDATE = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": False,
+             "sampler_trainer_logprob_diff": None, "grad_noise_scale": None,
+             "grad_coherence": None}
+
+
+@dataclass
+class Update:
+    """What one update did: the backend's outputs, and whether the optimizer skipped it."""
+
+    loss: LossOutput
+    optim: OptimOutput
+
+    @property
+    def skipped(self) -> bool:
+        """A non-finite loss or gradient: the weights were left as they were."""
+        return skipped_nonfinite(self.optim.metrics)
+
+
+def update(backend: Backend, datums: list[Datum], algorithm, training, lr: float) -> Update:
+    """forward_backward with the configured loss, then optim_step at `lr`."""
+    loss = LossConfig(name=algorithm.loss, clip_eps=algorithm.clip_eps,
+                      clip_eps_high=algorithm.clip_eps_high, temperature=training.temperature)
+    out = backend.forward_backward(datums, loss)
+    adam = AdamParams(learning_rate=lr, beta1=training.beta1, beta2=training.beta2,
+                      eps=training.adam_eps, weight_decay=training.weight_decay,
+                      grad_clip_norm=training.grad_clip_norm)
+    return Update(loss=out, optim=backend.optim_step(adam))
