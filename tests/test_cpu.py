@@ -46,3 +46,70 @@ def test_cpu_flags_and_native_bf16_from_cpuinfo() -> None:
     assert cpu_has_native_bf16(cpu_flags(ARM_BF16))
     assert cpu_flags("") == frozenset() and not cpu_has_native_bf16(frozenset())
     assert isinstance(cpu_has_native_bf16(), bool)  # this machine's answer, whatever it is
+
+
+# ---------------------------------------------------------------------------- a busy machine
+
+
+def test_quiet_openmp_waits_keeps_what_the_user_set() -> None:
+    from retrain.machine.cpu import WAIT_POLICY_ENV, quiet_openmp_waits
+
+    env: dict = {}
+    quiet_openmp_waits(env)
+    assert env == {WAIT_POLICY_ENV: "PASSIVE"}
+    env = {WAIT_POLICY_ENV: "ACTIVE"}
+    quiet_openmp_waits(env)
+    assert env == {WAIT_POLICY_ENV: "ACTIVE"}
+
+
+def test_the_cli_process_waits_passively_before_torch_loads(cli_env, python) -> None:
+    import subprocess
+
+    code = ("import sys, retrain.__main__, os; "
+            "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)")
+    env = {k: v for k, v in cli_env.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["PASSIVE", "False"]
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out[0] == "ACTIVE"
+
+
+def test_busy_note_only_when_more_is_runnable_than_there_are_cores() -> None:
+    from retrain.machine.cpu import busy_note
+
+    assert busy_note(None, 2) == ""
+    assert busy_note(2.4, 2) == ""          # a run's own two threads on two cores
+    assert busy_note(3.1, 2) == "machine busy: load 3.1 on 2 cores"
+    assert busy_note(0.2, 2, adding=2) == ""  # before a run: almost idle
+    assert busy_note(1.0, 2, adding=2) == "machine busy: load 1.0 on 2 cores"
+
+
+def test_the_step_line_says_when_the_machine_was_busy(monkeypatch) -> None:
+    from retrain.run import progress
+
+    monkeypatch.setattr(progress, "available_cores", lambda: 2)
+    row = {"mean_reward": 0.5, "correct_rate": 0.5, "loss": 0.1, "batch_size": 2,
+           "group_size": 4, "step_time_s": 1.0, "sample_time_s": 0.5, "reward_time_s": 0.1,
+           "train_time_s": 0.4, "load_average": 1.9}
+    assert "busy" not in progress.step_summary(row)
+    row["load_average"] = 3.6
+    assert progress.step_summary(row).endswith("machine busy: load 3.6 on 2 cores")
+
+
+def test_explain_says_when_a_local_run_would_start_on_a_busy_machine(tmp_path,
+                                                                     monkeypatch) -> None:
+    from retrain.cli import explain
+    from retrain.machine import cpu
+
+    path = tmp_path / "q.toml"
+    path.write_text('[model]\nname = "tiny-random"\nthreads = 2\n')
+    monkeypatch.setattr(cpu, "available_cores", lambda: 2)
+    monkeypatch.setattr(cpu, "load_average", lambda: 0.1)
+    assert explain.build_report(path).machine == ""
+    monkeypatch.setattr(cpu, "load_average", lambda: 1.5)
+    report = explain.build_report(path)
+    assert report.machine.startswith("machine busy: load 1.5 on 2 cores before this run")
+    assert any(line.strip().startswith("machine") for line in explain.plain_lines(report))

@@ -70,6 +70,7 @@ class Report:
     executor: str = "local"        # campaigns: [campaign] executor
     cluster: str = ""              # executor = "ray": the cluster's resources, when reachable
     runs_at_once: int | None = None  # executor = "ray": runs the cluster fits at once (capped)
+    machine: str = ""              # local runs: this machine's load now, when it is busy
 
 
 # ---------------------------------------------------------------------------- building
@@ -110,7 +111,18 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
         warnings=warnings(cfg, camp, path, len(plans), par, overrides),
-        executor=camp.executor, cluster=cluster, runs_at_once=fits)
+        executor=camp.executor, cluster=cluster, runs_at_once=fits, machine=_machine_note(cfg))
+
+
+def _machine_note(cfg: Config) -> str:
+    """Say so when other work already competes for the cores a local run would use."""
+    from retrain.machine.cpu import auto_threads, available_cores, busy_note, load_average
+
+    if cfg.backend.backend != "local" or cfg.model.device not in ("auto", "cpu"):
+        return ""
+    note = busy_note(load_average(), available_cores(), cfg.model.threads or auto_threads())
+    return note and (f"{note} before this run starts: steps will be slower than on a quiet "
+                     "machine (docs/training.md, 'A busy machine')")
 
 
 def campaign_folder(camp: CampaignPlan, cfg: Config, path: Path) -> Path:
@@ -289,6 +301,8 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     out.append(("total steps", f"{r.total_steps}" + (f" ({runs} runs)" if runs > 1 else "")))
     out.append(("parallelism", str(r.effective_parallelism)))
     out.append(("wall time", _wall_line(r)))
+    if r.machine:
+        out.append(("machine", r.machine))
     return out
 
 

@@ -61,3 +61,30 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
 def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
     """True when this CPU computes bfloat16 in hardware (AVX512-BF16, AMX or Arm BF16)."""
     return bool(NATIVE_BF16_FLAGS & (cpu_flags() if flags is None else flags))
+
+
+# OpenMP's default wait policy spins at every barrier; beside another busy process a spinning
+# thread burns the core its partner needs (bench/outside_load.py). PASSIVE waits sleep instead.
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
+
+def quiet_openmp_waits(env: dict | None = None) -> None:
+    """OMP_WAIT_POLICY=PASSIVE unless the user set it; effective only before torch loads."""
+    (os.environ if env is None else env).setdefault(WAIT_POLICY_ENV, "PASSIVE")
+
+
+def load_average() -> float | None:
+    """The one-minute load average (runnable processes), where the OS says."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note(load: float | None, cores: int, adding: int = 0) -> str:
+    """'' unless more work is runnable than there are cores: then one line saying so.
+    `adding`: the threads a run will add (before it starts); 0 while it runs (its own threads
+    are already counted in `load`)."""
+    if load is None or load + adding <= cores + 0.5:
+        return ""
+    return f"machine busy: load {load:.1f} on {cores} cores"

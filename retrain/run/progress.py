@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from retrain.machine.cpu import available_cores, busy_note
+
 SKIPPED_NOTE = "skipped_nonfinite (loss or grad norm not finite: update not applied)"
 
 
@@ -22,6 +24,9 @@ def step_summary(row: dict) -> str:
         parts.append(SKIPPED_NOTE)
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.3f}")
+    busy = busy_note(row.get("load_average"), available_cores())
+    if busy:
+        parts.append(busy)
     return "  ".join(parts)
 
 
@@ -56,8 +61,10 @@ class Progress:
 
     def step(self, row: dict) -> None:
         if self._bar is not None:
+            busy = busy_note(row.get("load_average"), available_cores())
             info = (f"reward {_short(row['mean_reward'])}  {row['step_time_s']:.1f}s/step"
-                    + (f"  bp {row['bp_regime']}" if "bp_regime" in row else ""))
+                    + (f"  bp {row['bp_regime']}" if "bp_regime" in row else "")
+                    + (f"  {busy}" if busy else ""))
             self._bar.update(self._task, completed=row["step"], info=info)
             if row.get("skipped_nonfinite"):
                 self.say(f"step {row['step']}: {SKIPPED_NOTE}")

@@ -41,6 +41,7 @@ from retrain.config.sections import Config
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.environments.rollout import RolloutResult, Rollouts, episode_datum, uses_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits
+from retrain.machine.cpu import load_average
 from retrain.run import checkpoint, endings
 from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
@@ -241,7 +242,7 @@ class Trainer:
         row.update(step=step, step_time_s=step_time,
                    tokens_per_second=sampled.tokens / step_time if step_time > 0 else 0.0,
                    process_max_rss_mb=max_rss_mb(), api_wait_s=self._api_wait_s() - waited,
-                   oom_retries=retries)
+                   oom_retries=retries, load_average=load_average())
         # The controller measures the batch size that ran: failed attempts are not its time.
         decision = self.controller.observe(batch_size, sampled.tokens, end - attempt_start,
                                            flops=sampled.flops, bytes_moved=sampled.bytes_moved,
