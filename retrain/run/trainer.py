@@ -47,7 +47,8 @@ from retrain.backends.base import (
     SamplingParams,
     skipped_nonfinite,
 )
-from retrain.config.sections import Config, run_config, run_name_problem
+from retrain.config.cross_checks import run_name_problem
+from retrain.config.sections import Config, run_config
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.control.stepcost import step_cost
 from retrain.control.work import StepWork
