@@ -53,7 +53,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from retrain.config.sections import BackpressureConfig  # noqa: E402
-from retrain.control.backpressure import BackpressureController, usl_p_star, usl_throughput  # noqa: E402
+from retrain.control.backpressure import BackpressureController  # noqa: E402
+from retrain.control.usl import usl_p_star, usl_throughput  # noqa: E402
 from retrain.control.work import StepWork  # noqa: E402
 
 TOKENS_PER_SEQ = 300

@@ -10,7 +10,7 @@ import pytest
 
 from bench import backpressure_sim as sim
 from retrain.config.sections import BackpressureConfig
-from retrain.control.backpressure import UslSums, usl_throughput
+from retrain.control.usl import UslSums, usl_throughput
 
 MACHINE_C = (0.30, 1e-4, 1200.0)          # p* = 84: steep, well identified
 

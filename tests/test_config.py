@@ -16,6 +16,7 @@ from retrain.cli.app import run_app
 from retrain.config import loader as config_file
 from retrain.config import overrides, toml_io
 from retrain.config import sections as config
+from retrain.config.cross_checks import cross_checks, run_name_problem
 from retrain.config.schema import fields_of, hints_of
 from retrain.config.sections import Config, ConfigError
 
@@ -413,7 +414,7 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         eval_size = cfg.data.eval_size
         cfg.data, cfg.reward = config.DataConfig(eval_size=eval_size), config.RewardConfig()
         env.factory = env.factory or "my_env.py:MyEnv"
-    if cfg.logging.run_name and config.run_name_problem(cfg.logging.run_name):
+    if cfg.logging.run_name and run_name_problem(cfg.logging.run_name):
         cfg.logging.run_name = "run"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
@@ -425,7 +426,7 @@ def _satisfy_cross_checks(cfg: Config) -> None:
 @given(configs())
 def test_dump_load_round_trip(pair):
     cfg, plan = pair
-    assert config.cross_checks(cfg) == []
+    assert cross_checks(cfg) == []
     text = config_file.dumps_config(cfg, plan)
     back = config_file.parse(toml_io.loads(text))
     assert back == pair

@@ -166,6 +166,7 @@ def test_a_resume_point_with_the_old_oom_cap_keeps_its_ceiling(workdir):
 def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch):
     from retrain.backends.local import LocalBackend
     from retrain.control import backpressure
+    from retrain.control.backpressure_decision import Decision
 
     real, calls = LocalBackend.sample, []
 
@@ -176,8 +177,8 @@ def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch)
         return real(self, prompts, n, params, adapter)
 
     def observe(self, batch_size, tokens, step_time_s, **kw):   # 3 worked before, say
-        return backpressure.Decision("throttle" if kw.get("oom") else "hold", "optimal",
-                                     3 if kw.get("oom") else batch_size)
+        return Decision("throttle" if kw.get("oom") else "hold", "optimal",
+                        3 if kw.get("oom") else batch_size)
 
     monkeypatch.setattr(LocalBackend, "sample", sample)
     monkeypatch.setattr(backpressure.BackpressureController, "observe", observe)
@@ -282,11 +283,12 @@ def test_back_pressure_drives_the_batch_size_and_survives_resume(workdir):
 
 def test_back_pressure_moves_are_explained_on_the_console(workdir, capsys, monkeypatch):
     from retrain.control import backpressure
+    from retrain.control.backpressure_decision import Decision
 
     def observe(self, batch_size, tokens, step_time_s, **kw):
         nxt = 1 if batch_size > 1 else 2
-        return backpressure.Decision("throttle" if nxt < batch_size else "increase",
-                                     "retrograde", nxt, p=batch_size * 2, reason="made-up why")
+        return Decision("throttle" if nxt < batch_size else "increase",
+                        "retrograde", nxt, p=batch_size * 2, reason="made-up why")
 
     monkeypatch.setattr(backpressure.BackpressureController, "observe", observe)
     bp = {"enabled": True, "warmup_steps": 0, "min_batch_size": 1, "max_batch_size": 4}

@@ -12,7 +12,7 @@ from pathlib import Path
 from retrain.cli.figures import figure_class, save_png
 from retrain.config import toml_io
 from retrain.config.sections import BackpressureConfig
-from retrain.control.backpressure import usl_throughput
+from retrain.control.usl import usl_throughput
 from retrain.errors import UserError
 from retrain.runfiles.runlog import (
     CONFIG_FILE,

@@ -1,5 +1,6 @@
-"""The single run's configuration: typed sections, building one from a TOML-shaped dict,
-cross-key checks, dotted-key overrides and the lossless dict form.
+"""The single run's configuration: typed sections, building one from a TOML-shaped dict
+(`cross_checks` then checks what involves more than one key), dotted-key overrides and the
+lossless dict form.
 
 Pure: no torch, no SDK, no I/O (`config_file` reads the file; `campaign/plan` holds the
 [campaign] table a file may add). Every key's default, allowed values and one-line meaning
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrain.config.cross_checks import cross_checks
 from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
@@ -37,7 +38,6 @@ from retrain.config.schema import (
     opt,
     section_problem,
     set_field,
-    show,
     unknown_key,
 )
 
@@ -347,97 +347,6 @@ def _merged(old: Any, new: Any) -> Any:
             out[k] = _merged(out.get(k), v)
         return out
     return copy.deepcopy(new)
-
-
-def cross_checks(cfg: Config) -> list[ConfigIssue]:
-    """Problems that involve more than one key."""
-    issues = []
-    if cfg.data.source == "jsonl" and not cfg.data.path:
-        issues.append(ConfigIssue("data.path", "data.source = 'jsonl' needs data.path = "
-                                  "'file.jsonl'"))
-    bad_ops = [o for o in cfg.data.operations if o not in ("+", "-", "*")]
-    if bad_ops or not cfg.data.operations:
-        issues.append(ConfigIssue("data.operations", "expected a non-empty list drawn from "
-                                  f"'+', '-', '*', got {show(cfg.data.operations)}"))
-    if cfg.reward.type == "custom" and not cfg.reward.function:
-        issues.append(ConfigIssue("reward.function", "reward.type = 'custom' needs "
-                                  "reward.function = 'module:function' or 'file.py:function'"))
-    if cfg.reward.type == "format":
-        if not cfg.reward.pattern:
-            issues.append(ConfigIssue("reward.pattern", "reward.type = 'format' needs "
-                                      "reward.pattern = a regex"))
-        else:
-            try:
-                re.compile(cfg.reward.pattern)
-            except re.error as exc:
-                issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
-    problem = run_name_problem(cfg.logging.run_name)
-    if cfg.logging.run_name and problem:
-        issues.append(ConfigIssue("logging.run_name", problem))
-    t = cfg.training
-    if t.batch_size * t.group_size > MAX_COMPLETIONS:
-        issues.append(ConfigIssue("training.batch_size", f"x training.group_size = "
-                                  f"{t.batch_size * t.group_size:_} completions per step, more "
-                                  f"than {MAX_COMPLETIONS:_}; lower batch_size or group_size"))
-    if t.lr * t.weight_decay >= 1:
-        issues.append(ConfigIssue("training.weight_decay", f"x training.lr = "
-                                  f"{t.lr * t.weight_decay:.3g}: AdamW multiplies every weight "
-                                  "by 1 - lr x weight_decay each step, which then flips its sign "
-                                  "and grows it until the weights diverge; keep weight_decay "
-                                  f"below 1 / lr = {1 / t.lr:.3g} (0.0 to 0.1 is usual)"))
-    if t.max_steps_off_policy and cfg.backend.backend != "tinker":
-        issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
-                                  "the local backend samples and trains on the same device, one "
-                                  "at a time, so overlap only makes samples stale; set it to 0"))
-    be = cfg.backend
-    if be.max_concurrent_min > be.max_concurrent_max:
-        issues.append(ConfigIssue("backend.max_concurrent_min", f"({be.max_concurrent_min}) "
-                                  "must be <= backend.max_concurrent_max "
-                                  f"({be.max_concurrent_max})"))
-    issues += _environment_conflicts(cfg)
-    bp = cfg.backpressure
-    if bp.min_batch_size > bp.max_batch_size:
-        issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
-                                  f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
-    if bp.enabled and bp.increase_margin <= 0:
-        issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
-    return issues
-
-
-# [data] keys that describe the task kind's problems (eval_size also counts held-out episodes)
-_TASK_DATA_KEYS = ("source", "path", "digits", "operations", "countdown_numbers", "size",
-                   "shuffle", "instruction", "chat_template")
-
-
-def _environment_conflicts(cfg: Config) -> list[ConfigIssue]:
-    """[data] and [reward] describe the task kind; another kind brings its own questions."""
-    env = cfg.environment
-    if env.kind == "task":
-        return []
-    issues = []
-    data, default = cfg.data, DataConfig()
-    for key in _TASK_DATA_KEYS:
-        if getattr(data, key) != getattr(default, key):
-            issues.append(ConfigIssue(f"data.{key}", f"is for environment.kind = 'task'; kind "
-                                      f"{env.kind!r} asks its own questions: remove it (only "
-                                      "data.eval_size, the held-out episodes, applies)"))
-    if cfg.reward != RewardConfig():
-        issues.append(ConfigIssue("reward.type", f"[reward] scores the task kind; kind "
-                                  f"{env.kind!r} is scored by its environment: remove [reward]"))
-    if env.kind == "python" and not env.factory:
-        issues.append(ConfigIssue("environment.factory", "environment.kind = 'python' needs "
-                                  "environment.factory = 'my_env.py:MyEnv'"))
-    return issues
-
-
-def run_name_problem(name: str) -> str:
-    """Why `name` cannot name a run folder inside logging.log_dir ('' when it can): the
-    folder must be a child of log_dir, never log_dir itself, its parent or an absolute path."""
-    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
-        return (f"{show(name)} is not a plain folder name: it must not be empty, '.' or '..' "
-                "nor hold '/' or '\\' (the run folder is logging.log_dir/<run_name>); use "
-                "logging.log_dir to pick where runs go")
-    return ""
 
 
 # ---------------------------------------------------------------------------- dumping

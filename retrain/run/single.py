@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from retrain.backends import create_backend
-from retrain.config.sections import Config, run_config, run_name_problem
+from retrain.config.cross_checks import run_name_problem
+from retrain.config.sections import Config, run_config
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
 from retrain.environments.tasks import load_task
