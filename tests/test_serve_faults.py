@@ -330,7 +330,7 @@ def _sdk_retry_sleep() -> bool:
 
 class HoldLog:
     """The real file semaphore, recording each slot hold as (call, start, end). A call is one
-    `TinkerBackend._call`, named by the CALL context variable the test sets around it."""
+    `TinkerCalls.call`, named by the CALL context variable the test sets around it."""
 
     def __init__(self, sem):
         self.sem = sem
@@ -368,6 +368,7 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
 
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
     from retrain.backends.tinker import TinkerBackend
+    from retrain.backends.tinker_calls import TinkerCalls
     from retrain.slots.file_slots import CountingSemaphore
     from tests.run_helpers import read_serve_url
 
@@ -388,7 +389,7 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
     monkeypatch.setattr(asyncio, "sleep", recorded(asyncio.sleep))
     monkeypatch.setattr(anyio, "sleep", recorded(anyio.sleep))
     calls = itertools.count(1)
-    real_call = TinkerBackend._call
+    real_call = TinkerCalls.call
 
     def named_call(self, *args, **kwargs):
         token = CALL.set(next(calls))
@@ -397,7 +398,7 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
         finally:
             CALL.reset(token)
 
-    monkeypatch.setattr(TinkerBackend, "_call", named_call)
+    monkeypatch.setattr(TinkerCalls, "call", named_call)
     monkeypatch.setenv("TINKER_API_KEY", KEY)
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
     slots = HoldLog(CountingSemaphore(tmp_path / "slots", 1))

@@ -22,8 +22,9 @@ from retrain.backends.base import (  # noqa: E402
     SamplingParams,
     make_datum,
 )
-from retrain.backends.tinker import TinkerBackend, check_sdk  # noqa: E402
+from retrain.backends.tinker import TinkerBackend  # noqa: E402
 from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER  # noqa: E402
+from retrain.backends.tinker_sdk import check_sdk  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
