@@ -116,6 +116,8 @@ def test_the_core_imports_nothing_heavy_at_module_level():
 
 # The top of retrain/ holds only packages (docs/architecture.md: folders are floors).
 TOP_FILES = {"__init__.py", "__main__.py", "errors.py"}
+MAX_LINES = 450
+MAX_FUNCTION_LINES = 60
 
 
 def test_the_top_of_the_package_holds_only_packages():
@@ -133,3 +135,19 @@ def test_every_package_says_what_it_holds():
     assert not silent, f"give these packages a docstring: {silent}"
 
 
+
+
+def test_rooms_fit_on_a_screen():
+    long_files, long_functions = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > MAX_LINES:
+            long_files.append(f"retrain/{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {size} lines")
+    assert not long_files, f"split these (at most {MAX_LINES} lines): {long_files}"
+    assert not long_functions, \
+        f"split these (at most {MAX_FUNCTION_LINES} lines): {long_functions}"
