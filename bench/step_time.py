@@ -46,16 +46,19 @@ CONFIGS = {
 }
 
 
-def run_one(tool: str, spec: dict) -> dict:
-    """Run one measurement in a fresh process and return its parsed JSON line."""
+def run_one(tool: str, spec: dict, env: dict[str, str | None] | None = None) -> dict:
+    """Run one measurement in a fresh process and return its parsed JSON line. `env`: variables
+    to set for it (None: unset)."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{tool}-") as tmp:
         spec = {**spec, "out_dir": tmp}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         worker = "bench._trl_worker" if tool == "trl" else "bench._retrain_worker"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+        full = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false",
+                **(env or {})}
+        full = {k: v for k, v in full.items() if v is not None}
         proc = subprocess.run([sys.executable, "-m", worker, str(spec_path)], cwd=ROOT,
-                              env=env, capture_output=True, text=True)
+                              env=full, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{tool} worker failed:\n{proc.stderr[-3000:]}")
         last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
