@@ -116,6 +116,7 @@ class LocalBackend:
                                            checkpoint_dir=checkpoint_dir)
         if local_compile.wanted(cfg.backend.compile):
             model.compile_decoding()
+        model.use_sampler(cfg.backend.sampler)
         return backend
 
     @property
@@ -152,6 +153,8 @@ class LocalBackend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise BackendError("cannot sample from an empty prompt")
+        if self.model.fast is not None:
+            return self._sample_fast(prompts, n, params, adapter, prompt_seeds)
         dev = self.model.device
         gen: torch.Generator | list[torch.Generator] = self.generator
         if prompt_seeds is not None:
@@ -166,6 +169,29 @@ class LocalBackend:
                                 pad_id=self.model.pad_id, generator=gen,
                                 make_cache=self._make_cache, cache_key=self.model.cache_key,
                                 decode=self.model.tokenizer.decode, decoder=self.model.decoder)
+
+    def _sample_fast(self, prompts: list[TokenIds], n: int, params: SamplingParams,
+                     adapter: str | None, prompt_seeds: list[int] | None
+                     ) -> list[list[Completion]]:
+        """`sample` through the fast sampler: counter draws keyed by (seed, prompt, sample)
+        (prompt_seeds: each prompt its own seed; else one seed, from params.seed or drawn
+        from the backend's generator, and the prompt's place in the batch)."""
+        if prompt_seeds is not None:
+            seeds, prompt_ids = list(prompt_seeds), [0] * len(prompts)
+        else:
+            seed = params.seed if params.seed is not None else int(torch.randint(
+                0, 2**62, (1,), generator=self.generator, device=self.model.device))
+            seeds, prompt_ids = [seed] * len(prompts), list(range(len(prompts)))
+        with self.model.lock, oom_as_backend_error("sampling"):
+            name = adapter or self.adapter
+            self.model.activate(name)
+            net = self.model.net
+            net.eval()
+            return self.model.fast.sample(
+                net, name, prompts, n, params, seeds=seeds, prompt_ids=prompt_ids,
+                eos_ids=self.model.eos_ids, pad_id=self.model.pad_id,
+                make_cache=self._make_cache, cache_key=self.model.cache_key,
+                decode=self.model.tokenizer.decode)
 
     def _make_cache(self) -> Any:
         from transformers import DynamicCache

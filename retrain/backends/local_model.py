@@ -15,6 +15,7 @@ from retrain.backends.local_compile import CompiledDecoder
 from retrain.backends.local_device import pick_device, resolve_dtype
 from retrain.backends.local_sampling import cache_keyword, eos_ids
 from retrain.control.stepcost import ModelCost
+from retrain.errors import UserError
 from retrain.machine.cpu import auto_threads
 
 
@@ -36,6 +37,7 @@ class LocalModel:
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
         self.decoder: CompiledDecoder | None = None  # the sampler's compiled decoding step
+        self.fast: Any = None  # the StaticSampler, when [backend] sampler resolves to fast
         self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
 
     @classmethod
@@ -86,6 +88,23 @@ class LocalModel:
         self.decoder = CompiledDecoder(self.net)
         self.summary += ", decoding step compiled"
 
+    def use_sampler(self, setting: str) -> None:
+        """`[backend] sampler`: exact (sample_batch) or fast (a StaticSampler); see
+        sampler_mode. Explicit "fast" on a model it cannot run is the config's error; "auto"
+        then stays exact."""
+        from retrain.backends import local_static_sampler, sampler_mode
+
+        self.fast = None
+        if sampler_mode.resolve(setting, self.device.type) != "fast":
+            return
+        why = local_static_sampler.unsupported(self.net, self.base)
+        if why is None:
+            self.fast = local_static_sampler.StaticSampler(self.base, self.device)
+            self.summary += ", fast sampler"
+        elif setting == "fast":
+            raise UserError(f"backend.sampler = \"fast\" cannot sample {self.name_or_path}: "
+                            f"{why}; use sampler = \"exact\"")
+
     @property
     def net(self) -> Any:
         """The module to call: the peft wrapper once adapters exist."""
@@ -111,6 +130,8 @@ class LocalModel:
     def delete_adapter(self, name: str) -> None:
         with self.lock:
             self.peft.delete_adapter(name)
+            if self.fast is not None:
+                self.fast.forget(name)
             del self.lora_configs[name]
             self._active = None
 

@@ -121,7 +121,10 @@ def step_uniforms(total: int, n: int, generator: torch.Generator | list[torch.Ge
                   device: torch.device) -> torch.Tensor:
     """This decoding step's uniform for each of the `total` rows, finished ones included:
     one `uniforms` call of all rows (a shared generator), or each prompt's `n` rows from its
-    own generator. The same numbers as drawing row by row while no row has finished."""
+    own generator. The same numbers as drawing row by row while no row has finished.
+    A stream with its own `step_uniforms` (`counter_rng.CounterDraws`) gives them itself."""
+    if hasattr(generator, "step_uniforms"):
+        return generator.step_uniforms(total, device)
     if isinstance(generator, torch.Generator):
         return uniforms(total, generator, device)
     return torch.cat([uniforms(n, g, device) for g in generator])

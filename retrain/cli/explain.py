@@ -171,6 +171,8 @@ def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
     if cfg.backend.backend == "tinker":
         keys += ["backend.max_concurrent", "backend.max_concurrent_min",
                  "backend.max_concurrent_max"]
+    if cfg.backend.backend == "local":
+        keys += ["backend.sampler"]
     settings = {k: _get(cfg, k) for k in keys}
     env = cfg.environment
     settings["environment.max_turns"] = default_max_turns(env)
@@ -285,6 +287,8 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
            ("training", f"{s['training.max_steps']} steps, lr {s['training.lr']}, "
                         f"seed {s['training.seed']}"),
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
+    if "backend.sampler" in s:
+        out.append(("sampler", sampler_line(s["backend.sampler"], s["model.device"])))
     if "backend.max_concurrent" in s:
         cap = s["backend.max_concurrent"]
         out.append(("API calls", f"at most {cap} in flight" if cap != "auto" else
@@ -304,6 +308,19 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     if r.machine:
         out.append(("machine", r.machine))
     return out
+
+
+def sampler_line(setting: str, device: str) -> str:
+    """The local sampler a run gets: `auto` resolved for the device (a guess for auto)."""
+    from retrain.backends.sampler_mode import resolve
+
+    # device auto: cuda where an NVIDIA driver is loaded (as explain_warnings guesses)
+    kind = device if device != "auto" else (
+        "cuda" if Path("/proc/driver/nvidia").exists() else "cpu")
+    mode = resolve(setting, kind)
+    how = {"exact": "step by step through the adapter, torch.Generator draws",
+           "fast": "static KV cache, merged LoRA, CUDA graphs on CUDA, counter draws"}[mode]
+    return f"{mode} ({how})" + (f"; auto on {kind}" if setting == "auto" else "")
 
 
 def _executor_line(r: Report) -> str:

@@ -214,6 +214,12 @@ class BackendConfig:
         "auto", "local: torch.compile the sampler's decoding step (minutes of compiling per "
         "run; eager if the compile fails); \"auto\" = off: it was no faster on the CPUs "
         "measured (bench/RESULTS.md)", words=("auto",))
+    sampler: str = opt(
+        "auto", "local: exact = the step-by-step sampler through the trainer's adapter "
+        "modules; fast = static KV cache, LoRA merged into fixed buffers, CUDA graphs, "
+        "counter-based draws (other draws than exact for a seed; Llama/Qwen2 models); "
+        "auto = exact on CPU and MPS, fast on CUDA (docs/gpu.md)",
+        choices=("auto", "exact", "fast"))
     options: dict = opt({}, "free-form backend options", factory=True)
 
     @property

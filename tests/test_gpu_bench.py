@@ -1,0 +1,41 @@
+"""bench/gpu.py is the one command a GPU machine runs: `--smoke` runs the same code on the
+CPU with tiny shapes, so the script cannot rot between GPU sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+
+def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, cli_env, python):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([python, "-m", "bench.gpu", "--smoke", "--out", str(out)],
+                          env=cli_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| tiny | 8 |" in proc.stdout and "speedup" in proc.stdout
+    report = json.loads(out.read_text())
+    tiny = report["models"]["tiny"]
+    assert [d["batch"] for d in tiny["decode"]] == [4, 8]
+    assert all(d["eager_tok_s"] > 0 and d["fast_tok_s"] > 0 for d in tiny["decode"])
+    assert tiny["exact"]["same_completions"] == 1.0  # float32: same draws, same tokens
+    assert tiny["exact"]["logprob_gap_max"] < 1e-5
+    assert 0 <= tiny["fast"]["mismatch_kl"] < 1e-6 and tiny["fast"]["logprob_gap_max"] < 1e-4
+    step = tiny["rl_step"]
+    assert step["completions"] == 4 and step["sample_s"] > 0 and step["peak_gib"] is None
+    assert tiny["graph_after_adamw"] == {"skipped": "no CUDA: graphs capture only there"}
+    assert report["machine"]["device"] == "cpu"
+
+
+def test_without_cuda_the_full_run_says_so(cli_env, python):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the full run would start")
+    proc = subprocess.run([python, "-m", "bench.gpu"], env=cli_env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "no CUDA device" in proc.stderr
