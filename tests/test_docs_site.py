@@ -4,6 +4,7 @@ page left out of the nav, fails the suite. `make docs` runs the same build."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
-pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[docs]'")
-
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _need_mkdocs() -> None:
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
+    pytest.importorskip("material",
+                        reason="mkdocs-material is not installed: pip install -e '.[docs]'")
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -26,6 +30,7 @@ def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_docs_build_in_strict_mode(tmp_path):
+    _need_mkdocs()
     result = _build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert result.returncode == 0, result.stderr
     for page in (ROOT / "docs").glob("*.md"):
@@ -34,6 +39,7 @@ def test_the_docs_build_in_strict_mode(tmp_path):
 
 
 def test_an_orphan_page_or_a_broken_link_fails_the_build(tmp_path):
+    _need_mkdocs()
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     docs = shutil.copytree(ROOT / "docs", tmp_path / "docs")
     (docs / "orphan.md").write_text("# Not in the nav\n", encoding="utf-8")
@@ -59,3 +65,12 @@ def _records(log: str, level: str) -> list[str]:
         else:
             records.append(line)
     return [r for r in records if r.startswith(level)]
+
+
+def test_the_readme_links_only_to_files_that_exist():
+    # The README is not part of the site (GitHub renders it), so mkdocs does not check it.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)[^)]*\)", readme)
+    assert "docs/configuration.md" in targets
+    missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
