@@ -11,8 +11,8 @@ folder is touched.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from retrain.config import run_config as changed_config
 from retrain.environments.answers import Problem
 from retrain.errors import UserError
 from retrain.results import run_checkpoint
-from retrain.results.stats import CONFIDENCE, Estimate, estimate
+from retrain.results.stats import CONFIDENCE, Estimate, estimate, mean
 
 EVALS_DIR = "evals"
 BUILT_IN_TASKS = ("arithmetic", "countdown")
@@ -147,7 +147,7 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
         pass1 = estimate([c / k for c in per_problem])
     return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
                       samples=k, temperature=temperature, reward=scorer_name,
-                      accuracy=accuracy, mean_reward=math.fsum(rewards) / len(rewards),
+                      accuracy=accuracy, mean_reward=mean(rewards),
                       pass_at_1=pass1, file=str(out), unit=unit)
 
 
