@@ -119,7 +119,12 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     run_dir = run_checkpoint.check_run_dir(run_dir)
     _check(req)
     cfg = _eval_config(run_checkpoint.run_config(run_dir), req)
-    ckpt = run_checkpoint.pick(run_dir, req.step)
+    with run_checkpoint.held(run_dir, req.step) as ckpt:
+        return _evaluate(cfg, ckpt, run_dir, req)
+
+
+def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
+              req: EvalRequest) -> EvalReport:
     temperature = 0.0 if req.temperature is None and req.samples == 1 else \
         req.temperature if req.temperature is not None else cfg.training.temperature
     k = req.samples
