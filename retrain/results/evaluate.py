@@ -5,8 +5,9 @@ scorer), so on the run's own held-out split it reproduces the run's `eval_accura
 step. A run whose environment plays episodes (any kind but a plain `task`) is evaluated on its
 held-out episodes, as the trainer does: accuracy is then the success rate.
 `--samples K --temperature T` samples K completions per prompt and reports pass@1 and pass@K.
-Every completion (or episode) goes to RUN_DIR/evals/<name>.jsonl; nothing else in the run
-folder is touched.
+Every completion (or episode) goes to RUN_DIR/evals/<name>-step<N>.jsonl (name: heldout, the
+task, or a --data file's stem and a hash of its path); nothing else in the run folder is
+touched.
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
         texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature)
         records = _records(cfg, problems, texts, scores)
         correct, rewards = scores.correct, scores.rewards
-    label = f"{name}-step{ckpt.step}" + (f"-k{k}-t{temperature:g}" if temperature > 0 else "")
+    label = f"{_file_name(name, req)}-step{ckpt.step}" + (
+        f"-k{k}-t{temperature:g}" if temperature > 0 else "")
     out = run_dir / EVALS_DIR / f"{label}.jsonl"
     _write(out, records)
     n = len(correct) // k
@@ -154,6 +156,15 @@ def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
                       samples=k, temperature=temperature, reward=scorer_name,
                       accuracy=accuracy, mean_reward=mean(rewards),
                       pass_at_1=pass1, file=str(out), unit=unit)
+
+
+def _file_name(name: str, req: EvalRequest) -> str:
+    """The evals/ file's name: a --data file's stem plus a short hash of its resolved path, so
+    that a/x.jsonl and b/x.jsonl never overwrite each other's results."""
+    if req.data is None:
+        return name
+    digest = hashlib.sha256(str(Path(req.data).resolve()).encode("utf-8", "surrogateescape"))
+    return f"{name}-{digest.hexdigest()[:8]}"
 
 
 def plays_episodes(cfg: Config) -> bool:
