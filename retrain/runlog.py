@@ -11,7 +11,9 @@ import errno
 import json
 import math
 import os
+import secrets
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,8 +44,9 @@ def json_safe(value: Any) -> Any:
 
 
 def replace_atomically(path: Path, data: bytes) -> None:
-    """Write via temp file + fsync + rename (+ directory fsync): readers see old or new."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write via temp file + fsync + rename (+ directory fsync): readers see old or new. The
+    file gets the mode a plain open would give it: its old mode, else 0666 less the umask."""
+    fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -55,6 +58,26 @@ def replace_atomically(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _new_temp(path: Path) -> tuple[int, str]:
+    """A new temp file beside `path`, opened for writing (not mkstemp: it forces mode 0600)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                         0o666)  # less the umask, as open() does
+            break
+        except FileExistsError:
+            continue
+    if mode is not None:
+        with contextlib.suppress(OSError):  # some filesystems keep no modes
+            os.fchmod(fd, mode)
+    return fd, tmp
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
