@@ -41,6 +41,9 @@ def builtin_names() -> tuple[str, ...]:
 
 def resolve_model(name: str, config_dir: Path | None = None) -> str:
     """A folder or hub id that `from_pretrained` can load offline for the model `name`."""
+    if not name.strip():  # would resolve to the config's own folder
+        raise UserError("model.name is empty; give a built-in name "
+                        f"({', '.join(builtin_names())}), a Hugging Face id or a local folder")
     if name == SMOLLM2:
         return str(_cached(SMOLLM2, _convert_smollm2))
     if name == TINY:
