@@ -1,8 +1,9 @@
 """Which checkpoint of a run the results commands use, and the run's own config.
 
 A run folder holds `config.toml` (the resolved config, file references absolute) and one
-resume point per kept checkpoint (`checkpoints/step-N.json`, naming the checkpoint: a local
-folder or a `tinker://` path); `state.json` names the newest. Read through runlog/safejson.
+resume point per kept checkpoint (`checkpoints/step-N.json`, naming the checkpoint: a folder
+relative to the run folder or a `tinker://` path); `state.json` names the newest. A run folder
+only ever uses its own checkpoints (runlog.own_checkpoint). Read through runlog/safejson.
 """
 
 from __future__ import annotations
