@@ -237,3 +237,46 @@ def test_rich_output_on_a_terminal_says_the_same(tmp_path, capsys, monkeypatch):
     assert run_app(["compare", str(camp), "--baseline", "slow"]) == 0
     out = capsys.readouterr().out
     assert "good vs slow: final reward" in out and "good is higher than slow" in out
+
+
+# ---------------------------------------------------------------------------- huge values
+
+HUGE = {("big", 1): {"rewards": [1e308] * 4, "tokens_per_second": 1.7e308},
+        ("big", 2): {"rewards": [1.7e308] * 4, "tokens_per_second": 1.7e308},
+        ("small", 1): {"rewards": [0.5] * 4}, ("small", 2): {"rewards": [0.7] * 4}}
+
+
+def test_rewards_near_the_float_limit_are_compared_and_plotted(tmp_path, capsys):
+    """Finite rewards of 1e308 are legal; their sums overflow, their means do not."""
+    camp = write_campaign(tmp_path / "c", HUGE)
+    assert run_app(["compare", str(camp), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    by = {c["name"]: c for c in report["conditions"]}
+    assert by["big"]["final_reward"]["mean"] == pytest.approx(1.35e308)
+    assert by["big"]["tokens_per_second"]["mean"] == pytest.approx(1.7e308)
+    assert by["small"]["final_reward"]["mean"] == pytest.approx(0.6)
+    (diff,) = [d for d in by["small"]["vs_baseline"] if d["metric"] == "final reward"]
+    assert diff["diff"] == pytest.approx(0.6 - 1.35e308)
+    assert run_app(["plot", str(camp)]) == 0
+    assert (camp / "curves.png").stat().st_size > 0
+
+
+def test_the_statistics_of_huge_values_match_the_scaled_textbook_ones():
+    from retrain.results.stats import estimate, welch
+
+    xs, ys = [1.0e308, 1.2e308, 0.9e308], [0.95e308, 1.1e308, 1.0e308]  # sums overflow
+    scale = 1e300  # the textbook formulas on values that do not overflow, scaled back
+    m, lo, hi = _t_interval([x / scale for x in xs])
+    e = estimate(xs)
+    assert (e.mean, e.lo, e.hi) == pytest.approx((m * scale, lo * scale, hi * scale))
+    d, dlo, dhi, df = _welch([x / scale for x in xs], [y / scale for y in ys])
+    w = welch("r", xs, ys, "x", "y")
+    assert (w.diff, w.lo, w.hi, w.df) == pytest.approx((d * scale, dlo * scale, dhi * scale, df))
+
+
+def test_mean_and_median_of_huge_values():
+    from retrain.results.stats import mean, median
+
+    assert mean([1.7e308, 1.7e308]) == pytest.approx(1.7e308)
+    assert median([1.7e308, 1.6e308, 0.0, 1.7e308]) == pytest.approx(1.65e308)
+    assert median([3.0, 1.0, 2.0]) == 2.0 and mean([1.0, 2.0]) == 1.5

@@ -153,6 +153,14 @@ BAD_CONFIGS = [
     ("\n  \n\t\n", ["is empty", "retrain init"]),
     (b"\x00\x01\x02\xff binary", ["binary file"]),
     (b"\xff\xfe[training]\n", ["not UTF-8"]),
+    (b"\xef\xbb\xbf[training]\nbatch_size = 2\n", ["starts with a byte-order mark",
+                                                  "save the file as UTF-8 without BOM"]),
+    ("[model]\nname = " + "[" * 330 + "]" * 330 + "\n", ["nested deeper than 64 levels"]),
+    ("x = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n", ["nested deeper than 64 levels"]),
+    ("[model]\nname = ''\n", ["model.name", "is empty"]),
+    ("[model]\nname = '  '\n", ["model.name", "is empty"]),
+    ('[logging]\nrun_name = "a\\nb"\n', ["logging.run_name", "control character ('\\n')"]),
+    ('[logging]\nrun_name = "red\\u001b[31m"\n', ["logging.run_name", "control character"]),
 ]
 
 
@@ -167,6 +175,21 @@ def test_bad_config_through_cli(tmp_path, capsys, monkeypatch, text, fragments):
     assert str(path) in out
     for fragment in fragments:
         assert fragment in out, f"{fragment!r} not in {out!r}"
+
+
+def test_the_bom_advice_does_not_say_to_quote_a_key(tmp_path, capsys):
+    path = write(tmp_path, b"\xef\xbb\xbf# a comment\n[training]\nbatch_size = 2\n")
+    code, out = cli(["explain", str(path)], capsys)
+    assert code == 2 and "byte-order mark" in out and "quote" not in out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_an_empty_model_name_never_resolves_to_a_folder(tmp_path):
+    from retrain.backends.models import resolve_model
+    from retrain.errors import UserError
+
+    with pytest.raises(UserError, match="model.name is empty"):
+        resolve_model("", tmp_path)
 
 
 def test_at_least_25_bad_configs():
@@ -414,6 +437,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         eval_size = cfg.data.eval_size
         cfg.data, cfg.reward = config.DataConfig(eval_size=eval_size), config.RewardConfig()
         env.factory = env.factory or "my_env.py:MyEnv"
+    if not cfg.model.name.strip():
+        cfg.model.name = "tiny-random"
     if cfg.logging.run_name and run_name_problem(cfg.logging.run_name):
         cfg.logging.run_name = "run"
     bp = cfg.backpressure

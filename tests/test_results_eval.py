@@ -5,6 +5,7 @@ plain transformers and peft in a fresh process, bad input changes nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,26 @@ def test_sampled_eval_reports_pass_at_1_and_pass_at_k(run_dir, tmp_path, capsys)
     lo = stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0
     hi = stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
     assert (report["accuracy"]["lo"], report["accuracy"]["hi"]) == pytest.approx((lo, hi))
-    written = (run_dir / "evals" / "probs-step2-k3-t1.jsonl").read_text().splitlines()
+    file = Path(report["file"])
+    assert file.parent == run_dir / "evals"
+    assert re.fullmatch(r"probs-[0-9a-f]{8}-step2-k3-t1\.jsonl", file.name), file.name
+    written = file.read_text().splitlines()
     assert len(written) == 15 and {json.loads(x)["sample"] for x in written} == {0, 1, 2}
+
+
+def test_two_data_files_of_one_name_keep_their_own_results(run_dir, tmp_path, capsys):
+    files = []
+    for folder, offset in (("a", 0), ("b", 50)):
+        data = tmp_path / folder / "x.jsonl"
+        data.parent.mkdir()
+        data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1})
+                                + "\n" for i in range(offset, offset + 3)))
+        assert run_app(["eval", str(run_dir), "--data", str(data), "--json"]) == 0
+        files.append(Path(json.loads(capsys.readouterr().out)["file"]))
+    assert files[0] != files[1] and all(f.name.startswith("x-") for f in files)
+    prompts = [[json.loads(line)["prompt"] for line in f.read_text().splitlines()]
+               for f in files]
+    assert "0 + 1" in prompts[0][0] and "50 + 1" in prompts[1][0]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -186,3 +186,24 @@ def test_prune_removes_resume_points_with_their_checkpoints(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [
         "step-000002", "step-000002.json", "step-000004", "step-000004.json",
         "step-000005", "step-000005.json"]
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_atomic_writes_get_the_mode_a_plain_open_gives(tmp_path):
+    """0666 less the umask for a new file (not mkstemp's 0600), the old mode for a file
+    rewritten."""
+    old = os.umask(0o027)
+    try:
+        runlog.write_json_atomic(tmp_path / "a.json", {"x": 1})
+        os.umask(0o022)
+        runlog.write_json_atomic(tmp_path / "b.json", {"x": 1})
+        os.chmod(tmp_path / "b.json", 0o604)
+        runlog.write_json_atomic(tmp_path / "b.json", {"x": 2})
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "a.json") == 0o640
+    assert _mode(tmp_path / "b.json") == 0o604 and runlog.read_json(tmp_path / "b.json") == {"x": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]

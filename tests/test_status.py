@@ -87,8 +87,9 @@ def test_run_states_and_fields(logs):
 
 
 def test_status_says_the_word_the_files_say():
-    """One word per state: state.json's status is shown as it is; `stale` is status's own."""
-    assert set(status.STATES) == {*runlog.RUN_STATUSES, "stale"}
+    """One word per state: state.json's status is shown as it is; `stale` and `unreadable`
+    (files that break the summary) are status's own."""
+    assert set(status.STATES) == {*runlog.RUN_STATUSES, "stale", "unreadable"}
 
 
 def test_header_counts_match_rows(logs, capsys):
@@ -319,3 +320,44 @@ def test_campaign_auto_cap_and_why(campaign, capsys):
     assert run_app(["status", str(campaign), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["campaigns"][0]["api_cap"] == 6
+
+
+def test_rewards_near_the_float_limit_never_hide_the_other_runs(campaign, capsys):
+    """Finite rewards of 1e308 in one campaign: status still shows every run of the folder,
+    and the campaign's seed comparison."""
+    from tests.results_helpers import write_campaign
+
+    write_campaign(campaign / "huge", {
+        ("big", 1): {"rewards": [1e308] * 3, "step_time_s": 1e308},
+        ("big", 2): {"rewards": [1.7e308] * 3, "tokens_per_second": 1.7e308}})
+    assert run_app(["status", str(campaign)]) == 0
+    out = capsys.readouterr().out
+    assert "solo" in out and "grpo_s2" in out and "big_s2" in out
+    assert "1.35e+308" in out  # the final reward of condition big, over its two seeds
+    assert run_app(["status", str(campaign), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    huge = next(c for c in report["campaigns"] if c["name"] == "huge")
+    assert huge["comparison"]["conditions"][0]["final_reward"]["mean"] == pytest.approx(1.35e308)
+    assert [r["name"] for r in report["runs"]] == ["solo"]
+
+
+def test_a_run_that_breaks_the_summary_is_shown_unreadable_beside_the_others(
+        campaign, monkeypatch, capsys):
+    """Whatever breaks one run's summary (here a fault put into reading its metrics), that
+    run is listed as unreadable with the reason and every other run still shows."""
+    real = runlog.read_metrics
+
+    def broken_for_one(path):
+        if "grpo_s2" in str(path) or "solo" in str(path):
+            raise OverflowError("a fault in this run's files")
+        return real(path)
+
+    monkeypatch.setattr(runlog, "read_metrics", broken_for_one)
+    assert run_app(["status", str(campaign)]) == 0
+    out = capsys.readouterr().out
+    assert "unreadable: solo: OverflowError: a fault in this run's files" in out
+    assert "grpo_s1" in out and "rloo_s1" in out and "grpo_s2" in out
+    report = status.scan(campaign)
+    assert report.counts == {"unreadable": 1}
+    (c,) = report.campaigns
+    assert {r.name: r.state for r in c.runs}["grpo_s2"] == "unreadable"

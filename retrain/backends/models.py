@@ -8,9 +8,12 @@ Heavy imports happen inside the functions.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import sys
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,8 +44,13 @@ def builtin_names() -> tuple[str, ...]:
 
 def resolve_model(name: str, config_dir: Path | None = None) -> str:
     """A folder or hub id that `from_pretrained` can load offline for the model `name`."""
+    if not name.strip():  # would resolve to the config's own folder
+        raise UserError("model.name is empty; give a built-in name "
+                        f"({', '.join(builtin_names())}), a Hugging Face id or a local folder")
     if name == SMOLLM2:
-        return str(_cached(SMOLLM2, _convert_smollm2))
+        package = SMOLLM2_PACKAGE.split("==")[0]
+        return str(_cached(SMOLLM2, _convert_smollm2,
+                           note=f"the GGUF weights of the {package} package"))
     if name == TINY:
         return str(_cached(TINY, build_tiny_model))
     for base in filter(None, (config_dir, Path.cwd())):
@@ -54,7 +62,9 @@ def resolve_model(name: str, config_dir: Path | None = None) -> str:
     return name  # a hub id: transformers finds it in the local cache or says it cannot
 
 
-def _cached(name: str, build: Callable[[Path], None]) -> Path:
+def _cached(name: str, build: Callable[[Path], None], note: str = "") -> Path:
+    """`cache_dir()/name`, built by `build` the first time; a `note` (what is converted) makes
+    that first time say one line on stderr: what, where to, how long."""
     target = cache_dir() / name
     if (target / ".complete").exists():
         return target
@@ -64,10 +74,21 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
             return target
         tmp = target.parent / f".{name}.building"
         shutil.rmtree(tmp, ignore_errors=True)
-        build(tmp)
+        started = time.monotonic()
+        if note:  # the line ends once the conversion has (it takes tens of seconds)
+            print(f"{name}: converting {note} into {target}, once ...", end="", flush=True,
+                  file=sys.stderr)
+        try:
+            build(tmp)
+        except BaseException:
+            if note:
+                print(" failed", file=sys.stderr)
+            raise
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
+        if note:
+            print(f" done in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return target
 
 
@@ -102,17 +123,45 @@ def _convert_smollm2(out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.bfloat16)
-    # A GGUF-loaded model refuses save_pretrained; it is plain weights once dequantised.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    if not tok.chat_template:
-        tok.chat_template = CHATML_TEMPLATE
-    tok.save_pretrained(out)
-    model.save_pretrained(out)
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.bfloat16)
+        # A GGUF-loaded model refuses save_pretrained; it is plain weights once dequantised.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        if not tok.chat_template:
+            tok.chat_template = CHATML_TEMPLATE
+        tok.save_pretrained(out)
+        model.save_pretrained(out)
+
+
+@contextmanager
+def _quiet_transformers():
+    """No transformers notes, warnings or progress bars (the GGUF reader draws a plain tqdm
+    bar on stderr): the conversion says its own one line. What was silenced is shown if it
+    fails, so no clue is lost."""
+    import io
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    silenced = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(silenced):
+            warnings.simplefilter("ignore")
+            yield
+    except BaseException:
+        sys.stderr.write(silenced.getvalue()[-4000:])
+        raise
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def build_tiny_model(out: Path, *, seed: int = 0, initializer_range: float = 0.2) -> None:

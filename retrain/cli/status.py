@@ -21,7 +21,7 @@ from retrain.runfiles import runlog, safejson
 # A run that says "running" but whose process cannot be checked (another host) is stale
 # after this long without an update, or after 5 median steps, whichever is longer.
 STALE_AFTER_S = 600.0
-STATES = ("running", "completed", "failed", "stale", "pending", "interrupted")
+STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "unreadable")
 # What state.json and manifest.json may say: status shows the same word (plus "stale").
 _FILE_STATES = frozenset(runlog.RUN_STATUSES)
 
@@ -97,9 +97,9 @@ def scan(logdir: str | Path, now: float | None = None) -> StatusReport:
     if not root.is_dir():
         raise UserError(f"{root} is a file, not a logs folder; try `retrain status logs`")
     run_dirs, campaign_dirs = runlog.walk_logs(root)
-    report.campaigns = [scan_campaign(c, now, run_dirs) for c in campaign_dirs]
+    report.campaigns = [_campaign_or_why(c, now, run_dirs) for c in campaign_dirs]
     inside = [Path(c.path) for c in report.campaigns]
-    report.runs = [scan_run(r, root, now) for r in run_dirs
+    report.runs = [_run_or_why(r, root, now) for r in run_dirs
                    if not any(r != c and c in r.parents for c in inside)]
     report.counts = count_states(report.runs)
     if not report.runs and not report.campaigns:
@@ -114,10 +114,24 @@ def count_states(runs: list[RunStatus]) -> dict[str, int]:
     return {s: n for s, n in counts.items() if n}
 
 
+def _run_or_why(folder: Path, root: Path | None, now: float) -> RunStatus:
+    """scan_run; a run whose files break it shows as "unreadable" with the reason, so that
+    one bad run never hides the others."""
+    try:
+        return scan_run(folder, root, now)
+    except Exception as exc:  # noqa: BLE001 (whatever it is, the other runs still show)
+        return RunStatus(name=_run_name(folder, root), path=str(folder), state="unreadable",
+                         error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def _run_name(folder: Path, root: Path | None) -> str:
+    return str(folder.relative_to(root)) if root and folder != root else folder.name
+
+
 def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -> RunStatus:
     """Summarise one run folder from its state.json, metrics.jsonl and config.toml."""
     now = time.time() if now is None else now
-    name = str(folder.relative_to(root)) if root and folder != root else folder.name
+    name = _run_name(folder, root)
     state = _load_state(folder)
     metrics = runlog.read_metrics(folder / runlog.METRICS_FILE)
     rows = metrics.rows
@@ -221,6 +235,19 @@ def _text(v: Any) -> str | None:
 # ---------------------------------------------------------------------------- campaigns
 
 
+def _campaign_or_why(folder: Path, now: float, run_dirs: list[Path]) -> CampaignStatus:
+    """scan_campaign; one whose files break it still lists its runs, with the reason."""
+    try:
+        return scan_campaign(folder, now, run_dirs)
+    except Exception as exc:  # noqa: BLE001 (whatever it is, the other campaigns still show)
+        runs = [_run_or_why(d, folder, now) for d in run_dirs if folder in d.parents]
+        return CampaignStatus(name=folder.name, path=str(folder), state="unknown",
+                              conditions=[], seeds=[], runs=runs, counts=count_states(runs),
+                              steps_left=0, time_left_s=None, api_slots_in_use=None,
+                              max_concurrent=None,
+                              problem=f"cannot be summarised ({type(exc).__name__}: {exc})"[:300])
+
+
 def scan_campaign(folder: Path, now: float | None = None,
                   run_dirs: list[Path] | None = None) -> CampaignStatus:
     """Summarise a campaign from its manifest.json and its runs' folders. Run folders the
@@ -234,7 +261,7 @@ def scan_campaign(folder: Path, now: float | None = None,
     listed = {Path(r.path) for r in runs}
     if run_dirs is None:
         run_dirs, _ = runlog.walk_logs(folder)
-    runs += [scan_run(d, folder, now) for d in run_dirs
+    runs += [_run_or_why(d, folder, now) for d in run_dirs
              if folder in d.parents and d not in listed]
     parallel = bool(manifest.get("parallel"))
     max_workers = _int(manifest.get("max_workers"), 0)
@@ -272,8 +299,8 @@ def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
     name = str(entry.get("name") or "?")
     folder = _inside(campaign, entry.get("log_dir"), name)
     has_files = runlog.is_run_dir(folder)
-    run = scan_run(folder, None, now) if has_files else RunStatus(name=name, path=str(folder),
-                                                                   state="pending")
+    run = _run_or_why(folder, None, now) if has_files else \
+        RunStatus(name=name, path=str(folder), state="pending")
     run.name = name
     run.condition = str(entry["condition"]) if entry.get("condition") is not None else None
     run.seed = _int(entry.get("seed"), 0) if _is_int(entry.get("seed")) else None

@@ -148,14 +148,14 @@ def campaign_header(c: CampaignStatus) -> str:
 
 
 def _failures(runs: list[RunStatus]) -> list[Block]:
-    """One line per failed run: its recorded error, else its exit code."""
+    """One line per failed or unreadable run: its recorded error, else its exit code."""
     out = []
     for r in runs:
-        if r.state != "failed":
+        if r.state not in ("failed", "unreadable"):
             continue
         why = r.error.strip().splitlines()[0] if r.error.strip() else (
             f"exit code {r.exit_code}" if r.exit_code is not None else "no error recorded")
-        out.append(Block(f"failed: {r.name}: {why} ({r.path})", style="red", indent="  "))
+        out.append(Block(f"{r.state}: {r.name}: {why} ({r.path})", style="red", indent="  "))
     return out
 
 
@@ -207,7 +207,7 @@ def as_json_dict(report: StatusReport) -> dict:
         if compare.has_seeds_to_compare(c.runs):
             try:
                 out["comparison"] = compare_view.to_json(compare.build(c.path))
-            except UserError:
+            except Exception:  # noqa: BLE001 (a comparison that fails leaves the runs shown)
                 out["comparison"] = None
     return data
 

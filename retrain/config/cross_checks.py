@@ -10,6 +10,7 @@ Pure: no torch, no I/O. `sections.from_dict` runs them after every key was check
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 
@@ -36,6 +37,10 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                 re.compile(cfg.reward.pattern)
             except re.error as exc:
                 issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
+    if not cfg.model.name.strip():  # "" would resolve to the config's own folder
+        issues.append(ConfigIssue("model.name", "is empty; give a built-in name ("
+                                  "smollm2-135m-instruct, tiny-random), a Hugging Face id or a "
+                                  "local model folder"))
     problem = run_name_problem(cfg.logging.run_name)
     if cfg.logging.run_name and problem:
         issues.append(ConfigIssue("logging.run_name", problem))
@@ -99,8 +104,11 @@ def _environment_conflicts(cfg) -> list[ConfigIssue]:
 def run_name_problem(name: str) -> str:
     """Why `name` cannot name a run folder inside logging.log_dir ('' when it can): the
     folder must be a child of log_dir, never log_dir itself, its parent or an absolute path."""
-    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
         return (f"{show(name)} is not a plain folder name: it must not be empty, '.' or '..' "
                 "nor hold '/' or '\\' (the run folder is logging.log_dir/<run_name>); use "
                 "logging.log_dir to pick where runs go")
+    odd = next((ch for ch in name if unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
+    if odd is not None:  # a newline or escape would break every line that shows the run
+        return f"{show(name)} holds a control character ({odd!r}); use a plain one-line name"
     return ""

@@ -101,6 +101,10 @@ def parse_toml(data: bytes | str, source: str) -> dict:
             data = data.decode("utf-8")
         except UnicodeDecodeError:
             raise ConfigError(source, [ConfigIssue("", "is not UTF-8 text, so not TOML")]) from None
+    if data.startswith("\ufeff"):  # Windows editors write one; TOML does not allow it
+        raise ConfigError(source, [ConfigIssue("", "starts with a byte-order mark (BOM), which "
+                                               "TOML does not allow; save the file as UTF-8 "
+                                               "without BOM")])
     if not data.strip():
         raise ConfigError(source, [ConfigIssue("", "is empty; start from "
                                                "`retrain init --template quickstart`")])

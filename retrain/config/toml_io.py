@@ -13,11 +13,36 @@ from typing import Any
 
 TOMLDecodeError = tomllib.TOMLDecodeError
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# Configs nest 4 levels ([[campaign.conditions]] with a table of overrides); far deeper values
+# exhaust the recursion of tomllib and of every reader after it (RecursionError).
+MAX_DEPTH = 64
 
 
 def loads(text: str) -> dict:
-    """Parse TOML text."""
-    return tomllib.loads(text)
+    """Parse TOML text; values nested deeper than MAX_DEPTH are a TOMLDecodeError."""
+    try:
+        doc = tomllib.loads(text)
+    except RecursionError:
+        doc = None
+    if doc is None or _deeper_than(doc, MAX_DEPTH):
+        raise TOMLDecodeError(f"values nested deeper than {MAX_DEPTH} levels (arrays or "
+                              "tables inside each other); flatten them")
+    return doc
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and tables nest more than `limit` levels (no recursion of its own)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def is_tomlable(value: Any) -> bool:

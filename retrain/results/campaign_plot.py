@@ -18,6 +18,7 @@ from retrain.results.stats import estimate
 CAMPAIGN_PLOT_FILE = "curves.png"   # `retrain plot CAMPAIGN_DIR` draws here by default
 FIGSIZE = (13, 5)                   # inches, at DPI: a 1300 x 500 PNG
 DPI = 100
+PLOT_LIMIT = 1e100                  # beyond this a value is not drawn (axis limits overflow)
 PANELS = (("mean_reward", "mean reward per step"), ("eval_accuracy", "held-out eval accuracy"))
 
 
@@ -53,7 +54,7 @@ def _panel(ax, key: str, title: str, curves: dict, colors: list[str]) -> None:
     ax.set_ylabel(key)
     drawn = False
     for (condition, runs), color in zip(curves.items(), colors, strict=True):
-        per_seed = [{r["step"]: x for r in rows if (x := number(r.get(key))) is not None}
+        per_seed = [{r["step"]: x for r in rows if (x := _plottable(r.get(key))) is not None}
                     for _, rows in runs]
         per_seed = [s for s in per_seed if s]
         if not per_seed:
@@ -74,3 +75,10 @@ def _panel(ax, key: str, title: str, curves: dict, colors: list[str]) -> None:
         ax.legend(loc="best", fontsize=8)
     else:
         ax.text(0.5, 0.5, "not recorded", ha="center", transform=ax.transAxes)
+
+
+def _plottable(v: object) -> float | None:
+    """A number matplotlib can scale (|v| < 1e100, as `retrain plot RUN_DIR` draws), else
+    None: a reward near the float limit would make its axis limits overflow."""
+    x = number(v)
+    return x if x is not None and abs(x) < PLOT_LIMIT else None

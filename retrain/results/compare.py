@@ -8,7 +8,6 @@ Only completed runs enter the means; failed, running and unfinished runs are lis
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from retrain.cli.status import RunStatus, scan_campaign
 from retrain.errors import UserError
 from retrain.results.run_rows import number, read_rows, series
-from retrain.results.stats import Difference, Estimate, estimate, welch
+from retrain.results.stats import Difference, Estimate, estimate, mean, median, welch
 from retrain.runfiles import runlog
 
 LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
@@ -110,7 +109,7 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
                            runs=runs, bad_lines=sum(r.bad_lines for r in runs))
     if threshold is None:
         finals = [r.final_reward for r in runs if r.included and r.final_reward is not None]
-        report.threshold = statistics.median(finals) if finals else None
+        report.threshold = median(finals) if finals else None
         report.threshold_source = "median final reward of all completed runs"
     rows_of = {r.path: read_rows(Path(r.path)) for r in runs if r.included}
     for r in runs:
@@ -153,13 +152,13 @@ def _figures(status: RunStatus, last: int | None) -> RunFigures:
     rewards = [x for _, x in series(rows, "mean_reward")]
     if rewards:
         fig.last_k = min(_window(len(rewards), last), len(rewards))
-        fig.final_reward = math.fsum(rewards[-fig.last_k:]) / fig.last_k
+        fig.final_reward = mean(rewards[-fig.last_k:])
     evals = series(rows, "eval_accuracy")
     if evals:
         fig.eval_step, fig.eval_accuracy = evals[-1]
         fig.best_eval_step, fig.best_eval = max(evals, key=lambda e: (e[1], -e[0]))
     speeds = [x for _, x in series(rows, "tokens_per_second")]
-    fig.tokens_per_second = math.fsum(speeds) / len(speeds) if speeds else None
+    fig.tokens_per_second = mean(speeds) if speeds else None
     return fig
 
 
@@ -175,7 +174,7 @@ def _reach(fig: RunFigures, rows: list[dict], threshold: float, last: int | None
         seconds[r["step"]] = total
     for i, (step, _) in enumerate(rewards):
         window = [x for _, x in rewards[max(0, i - k + 1):i + 1]]
-        if math.fsum(window) / len(window) >= threshold:
+        if mean(window) >= threshold:
             fig.steps_to_threshold, fig.seconds_to_threshold = step, seconds[step]
             return
 

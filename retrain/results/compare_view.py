@@ -97,6 +97,9 @@ def status_blocks(campaign_dir: str) -> list[Block]:
         report = build(campaign_dir)
     except UserError:
         return []
+    except Exception as exc:  # noqa: BLE001 (status shows every run even when this fails)
+        return [Block(f"no comparison: {type(exc).__name__}: {exc}"[:300], indent="  ",
+                      gap=True)]
     rows = [[c.name, f"{c.completed}/{c.runs}", fmt_estimate(c.final_reward),
              fmt_estimate(c.eval_accuracy)] for c in report.conditions]
     t = render.Table(["condition", "seeds", "final reward", "eval accuracy"], rows)

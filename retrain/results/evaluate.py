@@ -5,14 +5,15 @@ scorer), so on the run's own held-out split it reproduces the run's `eval_accura
 step. A run whose environment plays episodes (any kind but a plain `task`) is evaluated on its
 held-out episodes, as the trainer does: accuracy is then the success rate.
 `--samples K --temperature T` samples K completions per prompt and reports pass@1 and pass@K.
-Every completion (or episode) goes to RUN_DIR/evals/<name>.jsonl; nothing else in the run
-folder is touched.
+Every completion (or episode) goes to RUN_DIR/evals/<name>-step<N>.jsonl (name: heldout, the
+task, or a --data file's stem and a hash of its path); nothing else in the run folder is
+touched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from retrain.config.sections import run_config as changed_config
 from retrain.environments.answers import Problem
 from retrain.errors import UserError
 from retrain.results import run_checkpoint
-from retrain.results.stats import CONFIDENCE, Estimate, estimate
+from retrain.results.stats import CONFIDENCE, Estimate, estimate, mean
 from retrain.runfiles import runlog
 
 EVALS_DIR = "evals"
@@ -119,7 +120,12 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     run_dir = run_checkpoint.check_run_dir(run_dir)
     _check(req)
     cfg = _eval_config(run_checkpoint.run_config(run_dir), req)
-    ckpt = run_checkpoint.pick(run_dir, req.step)
+    with run_checkpoint.held(run_dir, req.step) as ckpt:
+        return _evaluate(cfg, ckpt, run_dir, req)
+
+
+def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
+              req: EvalRequest) -> EvalReport:
     temperature = 0.0 if req.temperature is None and req.samples == 1 else \
         req.temperature if req.temperature is not None else cfg.training.temperature
     k = req.samples
@@ -135,7 +141,8 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
         texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature)
         records = _records(cfg, problems, texts, scores)
         correct, rewards = scores.correct, scores.rewards
-    label = f"{name}-step{ckpt.step}" + (f"-k{k}-t{temperature:g}" if temperature > 0 else "")
+    label = f"{_file_name(name, req)}-step{ckpt.step}" + (
+        f"-k{k}-t{temperature:g}" if temperature > 0 else "")
     out = run_dir / EVALS_DIR / f"{label}.jsonl"
     _write(out, records)
     n = len(correct) // k
@@ -147,8 +154,17 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
         pass1 = estimate([c / k for c in per_problem])
     return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
                       samples=k, temperature=temperature, reward=scorer_name,
-                      accuracy=accuracy, mean_reward=math.fsum(rewards) / len(rewards),
+                      accuracy=accuracy, mean_reward=mean(rewards),
                       pass_at_1=pass1, file=str(out), unit=unit)
+
+
+def _file_name(name: str, req: EvalRequest) -> str:
+    """The evals/ file's name: a --data file's stem plus a short hash of its resolved path, so
+    that a/x.jsonl and b/x.jsonl never overwrite each other's results."""
+    if req.data is None:
+        return name
+    digest = hashlib.sha256(str(Path(req.data).resolve()).encode("utf-8", "surrogateescape"))
+    return f"{name}-{digest.hexdigest()[:8]}"
 
 
 def plays_episodes(cfg: Config) -> bool:

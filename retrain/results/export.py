@@ -18,7 +18,7 @@ from retrain.errors import UserError
 from retrain.results import run_checkpoint
 from retrain.results.model_card import card
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+ADAPTER_FILES = run_checkpoint.ADAPTER_FILES
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,18 @@ def _check_out(out: Path, run_dir: Path) -> None:
 
 def export(run_dir: Path, out: Path, *, step: int | None = None,
            merged: bool = False) -> ExportReport:
-    from retrain.backends.models import resolve_model
-
     run_dir = run_checkpoint.check_run_dir(run_dir)
     out = Path(out)
     _check_out(out, run_dir)
     cfg = run_checkpoint.run_config(run_dir)
-    ckpt = run_checkpoint.pick(run_dir, step)
+    with run_checkpoint.held(run_dir, step) as ckpt:
+        return _export(cfg, ckpt, run_dir, out, merged)
+
+
+def _export(cfg, ckpt: run_checkpoint.Checkpoint, run_dir: Path, out: Path,
+            merged: bool) -> ExportReport:
+    from retrain.backends.models import resolve_model
+
     if ckpt.is_tinker and merged:
         raise UserError(f"--merged: step {ckpt.step} is a tinker checkpoint ({ckpt.ref}); "
                         "export the adapter (without --merged) and merge it with peft")

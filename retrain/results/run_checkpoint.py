@@ -1,21 +1,31 @@
 """Which checkpoint of a run the results commands use, and the run's own config.
 
 A run folder holds `config.toml` (the resolved config, file references absolute) and one
-resume point per kept checkpoint (`checkpoints/step-N.json`, naming the checkpoint: a local
-folder or a `tinker://` path); `state.json` names the newest. Read through runlog/safejson.
+resume point per kept checkpoint (`checkpoints/step-N.json`, naming the checkpoint: a folder
+relative to the run folder or a `tinker://` path); `state.json` names the newest. A run folder
+only ever uses its own checkpoints (runlog.own_checkpoint). Read through runlog/safejson.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from retrain.config.sections import Config, ConfigError
 from retrain.errors import UserError
 from retrain.runfiles import runlog
 
-TINKER_SCHEME = "tinker://"
+TINKER_SCHEME = runlog.TINKER_SCHEME
 POINT_SUFFIX = ".json"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_FILES = ("adapter_model.safetensors", ADAPTER_CONFIG)  # what loading an adapter reads
+PICKS = 5     # a run still training prunes; 5 picks in a row outrun its commits
+GONE_S = 0.2  # how long a folder being pruned may still exist without its files
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,7 @@ class Checkpoint:
 
     step: int
     ref: str
+    copy: Path | None = None  # the adapter files copied aside by `held`, loaded from there
 
     @property
     def is_tinker(self) -> bool:
@@ -31,7 +42,7 @@ class Checkpoint:
 
     @property
     def folder(self) -> Path:
-        return Path(self.ref)
+        return self.copy or Path(self.ref)
 
 
 def check_run_dir(run_dir: Path) -> Path:
@@ -58,45 +69,58 @@ def run_config(run_dir: Path) -> Config:
 
 
 def checkpoints(run_dir: Path) -> dict[int, Checkpoint]:
-    """Every kept checkpoint by step: resume points whose checkpoint still exists (local) or
-    names a tinker:// path, and the one state.json names."""
-    folder = Path(run_dir) / runlog.CHECKPOINT_DIR
+    """Every kept checkpoint by step: resume points whose checkpoint still exists in the run
+    folder (local) or names a tinker:// path, and the one state.json names."""
+    return _survey(Path(run_dir))[0]
+
+
+def _survey(run_dir: Path) -> tuple[dict[int, Checkpoint], list[str]]:
+    """(the kept checkpoints by step, why each other record names none). A record names its
+    checkpoint relative to the run folder; older ones by a path of which only the name counts
+    (runlog.own_checkpoint): a run folder only ever uses its own checkpoints."""
     found: dict[int, Checkpoint] = {}
-    refs = []
+    problems: list[str] = []
+    for source, step, ref in _records(run_dir):
+        if not isinstance(step, int) or isinstance(step, bool) or step <= 0 \
+                or not isinstance(ref, str) or not ref:
+            continue
+        try:
+            own = runlog.own_checkpoint(run_dir, ref)
+        except ValueError as exc:
+            problems.append(f"{source}: {exc}")
+            continue
+        if not own.startswith(TINKER_SCHEME) and not (Path(own) / ADAPTER_CONFIG).is_file():
+            problems.append(f"{source} names checkpoint {Path(own).name}, but {run_dir}/"
+                            f"{runlog.CHECKPOINT_DIR}/{Path(own).name} is missing (deleted, or "
+                            "the run folder was copied without it)")
+            continue
+        found[step] = Checkpoint(step, own)
+    return found, problems
+
+
+def _records(run_dir: Path) -> list[tuple[str, object, object]]:
+    """(file, step, checkpoint ref) of every resume point, then of state.json."""
+    folder = run_dir / runlog.CHECKPOINT_DIR
     try:
         points = sorted(p for p in folder.iterdir() if p.name.endswith(POINT_SUFFIX))
     except OSError:
         points = []
+    out: list[tuple[str, object, object]] = []
     for path in points:
         point = runlog.read_json(path) or {}
-        refs.append((runlog.checkpoint_step(path.name.removesuffix(POINT_SUFFIX)),
-                     point.get("checkpoint")))
-    state = runlog.read_json(Path(run_dir) / runlog.STATE_FILE) or {}
-    refs.append((state.get("step"), state.get("checkpoint")))
-    for step, ref in refs:
-        if not isinstance(step, int) or isinstance(step, bool) or step <= 0 \
-                or not isinstance(ref, str) or not ref:
-            continue
-        if not ref.startswith(TINKER_SCHEME):
-            ref = _local(folder, ref)
-            if ref is None:
-                continue
-        found[step] = Checkpoint(step, ref)
-    return found
-
-
-def _local(folder: Path, ref: str) -> str | None:
-    """A local checkpoint folder that holds an adapter (found by name when the run folder
-    was moved), else None."""
-    for path in (Path(ref), folder / Path(ref).name):
-        if (path / "adapter_config.json").is_file():
-            return str(path)
-    return None
+        out.append((f"{runlog.CHECKPOINT_DIR}/{path.name}",
+                    runlog.checkpoint_step(path.name.removesuffix(POINT_SUFFIX)),
+                    point.get("checkpoint")))
+    state = runlog.read_json(run_dir / runlog.STATE_FILE) or {}
+    out.append((runlog.STATE_FILE, state.get("step"), state.get("checkpoint")))
+    return out
 
 
 def pick(run_dir: Path, step: int | None) -> Checkpoint:
     """The checkpoint of `step`, or the newest; UserError naming the kept steps otherwise."""
-    found = checkpoints(run_dir)
+    found, problems = _survey(Path(run_dir))
+    if not found and problems:
+        raise UserError(f"{run_dir}: no usable checkpoint: {problems[-1]}")
     if not found:
         raise UserError(f"{run_dir}: no checkpoint yet (has the run finished a step?)")
     if step is None:
@@ -106,3 +130,45 @@ def pick(run_dir: Path, step: int | None) -> Checkpoint:
         raise UserError(f"--step {step}: {run_dir} keeps no checkpoint of that step; kept "
                         f"steps: {kept} (training.save_every decides which are kept)")
     return found[step]
+
+
+@contextmanager
+def held(run_dir: Path, step: int | None) -> Iterator[Checkpoint]:
+    """`pick`, its adapter files copied aside first and loaded from the copy: a run still
+    training prunes older checkpoints, so the newest may vanish between the pick and the load.
+    Then the newest is picked again; a `step` asked for by number that vanished is an error."""
+    with tempfile.TemporaryDirectory(prefix="retrain-checkpoint-") as tmp:
+        for _ in range(PICKS):
+            ckpt = pick(run_dir, step)
+            if ckpt.is_tinker:
+                break
+            copy = _copy_adapter(ckpt.folder, Path(tmp))
+            if copy is not None:
+                ckpt = replace(ckpt, copy=copy)
+                break
+            if step is not None:
+                raise UserError(f"--step {step}: {run_dir} deleted that checkpoint while it "
+                                "was being read (a run still training keeps only every "
+                                "training.save_every-th); pick a kept step")
+        else:
+            raise UserError(f"{run_dir}: its newest checkpoint was deleted {PICKS} times while "
+                            "being read; try again")
+        yield ckpt
+
+
+def _copy_adapter(folder: Path, tmp: Path) -> Path | None:
+    """A copy of the adapter files of checkpoint `folder` under `tmp`; None when the folder
+    was deleted meanwhile; UserError when it stays but lacks a file (damaged)."""
+    copy = tmp / folder.name
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir()
+    try:
+        for name in ADAPTER_FILES:
+            shutil.copyfile(folder / name, copy / name)
+        return copy
+    except FileNotFoundError as exc:
+        time.sleep(GONE_S)  # a prune in progress removes the files, then the folder
+        if not folder.exists():
+            return None
+        raise UserError(f"checkpoint {folder} is damaged: {Path(exc.filename or '').name or exc}"
+                        " is missing; pick another with --step") from None

@@ -75,13 +75,13 @@ def run(run_dir: Path, req: SampleRequest, out: TextIO | None = None,
     run_dir = run_checkpoint.check_run_dir(run_dir)
     _check(req)
     cfg = run_checkpoint.run_config(run_dir)
-    ckpt = run_checkpoint.pick(run_dir, req.step)
-    if ckpt.is_tinker:  # sampled through the SDK; the service answers whole completions
-        from retrain.results.tinker_policy import TinkerPolicy
+    with run_checkpoint.held(run_dir, req.step) as ckpt:
+        if ckpt.is_tinker:  # sampled through the SDK; the service answers whole completions
+            from retrain.results.tinker_policy import TinkerPolicy
 
-        policy: Any = TinkerPolicy.load(cfg, ckpt)
-    else:
-        policy = LocalPolicy.load(cfg, ckpt, run_dir)
+            policy: Any = TinkerPolicy.load(cfg, ckpt)
+        else:
+            policy = LocalPolicy.load(cfg, ckpt, run_dir)
     try:
         _converse(policy, cfg, ckpt, run_dir, req, out, read)
     finally:

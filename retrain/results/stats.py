@@ -33,21 +33,35 @@ class Difference:
     verdict: str
 
 
+def mean(values: list[float]) -> float:
+    """The mean, never an OverflowError: finite values near the float limit (a reward of
+    1e308) overflow a plain sum; scaled down they do not."""
+    values, scale = _scaled(values)
+    return math.fsum(values) / len(values) * scale
+
+
+def median(values: list[float]) -> float:
+    """statistics.median, with the two middle values averaged without overflowing."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else mean(ordered[half - 1:half + 1])
+
+
 def estimate(values: list[float]) -> Estimate:
     """Mean and Student t 95% interval; n = 1 has a mean and no interval."""
     n = len(values)
     if n == 0:
         return Estimate(0)
-    mean = math.fsum(values) / n
     if n == 1:
-        return Estimate(1, mean)
+        return Estimate(1, mean(values))
     if _spread(values) == 0:  # identical seeds: the interval is the point
-        return Estimate(n, mean, mean, mean)
+        return Estimate(n, values[0], values[0], values[0])
     from scipy import stats
 
-    sem = stats.sem(values)
-    lo, hi = stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=sem)
-    return Estimate(n, mean, float(lo), float(hi))
+    scaled, scale = _scaled(values)
+    centre = math.fsum(scaled) / n
+    lo, hi = stats.t.interval(CONFIDENCE, n - 1, loc=centre, scale=stats.sem(scaled))
+    return Estimate(n, centre * scale, float(lo) * scale, float(hi) * scale)
 
 
 def welch(metric: str, values: list[float], baseline: list[float], name: str,
@@ -56,7 +70,9 @@ def welch(metric: str, values: list[float], baseline: list[float], name: str,
     if not values or not baseline:
         missing = name if not values else baseline_name
         return Difference(metric, None, None, None, None, f"no {metric} for {missing}")
-    diff = math.fsum(values) / len(values) - math.fsum(baseline) / len(baseline)
+    both, scale = _scaled([*values, *baseline])
+    ours, theirs = both[:len(values)], both[len(values):]
+    diff = (math.fsum(ours) / len(ours) - math.fsum(theirs) / len(theirs)) * scale
     if len(values) < 2 or len(baseline) < 2:
         return Difference(metric, diff, None, None, None,
                           f"{_signed(diff)}, n = 1 on one side: no interval; more seeds needed")
@@ -67,11 +83,21 @@ def welch(metric: str, values: list[float], baseline: list[float], name: str,
 
     with warnings.catch_warnings():  # one side without spread is fine for Welch
         warnings.simplefilter("ignore", RuntimeWarning)
-        result = stats.ttest_ind(values, baseline, equal_var=False)
+        result = stats.ttest_ind(ours, theirs, equal_var=False)
     ci = result.confidence_interval(CONFIDENCE)
-    lo, hi, df = float(ci.low), float(ci.high), float(result.df)
+    lo, hi, df = float(ci.low) * scale, float(ci.high) * scale, float(result.df)
     return Difference(metric, diff, lo, hi, df, verdict(metric, diff, lo, hi, name,
                                                         baseline_name))
+
+
+def _scaled(values: list[float]) -> tuple[list[float], float]:
+    """(values / scale, scale): a power of two brings huge values down to at most 2 so that
+    sums and squares cannot overflow (only values negligible beside the largest lose bits)."""
+    big = max((abs(v) for v in values), default=0.0)
+    if not math.isfinite(big) or big < 2.0 ** 500:
+        return list(values), 1.0
+    scale = 2.0 ** (math.frexp(big)[1] - 1)
+    return [v / scale for v in values], scale
 
 
 def verdict(metric: str, diff: float, lo: float, hi: float, name: str,

@@ -14,6 +14,10 @@ Resume rules (single runs):
   a key that alters the training (keys in `RESUMABLE_CHANGES` may change);
 - `--new`: the old folder is moved aside to `<run>.prev-<timestamp>` (never deleted).
 
+A run only ever uses its own checkpoints: records name them relative to the run folder
+(`checkpoints/step-000012`), older records are read by the checkpoint's name
+(runlog.own_checkpoint), so a moved, archived or copied folder never resumes from another's.
+
 Checkpoints: the trainer saves one after EVERY step (a LoRA adapter + optimizer is small), so
 a kill loses at most the step in flight. `prune` keeps the newest, every `save_every`-th and
 the final one; the rest are deleted once a newer checkpoint is committed in state.json.
@@ -33,7 +37,7 @@ from retrain.backends.base import BackendError
 from retrain.config.loader import diff, dumps_config, loads_config
 from retrain.config.sections import Config, ConfigError, to_dict
 from retrain.errors import UserError
-from retrain.runfiles import runlog, safejson
+from retrain.runfiles import runlog
 
 # Keys that may differ between the first launch and a resume without changing the math.
 RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval_every",
@@ -100,7 +104,7 @@ def resume_points(run_dir: Path, state: runlog.RunState | None) -> list[runlog.R
         step = _step_of(path.name)
         if step is None or not path.name.endswith(POINT_SUFFIX) or step in found:
             continue
-        point = _read_point(path)
+        point = _read_point(run_dir, path)
         if point is not None and point.step == step:
             found[step] = point
     return [found[k] for k in sorted(found, reverse=True)]
@@ -109,7 +113,7 @@ def resume_points(run_dir: Path, state: runlog.RunState | None) -> list[runlog.R
 def save_resume_point(run_dir: Path, state: runlog.RunState) -> None:
     """Write the resume point of checkpoint `state.step` (before state.json points at it)."""
     path = run_dir / runlog.CHECKPOINT_DIR / f"{checkpoint_name(state.step)}{POINT_SUFFIX}"
-    runlog.write_json_atomic(path, state.to_dict())
+    runlog.write_json_atomic(path, runlog.state_record(run_dir, state))
 
 
 @dataclass
@@ -142,9 +146,9 @@ def set_aside(run_dir: Path, step: int) -> str:
     return f"{runlog.CHECKPOINT_DIR}/{DIVERGED}{name}"
 
 
-def _read_point(path: Path) -> runlog.RunState | None:
+def _read_point(run_dir: Path, path: Path) -> runlog.RunState | None:
     try:
-        point = runlog.RunState.from_dict(safejson.read_object(path))
+        point = runlog.read_record(run_dir, path)
     except (OSError, ValueError, TypeError):
         return None
     return None if point.resume_problem() else point

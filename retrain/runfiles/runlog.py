@@ -11,7 +11,9 @@ import errno
 import json
 import math
 import os
+import secrets
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +28,7 @@ CONFIG_FILE = "config.toml"
 MANIFEST_FILE = "manifest.json"
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "step-"        # checkpoints/step-000012/ (and its resume point .json)
+TINKER_SCHEME = "tinker://"        # a checkpoint kept by the tinker service, not in the folder
 PLOT_FILE = "usl.png"              # `retrain plot RUN_DIR` draws here by default
 
 
@@ -41,8 +44,9 @@ def json_safe(value: Any) -> Any:
 
 
 def replace_atomically(path: Path, data: bytes) -> None:
-    """Write via temp file + fsync + rename (+ directory fsync): readers see old or new."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write via temp file + fsync + rename (+ directory fsync): readers see old or new. The
+    file gets the mode a plain open would give it: its old mode, else 0666 less the umask."""
+    fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -54,6 +58,26 @@ def replace_atomically(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _new_temp(path: Path) -> tuple[int, str]:
+    """A new temp file beside `path`, opened for writing (not mkstemp: it forces mode 0600)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                         0o666)  # less the umask, as open() does
+            break
+        except FileExistsError:
+            continue
+    if mode is not None:
+        with contextlib.suppress(OSError):  # some filesystems keep no modes
+            os.fchmod(fd, mode)
+    return fd, tmp
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -248,7 +272,43 @@ def save_state(run_dir: str | Path, state: RunState) -> None:
     state.updated_at = time.time()
     state.pid = state.pid or os.getpid()
     state.host = state.host or socket.gethostname()
-    write_json_atomic(Path(run_dir) / STATE_FILE, state.to_dict())
+    write_json_atomic(Path(run_dir) / STATE_FILE, state_record(run_dir, state))
+
+
+def state_record(run_dir: str | Path, state: RunState) -> dict:
+    """`state` as state.json and resume points hold it: the checkpoint relative to the run
+    folder (`checkpoints/step-000012`), so that it never names another folder's."""
+    record = state.to_dict()
+    ref = state.checkpoint
+    if ref and not ref.startswith(TINKER_SCHEME):
+        inside = Path(os.path.abspath(ref))
+        with contextlib.suppress(ValueError):  # outside: kept as is, read back by its name
+            record["checkpoint"] = inside.relative_to(os.path.abspath(run_dir)).as_posix()
+    return record
+
+
+def own_checkpoint(run_dir: str | Path, ref: str) -> str:
+    """The checkpoint a record names, as a path to this run's own: `run_dir/checkpoints/<name>`.
+    Records before this rule held the path the training process used (absolute, or relative to
+    its working folder), which may name another run's folder once this one moved or is read
+    from elsewhere: only the name counts. ValueError for a ref that names no checkpoint of a
+    run folder. tinker:// refs and "" come back as they are."""
+    if not ref or ref.startswith(TINKER_SCHEME):
+        return ref
+    path = Path(ref)
+    if path.parent.name != CHECKPOINT_DIR or checkpoint_step(path.name) is None:
+        raise ValueError(f"its checkpoint {ref!r} is outside the run folder {run_dir}: a run "
+                         f"only uses its own checkpoints ({CHECKPOINT_DIR}/{CHECKPOINT_PREFIX}N "
+                         "in its folder)")
+    return os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR, path.name)
+
+
+def read_record(run_dir: str | Path, path: str | Path) -> RunState:
+    """A state record of `run_dir` (state.json or a resume point), validated, its checkpoint
+    resolved by `own_checkpoint`; OSError, ValueError or TypeError when unusable."""
+    state = RunState.from_dict(safejson.read_object(path))
+    state.checkpoint = own_checkpoint(run_dir, state.checkpoint)
+    return state
 
 
 @dataclass
@@ -261,9 +321,8 @@ class StateRead:
 
 def read_state(run_dir: str | Path) -> StateRead:
     """state.json, validated; a torn, hostile or hand-broken file comes back as a problem."""
-    path = Path(run_dir) / STATE_FILE
     try:
-        return StateRead(RunState.from_dict(safejson.read_object(path)))
+        return StateRead(read_record(run_dir, Path(run_dir) / STATE_FILE))
     except FileNotFoundError:
         return StateRead(None)
     except OSError as exc:
@@ -286,7 +345,7 @@ def save_state_even_if_full(run_dir: str | Path, state: RunState) -> None:
         full = exc
     path = Path(run_dir) / STATE_FILE
     size = path.stat().st_size
-    d = json_safe(state.to_dict())
+    d = json_safe(state_record(run_dir, state))
     data = json.dumps(d, separators=(",", ":")).encode()
     while len(data) > size and d["error"]:
         d["error"] = d["error"][: max(0, len(d["error"]) - (len(data) - size) - 3)]
