@@ -87,9 +87,17 @@ def completion_logprobs(tok: Tokens, tokens: list[int], logprobs: list[float],
         offsets.append(offset)
         offset += len(p)
     return {"tokens": pieces, "token_logprobs": [_lp(lp) for lp in logprobs],
-            "top_logprobs": [{tok.piece(a): _lp(alp) for a, alp in row} for row in top]
-            if top is not None else None,
+            "top_logprobs": [_by_text(tok, row) for row in top] if top is not None else None,
             "text_offset": offsets}
+
+
+def _by_text(tok: Tokens, row: Top) -> dict[str, float]:
+    """Top alternatives as {text: log-prob}; tokens of the same text (say, bytes that are
+    half a character each) keep the likeliest."""
+    out: dict[str, float] = {}
+    for token, logprob in row:
+        out.setdefault(tok.piece(token), _lp(logprob))
+    return out
 
 
 def usage(prompt_tokens: int, choices: list[Choice]) -> dict:
