@@ -268,6 +268,30 @@ def test_body_cap_is_the_tinker_routes(server):
     assert head.startswith("HTTP/1.1 413")
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--adapter", "bad"], "--adapter 'bad': give NAME=RUN_DIR[@STEP]"),
+    (["--adapter", "x=/no/such/run"], "--adapter x=/no/such/run: /no/such/run: no such run "
+                                      "folder"),
+    (["--adapter", "x={run}@9"], "keeps no checkpoint of that step; kept steps: 1, 2"),
+    (["--adapter", "x={run}", "--adapter", "x={run}@1"], "the name 'x' is given twice"),
+    (["--adapter", "tiny-random={run}"], "'tiny-random' is the base model's name"),
+    (["--adapter", "x={run}", "--model", "{copy}"], "the run trained 'tiny-random', but "
+                                                    "this server serves"),
+])
+def test_bad_adapters_are_one_error_line(run_dir, tiny_model, tmp_path, capsys, extra, message):
+    """Found before the model loads where only the folder matters; never a traceback."""
+    import shutil
+
+    copy = tmp_path / "other-model"  # the same weights in another folder: another model
+    shutil.copytree(tiny_model, copy)
+    args = ["serve", "--model", "tiny-random", "--port", "0", "--dtype", "float32",
+            *(a.format(run=run_dir, copy=copy) for a in extra)]
+    assert run_app(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1], err
+    assert not [line for line in err if "Traceback" in line]
+
+
 # ---------------------------------------------------------------- the key, in process
 
 

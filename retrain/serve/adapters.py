@@ -2,7 +2,8 @@
 name beside the base model (the OpenAI routes sample it by that name).
 
 The checkpoint is found as `retrain sample` finds it (`results.run_checkpoint`: the newest
-kept step, or STEP) and loaded once at start as a frozen adapter on the served model. A run
+kept step, or STEP), before the model loads (a bad folder fails in a second), then loaded
+once as a frozen adapter on the served model. A run
 trained through this server (`backend = "tinker"` against `retrain serve`) names a
 tinker:// checkpoint that is one of this server's own folders: served too. Anything wrong is
 a UserError naming the flag, before the server listens.
@@ -36,6 +37,21 @@ class AdapterSpec:
 
 
 @dataclass(frozen=True)
+class AdapterRun:
+    """A spec whose run folder and checkpoint were found."""
+
+    spec: AdapterSpec
+    run_dir: Path
+    ckpt: run_checkpoint.Checkpoint
+    model: str            # the run's model.name
+    chat_template: bool   # the run's data.chat_template
+
+    @property
+    def flag(self) -> str:
+        return f"--adapter {self.spec.name}={self.spec.run_dir}"
+
+
+@dataclass(frozen=True)
 class ServedAdapter:
     """A loaded checkpoint: its engine snapshot and how its run rendered chats."""
 
@@ -65,35 +81,43 @@ def parse_spec(text: str) -> AdapterSpec:
     return AdapterSpec(name, Path(rest).expanduser(), step)
 
 
-def load_adapters(engine: Engine, store: CheckpointStore,
-                  specs: list[AdapterSpec]) -> dict[str, ServedAdapter]:
-    """Every spec loaded on `engine`, by name; UserError on a clash or a bad run."""
-    served: dict[str, ServedAdapter] = {}
+def find_runs(specs: list[AdapterSpec]) -> list[AdapterRun]:
+    """Each spec's run folder, config and checkpoint; UserError naming the flag."""
+    runs: list[AdapterRun] = []
     for spec in specs:
-        if spec.name in served or engine.accepts(spec.name):
-            raise UserError(f"--adapter {spec.name}=...: the name {spec.name!r} is taken "
-                            "(the base model or another --adapter); pick another")
-        served[spec.name] = _load(engine, store, spec)
+        flag = f"--adapter {spec.name}={spec.run_dir}"
+        if any(r.spec.name == spec.name for r in runs):
+            raise UserError(f"{flag}: the name {spec.name!r} is given twice; pick another")
+        try:
+            run_dir = run_checkpoint.check_run_dir(spec.run_dir)
+            cfg = run_checkpoint.run_config(run_dir)
+            ckpt = run_checkpoint.pick(run_dir, spec.step)
+        except UserError as exc:
+            raise UserError(f"{flag}: {exc}") from None
+        runs.append(AdapterRun(spec, run_dir, ckpt, cfg.model.name, cfg.data.chat_template))
+    return runs
+
+
+def load_adapters(engine: Engine, store: CheckpointStore,
+                  runs: list[AdapterRun]) -> dict[str, ServedAdapter]:
+    """Every run's checkpoint loaded on `engine`, by name; UserError on a clash with the
+    base model's name, another base model, or files that do not load."""
+    served: dict[str, ServedAdapter] = {}
+    for run in runs:
+        if engine.accepts(run.spec.name):
+            raise UserError(f"{run.flag}: {run.spec.name!r} is the base model's name; pick "
+                            "another")
+        _check_base(engine, run.model, run.run_dir, run.flag)
+        folder = _folder(store, run.ckpt, run.flag)
+        try:
+            snap = engine.read_snapshot(folder)
+        except Exception as exc:  # missing or damaged files
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise UserError(f"{run.flag}: cannot load the checkpoint {run.ckpt.ref}: "
+                            f"{first}") from None
+        served[run.spec.name] = ServedAdapter(run.spec.name, snap, run.run_dir, run.ckpt.step,
+                                              run.chat_template, int(time.time()))
     return served
-
-
-def _load(engine: Engine, store: CheckpointStore, spec: AdapterSpec) -> ServedAdapter:
-    flag = f"--adapter {spec.name}={spec.run_dir}"
-    try:
-        run_dir = run_checkpoint.check_run_dir(spec.run_dir)
-        cfg = run_checkpoint.run_config(run_dir)
-        ckpt = run_checkpoint.pick(run_dir, spec.step)
-    except UserError as exc:
-        raise UserError(f"{flag}: {exc}") from None
-    _check_base(engine, cfg.model.name, run_dir, flag)
-    folder = _folder(store, ckpt, flag)
-    try:
-        snap = engine.read_snapshot(folder)
-    except Exception as exc:  # missing or damaged files
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise UserError(f"{flag}: cannot load the checkpoint {ckpt.ref}: {first}") from None
-    return ServedAdapter(spec.name, snap, run_dir, ckpt.step, cfg.data.chat_template,
-                         int(time.time()))
 
 
 def _check_base(engine: Engine, model: str, run_dir: Path, flag: str) -> None:

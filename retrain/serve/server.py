@@ -122,32 +122,36 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
                   load: LoadModel | None = None, adapters: list[str] | None = None) -> None:
     """`retrain serve`: the Tinker API and the OpenAI-compatible API over the local backend,
     until Ctrl-C; `adapters` ("NAME=RUN_DIR[@STEP]") are run checkpoints served by name."""
-    from retrain.serve.adapters import parse_spec
+    from retrain.serve.adapters import find_runs, parse_spec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
-    specs = [parse_spec(text) for text in adapters or []]
-    sock = bind(host, port)  # before loading the model: a taken port fails in a second
+    runs = find_runs([parse_spec(text) for text in adapters or []])  # before the model loads
     state_dir = state_dir or default_state_dir()
-    local = engine is None
-    if engine is None:
-        from retrain.serve.local_engine import LocalEngine
+    sock = bind(host, port)  # before loading the model: a taken port fails in a second
+    try:
+        local = engine is None
+        if engine is None:
+            from retrain.serve.local_engine import LocalEngine
 
-        engine = LocalEngine.load(model, dtype=dtype)
-        print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
-    openai = _openai_serving(engine, state_dir, specs) if local else None
+            engine = LocalEngine.load(model, dtype=dtype)
+            print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
+        openai = _openai_serving(engine, state_dir, runs) if local else None
+    except BaseException:
+        sock.close()
+        raise
     app, _ = build_app(engine, state_dir, api_key=api_key,
                        faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
                        max_sessions=max_sessions, load=load, openai=openai)
     run(app, host, sock)
 
 
-def _openai_serving(engine, state_dir: Path, specs: list) -> OpenAIServing:
+def _openai_serving(engine, state_dir: Path, runs: list) -> OpenAIServing:
     """The OpenAI routes' view of a local engine: its tokenizer, EOS ids and `--adapter`s."""
     from retrain.serve.adapters import load_adapters
     from retrain.serve.checkpoints import CheckpointStore
 
-    served = load_adapters(engine, CheckpointStore(state_dir, engine.base_model), specs)
+    served = load_adapters(engine, CheckpointStore(state_dir, engine.base_model), runs)
     for a in served.values():
         print(f"retrain serve: adapter {a.name!r} = {a.run_dir} step {a.step}",
               file=sys.stderr, flush=True)
