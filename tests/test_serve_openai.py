@@ -326,6 +326,9 @@ def test_sampler_reports_each_token_and_its_top_alternatives(tiny_engine):
             values = [v for _, v in top]
             assert len(top) == 3 and values == sorted(values, reverse=True)
             assert lp <= values[0] + 1e-6
+    broken = tiny_engine.sample(None, [5, 6, 7], 2, params, False,
+                                on_token=lambda *heard: 1 / 0)  # a listener that fails
+    assert [c.tokens for c in broken.sequences] == [c.tokens for c in plain.sequences]
 
 
 def test_text_stream_never_sends_a_stop_string_or_what_may_begin_one():

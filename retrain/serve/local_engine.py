@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import threading
 import warnings
@@ -40,6 +41,8 @@ from retrain.backends.local_model import LocalModel
 from retrain.backends.local_sampling import OnToken
 from retrain.config.sections import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
+
+log = logging.getLogger("retrain.serve")
 
 
 class LocalEngine:
@@ -269,9 +272,13 @@ def _tell(batch: list[_Queued], n: int) -> OnToken | None:
         return None
 
     def on_token(row: int, token: int, logprob: float, top) -> None:
-        hook = batch[row // n].on_token
-        if hook is not None:
-            hook(row % n, token, logprob, top)
+        q = batch[row // n]
+        if q.on_token is not None:
+            try:
+                q.on_token(row % n, token, logprob, top)
+            except Exception:  # one listener's failure must not stop the others' decode
+                log.exception("a token listener failed; it hears no more")
+                q.on_token = None
     return on_token
 
 

@@ -45,6 +45,8 @@ class Events:
     def hook(self, prompt_index: int) -> Callable[[int, int, float, Any], None]:
         """The engine's `on_token` for one prompt (runs in the decoding thread)."""
         def on_token(i: int, token: int, logprob: float, top: Any) -> None:
+            if self.loop.is_closed():  # the server is shutting down: nobody to tell
+                return
             self.loop.call_soon_threadsafe(
                 self.queue.put_nowait, ("token", prompt_index * self.n + i, token, logprob, top))
         return on_token
