@@ -308,6 +308,38 @@ def test_api_key_as_a_bearer_token(tiny_engine, tmp_path):
             bad.models.list()
 
 
+def test_both_apis_share_one_batch(tiny_engine, tmp_path, sdk_env):
+    """A Tinker sample and an OpenAI completion with the same weights and settings wait for
+    the model in one queue and are decoded together."""
+    tinker = pytest.importorskip("tinker")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tinker import types
+
+    from retrain.serve.openai_routes import OpenAIServing
+    from tests.run_helpers import wait_until
+    from tests.serve_doubles import Served
+
+    served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
+    prompt = [5, 77, 104, 101]
+    with Served(tiny_engine, tmp_path, openai=served_as) as served, \
+            ThreadPoolExecutor(1) as pool:
+        oa = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+        sampler = tinker.ServiceClient(base_url=served.url).create_sampling_client(
+            base_model="tiny-random").result()
+        with tiny_engine.model.lock:  # the model is busy: both requests queue up
+            mine = pool.submit(oa.completions.create, model="tiny-random", prompt=prompt,
+                               max_tokens=4, temperature=0, logprobs=0)
+            theirs = sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                                    types.SamplingParams(max_tokens=4, temperature=0.0))
+            # one batch key, two requests under it
+            wait_until(lambda: [len(q) for q in list(tiny_engine._queued.values())] == [2], 60,
+                       "both requests in one queue")
+        got, want = mine.result(timeout=60), theirs.result(timeout=60).sequences[0]
+    assert got.choices[0].logprobs.token_logprobs == pytest.approx(list(want.logprobs),
+                                                                   abs=1e-5)
+
+
 # ---------------------------------------------------------------- underneath: sampler, stream
 
 
