@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
+from retrain.errors import UserError  # noqa: E402
 from retrain.serve.openai_reply import TextStream, Tokens  # noqa: E402
 from tests.run_helpers import read_serve_url, write_config  # noqa: E402
 
@@ -338,6 +339,44 @@ def test_both_apis_share_one_batch(tiny_engine, tmp_path, sdk_env):
         got, want = mine.result(timeout=60), theirs.result(timeout=60).sequences[0]
     assert got.choices[0].logprobs.token_logprobs == pytest.approx(list(want.logprobs),
                                                                    abs=1e-5)
+
+
+def test_adapter_of_a_run_trained_through_this_server(tiny_engine, run_dir, tmp_path, sdk_env):
+    """A tinker run against retrain serve names tinker:// checkpoints, which are this
+    server's own folders: `--adapter` serves them (the run folder as the trainer leaves it:
+    its config, a resume point per step naming the checkpoint)."""
+    import shutil
+
+    tinker = pytest.importorskip("tinker")
+    from tinker import types
+
+    from retrain.serve.adapters import AdapterSpec, find_runs, load_adapters
+    from retrain.serve.checkpoints import CheckpointStore
+    from tests.serve_doubles import Served
+
+    with Served(tiny_engine, tmp_path) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        tc = service.create_lora_training_client(base_model="tiny-random", rank=4,
+                                                 seed=7).result()
+        path = tc.save_state("step-000003").result().path
+        prompt = types.ModelInput.from_ints([5, 77, 104])
+        want = service.create_sampling_client(model_path=path).result().sample(
+            prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0)).result()
+        run = tmp_path / "tinker-run"
+        (run / "checkpoints").mkdir(parents=True)
+        shutil.copy(run_dir / "config.toml", run / "config.toml")
+        (run / "checkpoints" / "step-000003.json").write_text(json.dumps({"checkpoint": path}))
+        (run / "state.json").write_text(json.dumps({"step": 3, "checkpoint": path}))
+        store = CheckpointStore(tmp_path / "serve-state", "tiny-random")
+        [adapter] = load_adapters(tiny_engine, store,
+                                  find_runs([AdapterSpec("t", run, None)])).values()
+        got = tiny_engine.sample(adapter.snap, [5, 77, 104], 1,
+                                 SamplingParams(max_tokens=6, temperature=0.0), False)
+        tiny_engine.drop_snapshot(adapter.snap)
+    assert adapter.step == 3 and got.sequences[0].tokens == list(want.sequences[0].tokens)
+    elsewhere = CheckpointStore(tmp_path / "another-server", "tiny-random")
+    with pytest.raises(UserError, match="not on this server"):
+        load_adapters(tiny_engine, elsewhere, find_runs([AdapterSpec("t", run, None)]))
 
 
 # ---------------------------------------------------------------- underneath: sampler, stream
