@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -17,6 +18,10 @@ from retrain.serve.app import build_app
 from retrain.serve.engine import Engine
 from retrain.serve.guard import FaultPlan, Guard, LoadModel
 from retrain.serve.openai_routes import OpenAIServing
+
+if TYPE_CHECKING:
+    from retrain.serve.adapters import AdapterRun
+    from retrain.serve.local_engine import LocalEngine
 
 log = logging.getLogger("retrain.serve")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -121,12 +126,16 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
                   delay_ms: float = 0.0, max_sessions: int = 0,
                   load: LoadModel | None = None, adapters: list[str] | None = None) -> None:
     """`retrain serve`: the Tinker API and the OpenAI-compatible API over the local backend,
-    until Ctrl-C; `adapters` ("NAME=RUN_DIR[@STEP]") are run checkpoints served by name."""
+    until Ctrl-C; `adapters` ("NAME=RUN_DIR[@STEP]") are run checkpoints served by name. The
+    OpenAI routes need the local engine's tokenizer: a given `engine` serves the Tinker API
+    only."""
     from retrain.serve.adapters import find_runs, parse_spec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
     runs = find_runs([parse_spec(text) for text in adapters or []])  # before the model loads
+    if runs and engine is not None:
+        raise UserError("--adapter needs the local engine (leave `engine` out)")
     state_dir = state_dir or default_state_dir()
     sock = bind(host, port)  # before loading the model: a taken port fails in a second
     try:
@@ -146,7 +155,8 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
     run(app, host, sock)
 
 
-def _openai_serving(engine, state_dir: Path, runs: list) -> OpenAIServing:
+def _openai_serving(engine: LocalEngine, state_dir: Path,
+                    runs: list[AdapterRun]) -> OpenAIServing:
     """The OpenAI routes' view of a local engine: its tokenizer, EOS ids and `--adapter`s."""
     from retrain.serve.adapters import load_adapters
     from retrain.serve.checkpoints import CheckpointStore
