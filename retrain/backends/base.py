@@ -25,6 +25,8 @@ class SamplingParams:
     `top_k` (-1 = off), `stop_tokens` and `stop_strings` come from Tinker clients through
     `retrain serve`: a completion ends at EOS, at a stop token, or with the token that
     completes a stop string (matched on the decoded text), whichever comes first.
+    `top_logprobs` (OpenAI clients of `retrain serve`): the k most likely tokens to report
+    at each sampled position, under the same distribution as `logprobs` (0 = none).
     """
 
     max_tokens: int
@@ -34,6 +36,7 @@ class SamplingParams:
     top_k: int = -1
     stop_tokens: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -43,6 +46,8 @@ class Completion:
     tokens: TokenIds
     logprobs: list[float]          # log-prob of each sampled token under the sampling distribution
     finish_reason: str             # "stop" (hit EOS) | "length" (hit max_tokens)
+    # (token, log-prob) of the k most likely tokens at each position, when params asked
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

@@ -39,7 +39,7 @@ from retrain.backends.base import (
 )
 from retrain.backends.local_device import oom_as_backend_error
 from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import sample_batch, token_logprobs
+from retrain.backends.local_sampling import OnToken, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
 
@@ -143,12 +143,13 @@ class LocalBackend:
         return finished(self.sample, prompts, n, params)
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
-               adapter: str | None = None,
-               prompt_seeds: list[int] | None = None) -> list[list[Completion]]:
+               adapter: str | None = None, prompt_seeds: list[int] | None = None,
+               on_token: OnToken | None = None) -> list[list[Completion]]:
         """`n` completions per prompt in one batched decode; `adapter` picks a snapshot.
 
         `prompt_seeds` (one per prompt) makes each prompt's draws its own, independent of the
-        rest of the batch (retrain serve batches separate requests); else `params.seed`."""
+        rest of the batch (retrain serve batches separate requests); else `params.seed`.
+        `on_token` hears of each token as it is drawn (see `sample_batch`)."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -168,7 +169,8 @@ class LocalBackend:
             return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
                                 pad_id=self.model.pad_id, generator=gen,
                                 make_cache=self._make_cache, cache_key=self.model.cache_key,
-                                decode=self.model.tokenizer.decode, decoder=self.model.decoder)
+                                decode=self.model.tokenizer.decode, decoder=self.model.decoder,
+                                on_token=on_token)
 
     def _sample_fast(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                      adapter: str | None, prompt_seeds: list[int] | None

@@ -18,10 +18,13 @@ choices that follow from owning the loop:
 the full tempered distribution (what the trainer recomputes): the ratio is exactly 1 before
 an update, and the nucleus truncation is a sampling bias the ratio does not correct.
 `temperature == 0` means greedy decoding (log-probs at temperature 1).
+`params.top_logprobs = k` also keeps the k most likely tokens of that same distribution at
+every position; `on_token` hears of each token as it is drawn (streaming in `retrain serve`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +41,11 @@ class _Rows:
     tokens: list[list[int]]
     logprobs: list[list[float]]
     finished: list[bool]
+    top: list[list[list[tuple[int, float]]]] | None = None  # per row, per position
+
+
+# (completion index, token, its log-prob, the top (token, log-prob) pairs or None)
+OnToken = Callable[[int, int, float, list[tuple[int, float]] | None], None]
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -144,11 +152,13 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
                  make_cache, cache_key: str = "past_key_values",
-                 decode=None, decoder=None) -> list[list[Completion]]:
+                 decode=None, decoder=None, on_token: OnToken | None = None
+                 ) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
     see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
-    `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward)."""
+    `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward);
+    `on_token`: called with each completion's every token (index in the flat output)."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)
@@ -160,7 +170,8 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
         mask = mask.repeat_interleave(n, dim=0)
         logits = logits.repeat_interleave(n, dim=0)
     total = len(prompts) * n
-    rows = _Rows([[] for _ in range(total)], [[] for _ in range(total)], [False] * total)
+    rows = _Rows([[] for _ in range(total)], [[] for _ in range(total)], [False] * total,
+                 [[] for _ in range(total)] if params.top_logprobs > 0 else None)
     active = torch.arange(total, device=device)  # batch row -> completion index
     ends = torch.tensor(sorted(set(eos_ids) | set(params.stop_tokens)), device=device)
     watch = _stop_watch(params, decode)
@@ -175,7 +186,8 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
         tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
         done = torch.isin(tok, ends)
         ids_now = active.tolist()
-        _record(rows, ids_now, tok.tolist(), tok_lp.tolist(), done.tolist())
+        _record(rows, ids_now, tok.tolist(), tok_lp.tolist(), done.tolist(),
+                _top(lp, params.top_logprobs), on_token)
         if watch:
             done = _stopped(rows, ids_now, watch, done)
         if step == params.max_tokens - 1 or bool(done.all()):
@@ -190,8 +202,10 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
             input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
             **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
-    flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length")
-            for t, lp, f in zip(rows.tokens, rows.logprobs, rows.finished, strict=True)]
+    flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length",
+                       top_logprobs=rows.top[i] if rows.top is not None else None)
+            for i, (t, lp, f) in enumerate(zip(rows.tokens, rows.logprobs, rows.finished,
+                                               strict=True))]
     return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
@@ -214,9 +228,22 @@ def _stopped(rows: _Rows, active: list[int], watch: StopWatch,
     return done | torch.tensor(hits, device=done.device)
 
 
+def _top(lp: torch.Tensor, k: int) -> list[list[tuple[int, float]]] | None:
+    """Each row's k most likely (token, log-prob), most likely first; None when k is 0."""
+    if k <= 0:
+        return None
+    values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(),
+                                                         strict=True)]
+
+
 def _record(rows: _Rows, active: list[int], toks: list[int], lps: list[float],
-            done: list[bool]) -> None:
-    for row, t, lp, d in zip(active, toks, lps, done, strict=True):
+            done: list[bool], top: list | None, on_token: OnToken | None) -> None:
+    for i, (row, t, lp, d) in enumerate(zip(active, toks, lps, done, strict=True)):
         rows.tokens[row].append(t)
         rows.logprobs[row].append(lp)
         rows.finished[row] = d
+        if rows.top is not None and top is not None:
+            rows.top[row].append(top[i])
+        if on_token is not None:
+            on_token(row, t, lp, top[i] if top is not None else None)

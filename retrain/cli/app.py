@@ -261,8 +261,13 @@ def serve(
     max_sessions: Annotated[int, typer.Option(
         help="Training clients alive at once (0 = no limit); one more gets HTTP 429 until "
              "a session finishes or stops heart-beating.", min=0)] = 0,
+    adapter: Annotated[list[str] | None, typer.Option(
+        help="Serve a run's checkpoint under a model name on the OpenAI-compatible routes: "
+             "NAME=RUN_DIR[@STEP] (the newest kept step without @STEP). Repeatable.")] = None,
 ) -> None:
-    """Serve the Tinker API over the local backend (for the official tinker SDK)."""
+    """Serve the Tinker API (for the official tinker SDK) and an OpenAI-compatible API (for
+    the openai client: /v1/chat/completions, /v1/completions, /v1/models) over the local
+    backend."""
     from retrain.serve import serve_forever
     from retrain.serve.guard import LoadModel
 
@@ -272,7 +277,7 @@ def serve(
         raise UserError(f"--load-model {load_model!r}: {exc}; expected e.g. "
                         "'base_ms=50,sigma=0.05,kappa=0.005,fail_above=24'") from None
     serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype,
-                  delay_ms=delay_ms, max_sessions=max_sessions, load=load)
+                  delay_ms=delay_ms, max_sessions=max_sessions, load=load, adapters=adapter)
 
 
 COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "eval", "sample",

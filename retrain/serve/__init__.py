@@ -6,6 +6,8 @@ backend datatypes), `validate` (every check of what clients send), `futures` (lo
 results), `ordering` (seq_id order per model), `checkpoints` (tinker:// paths <->
 folders), `service` (the API's semantics), `errors` (ApiError), `guard` (key check, added
 delay, body cap, traffic count, fault injection), `app` (Starlette routes), `server` (uvicorn).
+The OpenAI-compatible API: `openai_routes`, `openai_wire` (request checks), `openai_models`
+(model names), `adapters` (`--adapter` run checkpoints), `openai_reply`, `openai_stream`.
 """
 
 from retrain.serve.server import ServerThread, serve_forever

@@ -2,7 +2,8 @@
 
 Each handler parses the body into the SDK's own pydantic request type, calls
 `TinkerService`, and answers JSON, or protobuf for finished forward_backward / sample
-futures. Unknown routes answer a JSON error naming the route.
+futures. Unknown routes answer a JSON error naming the route. The OpenAI-compatible routes
+(`openai_routes`, under /v1/) are added beside them, on the same service and engine.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
 from retrain.serve.inflate import inflate_zstd
+from retrain.serve.openai_routes import OpenAIServing, build_openai_routes, error_reply
 from retrain.serve.service import REAP_EVERY_S, SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
@@ -227,16 +229,24 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _error_for(request: Request, status: int, message: str) -> Response:
+    """An error in the shape the path's clients read: OpenAI's under /v1/, else Tinker's."""
+    if request.url.path.startswith("/v1/"):
+        return error_reply(status, message)
+    return _error(status, message)
+
+
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return _error(404, f"retrain serve does not implement {request.method} {request.url.path}")
+    return _error_for(request, 404,
+                      f"retrain serve does not implement {request.method} {request.url.path}")
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
-    return _error(405, f"{request.method} is not allowed on {request.url.path}")
+    return _error_for(request, 405, f"{request.method} is not allowed on {request.url.path}")
 
 
 async def _too_large(request: Request, exc: Exception) -> Response:
-    return _error(413, getattr(exc, "detail", "request body too large"))
+    return _error_for(request, 413, getattr(exc, "detail", "request body too large"))
 
 
 def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
@@ -244,8 +254,10 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               reap_every_s: float = REAP_EVERY_S, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
               max_body_bytes: int = MAX_BODY_BYTES,
-              load: LoadModel | None = None) -> tuple[Guard, TinkerService]:
-    """The ASGI app (Starlette behind the Guard middleware) and its service.
+              load: LoadModel | None = None,
+              openai: OpenAIServing | None = None) -> tuple[Guard, TinkerService]:
+    """The ASGI app (Starlette behind the Guard middleware) and its service; with `openai`,
+    the OpenAI-compatible routes too.
 
     `delay_s` is added before every API request (`--delay-ms`), `load` simulates a hosted
     endpoint's capacity curve (`--load-model`); `max_sessions` caps the
@@ -267,7 +279,10 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
             task.cancel()
             service.close()
 
-    app = Starlette(routes=build_routes(service, max_body_bytes), lifespan=lifespan,
+    routes = build_routes(service, max_body_bytes)
+    if openai is not None:
+        routes += build_openai_routes(service, openai)
+    app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: _not_found, 405: _not_allowed,
                                         413: _too_large})
     return Guard(app, api_key=api_key, faults=faults, traffic=Traffic(),

@@ -85,5 +85,8 @@ class Engine(Protocol):
 
     def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
                prompt_logprobs: bool) -> SampleResult:
-        """`n` continuations of `prompt` under `snap` (None = the base model)."""
+        """`n` continuations of `prompt` under `snap` (None = the base model). An engine that
+        streams (the local one, for the OpenAI routes' `stream`) also takes an `on_token`
+        keyword: called with (index among the n, token, log-prob, top log-probs or None) for
+        each token as it is drawn."""
         ...

@@ -192,8 +192,9 @@ class Guard:
         route = path[len(PREFIX):] if path.startswith(PREFIX) else path
         if self.api_key is not None and not self._key_ok(scope):
             return await _json(send, 401, {"error": "missing or wrong API key: set "
-                                           "TINKER_API_KEY to the key `retrain serve` was "
-                                           "started with", "category": "user"})
+                                           "TINKER_API_KEY (or the openai client's api_key) "
+                                           "to the key `retrain serve` was started with",
+                                           "category": "user"})
         if self._declared_size(scope) > self.max_body_bytes:
             return await _json(send, 413, self._too_large())
         receive = self._capped(receive)
@@ -264,10 +265,14 @@ class Guard:
             await asyncio.sleep(self.delay_s)
 
     def _key_ok(self, scope) -> bool:
+        """The tinker SDK sends the key as X-API-Key, OpenAI clients as a Bearer token."""
+        ok = False
         for name, value in scope.get("headers", []):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                name, value = b"x-api-key", value[7:].strip()
             if name == b"x-api-key":
-                return hmac.compare_digest(value, self.api_key.encode())
-        return False
+                ok |= hmac.compare_digest(value, self.api_key.encode())
+        return ok
 
     async def _inject(self, fault: str, receive, send) -> None:
         if fault == "hang":

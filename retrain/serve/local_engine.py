@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import threading
 import warnings
@@ -37,8 +38,11 @@ from retrain.backends.base import (
 from retrain.backends.local import LocalBackend
 from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
 from retrain.backends.local_model import LocalModel
+from retrain.backends.local_sampling import OnToken
 from retrain.config.sections import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
+
+log = logging.getLogger("retrain.serve")
 
 
 class LocalEngine:
@@ -192,16 +196,18 @@ class LocalEngine:
     # ------------------------------------------------------------------ sampling
 
     def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
-               prompt_logprobs: bool) -> SampleResult:
+               prompt_logprobs: bool, on_token: OnToken | None = None) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
         settings in one batch; when any of them has a seed, each prompt draws from its own
         seed (a random one where the request gave none) and prompts of one length are decoded
         together (padding changes the numbers, in bfloat16 enough to flip a draw), so a seeded
-        request's completions do not depend on what it was batched with."""
+        request's completions do not depend on what it was batched with. `on_token` hears
+        of this request's tokens as they are drawn (index among its `n`, token, log-prob,
+        top log-probs)."""
         key = (snap, n, params.max_tokens, params.temperature, params.top_p,
-               params.stop_tokens, params.stop_strings)
-        mine = _Queued(prompt, params.seed)
+               params.stop_tokens, params.stop_strings, params.top_logprobs)
+        mine = _Queued(prompt, params.seed, on_token)
         with self._lock:
             self._queued.setdefault(key, []).append(mine)
         with self.model.lock:
@@ -231,7 +237,8 @@ class LocalEngine:
         # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
         common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                 top_p=params.top_p, stop_tokens=params.stop_tokens,
-                                stop_strings=params.stop_strings)
+                                stop_strings=params.stop_strings,
+                                top_logprobs=params.top_logprobs)
         seeds = None
         if any(q.seed is not None for q in batch):
             seeds = [int(self._seeds.integers(2**63)) if q.seed is None else q.seed
@@ -239,7 +246,7 @@ class LocalEngine:
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
-                prompt_seeds=seeds)
+                prompt_seeds=seeds, on_token=_tell(batch, n))
         except BaseException as exc:
             for q in batch:
                 q.error = exc
@@ -254,8 +261,25 @@ class _Queued:
 
     prompt: list[int]
     seed: int | None
+    on_token: OnToken | None = None
     result: list | None = None
     error: BaseException | None = None
+
+
+def _tell(batch: list[_Queued], n: int) -> OnToken | None:
+    """The batch's token hook: row r is sample r % n of request r // n."""
+    if all(q.on_token is None for q in batch):
+        return None
+
+    def on_token(row: int, token: int, logprob: float, top) -> None:
+        q = batch[row // n]
+        if q.on_token is not None:
+            try:
+                q.on_token(row % n, token, logprob, top)
+            except Exception:  # one listener's failure must not stop the others' decode
+                log.exception("a token listener failed; it hears no more")
+                q.on_token = None
+    return on_token
 
 
 def _by_length(batch: list[_Queued]) -> list[list[_Queued]]:

@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -16,6 +17,11 @@ from retrain.errors import UserError
 from retrain.serve.app import build_app
 from retrain.serve.engine import Engine
 from retrain.serve.guard import FaultPlan, Guard, LoadModel
+from retrain.serve.openai_routes import OpenAIServing
+
+if TYPE_CHECKING:
+    from retrain.serve.adapters import AdapterRun
+    from retrain.serve.local_engine import LocalEngine
 
 log = logging.getLogger("retrain.serve")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -81,8 +87,10 @@ def run(app: Guard, host: str, sock: socket.socket) -> None:
     warning = exposure_warning(host, app.api_key is not None)
     if warning:
         print(warning, file=sys.stderr)
-    print(f"retrain serve: http://{host}:{sock.getsockname()[1]} "
-          f"(TINKER_BASE_URL for clients)", file=sys.stderr, flush=True)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    print(f"retrain serve: {url} (TINKER_BASE_URL for clients)", file=sys.stderr, flush=True)
+    print(f"retrain serve: the OpenAI-compatible API is at {url}/v1 (base_url of the openai "
+          "client)", file=sys.stderr, flush=True)
     uvicorn.Server(_config(app, "warning")).run(sockets=[sock])
 
 
@@ -116,17 +124,45 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
                   api_key: str | None = None, dtype: str = "auto",
                   engine: Engine | None = None, state_dir: Path | None = None,
                   delay_ms: float = 0.0, max_sessions: int = 0,
-                  load: LoadModel | None = None) -> None:
-    """`retrain serve`: the Tinker API over the local backend, until Ctrl-C."""
+                  load: LoadModel | None = None, adapters: list[str] | None = None) -> None:
+    """`retrain serve`: the Tinker API and the OpenAI-compatible API over the local backend,
+    until Ctrl-C; `adapters` ("NAME=RUN_DIR[@STEP]") are run checkpoints served by name. The
+    OpenAI routes need the local engine's tokenizer: a given `engine` serves the Tinker API
+    only."""
+    from retrain.serve.adapters import find_runs, parse_spec
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
+    runs = find_runs([parse_spec(text) for text in adapters or []])  # before the model loads
+    if runs and engine is not None:
+        raise UserError("--adapter needs the local engine (leave `engine` out)")
+    state_dir = state_dir or default_state_dir()
     sock = bind(host, port)  # before loading the model: a taken port fails in a second
-    if engine is None:
-        from retrain.serve.local_engine import LocalEngine
+    try:
+        local = engine is None
+        if engine is None:
+            from retrain.serve.local_engine import LocalEngine
 
-        engine = LocalEngine.load(model, dtype=dtype)
-        print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
-    app, _ = build_app(engine, state_dir or default_state_dir(), api_key=api_key,
+            engine = LocalEngine.load(model, dtype=dtype)
+            print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
+        openai = _openai_serving(engine, state_dir, runs) if local else None
+    except BaseException:
+        sock.close()
+        raise
+    app, _ = build_app(engine, state_dir, api_key=api_key,
                        faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
-                       max_sessions=max_sessions, load=load)
+                       max_sessions=max_sessions, load=load, openai=openai)
     run(app, host, sock)
+
+
+def _openai_serving(engine: LocalEngine, state_dir: Path,
+                    runs: list[AdapterRun]) -> OpenAIServing:
+    """The OpenAI routes' view of a local engine: its tokenizer, EOS ids and `--adapter`s."""
+    from retrain.serve.adapters import load_adapters
+    from retrain.serve.checkpoints import CheckpointStore
+
+    served = load_adapters(engine, CheckpointStore(state_dir, engine.base_model), runs)
+    for a in served.values():
+        print(f"retrain serve: adapter {a.name!r} = {a.run_dir} step {a.step}",
+              file=sys.stderr, flush=True)
+    return OpenAIServing(engine.model.tokenizer, frozenset(engine.model.eos_ids), served)

@@ -1,0 +1,217 @@
+"""OpenAI-compatible routes on `retrain serve`: GET /v1/models, POST /v1/chat/completions
+(with `stream`: server-sent events) and POST /v1/completions.
+
+A request is checked (`openai_wire`), its model found (`openai_models`), its prompts
+rendered and tokenized here (chat: the tokenizer's chat template, as `retrain sample` renders
+them), and sampled through the same engine call as the Tinker `asample` route, on the
+service's thread pool: requests of both APIs wait for the model together and are decoded in
+one batch. Replies and stream chunks are built by `openai_reply` / `openai_stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from retrain.serve import openai_reply, openai_stream, validate
+from retrain.serve.adapters import ServedAdapter
+from retrain.serve.engine import EngineError, SampleResult
+from retrain.serve.errors import ApiError
+from retrain.serve.openai_models import Catalog, Target
+from retrain.serve.openai_wire import (
+    Call,
+    ChatBody,
+    CompletionBody,
+    Job,
+    OpenAIError,
+    chat_call,
+    completion_call,
+    parse,
+)
+from retrain.serve.service import TinkerService
+
+log = logging.getLogger("retrain.serve")
+NO_CONTEXT_LIMIT_TOKENS = 4096  # max_tokens left out on a model that states no context
+
+
+@dataclass(frozen=True)
+class OpenAIServing:
+    """What the OpenAI routes need beside the Tinker service: the served model's tokenizer,
+    its end-of-sequence ids, and the `--adapter` checkpoints."""
+
+    tokenizer: Any
+    end_ids: frozenset[int]
+    adapters: dict[str, ServedAdapter] = field(default_factory=dict)
+
+
+def build_openai_routes(service: TinkerService, serving: OpenAIServing) -> list[Route]:
+    api = OpenAIApi(service, serving)
+    return [Route("/v1/models", _openai(api.list_models), methods=["GET"]),
+            Route("/v1/models/{model:path}", _openai(api.get_model), methods=["GET"]),
+            Route("/v1/chat/completions", _openai(api.chat), methods=["POST"]),
+            Route("/v1/completions", _openai(api.complete), methods=["POST"])]
+
+
+def error_reply(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """An error in OpenAI's shape (also for the app's 404/405/413 on /v1/ paths)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(OpenAIError(status, message, param, kind).body(), status_code=status)
+
+
+def _openai(handler: Callable[[Request], Awaitable[Response]]):
+    """Every failure as OpenAI's error JSON: what the client sent (4xx) names its field."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except OpenAIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except validate.RequestError as exc:
+            return error_reply(400, str(exc))
+        except EngineError as exc:
+            return error_reply(400, str(exc))
+        except ApiError as exc:
+            return error_reply(exc.status, exc.message)
+        except Exception as exc:  # a bug or an OOM: the client gets a line, the log the trace
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error_reply(500, f"server error: {type(exc).__name__}: {exc}")
+    return endpoint
+
+
+class OpenAIApi:
+    """The handlers, bound to one Tinker service (its engine, pool and sampler state)."""
+
+    def __init__(self, service: TinkerService, serving: OpenAIServing):
+        self.service = service
+        self.engine = service.engine
+        self.tokenizer = serving.tokenizer
+        self.catalog = Catalog(service, serving.adapters)
+        piece = functools.lru_cache(maxsize=65536)(lambda t: self.tokenizer.decode([t]))
+        self.tok = openai_reply.Tokens(
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            piece=piece, end_ids=serving.end_ids)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": self.catalog.models()})
+
+    async def get_model(self, request: Request) -> Response:
+        return JSONResponse(self.catalog.card(request.path_params["model"]))
+
+    async def chat(self, request: Request) -> Response:
+        call = chat_call(parse(await request.body(), ChatBody))
+        target = await self.catalog.target(call.model)
+        try:
+            prompt = self._render(call.messages, target)
+            job = self._job(call, [prompt], chat=True)
+        except BaseException:
+            await self.catalog.release(target)
+            raise
+        return await self._answer(job, target)
+
+    async def complete(self, request: Request) -> Response:
+        call = completion_call(parse(await request.body(), CompletionBody))
+        target = await self.catalog.target(call.model)
+        try:
+            job = self._job(call, [self._tokens(p, i) for i, p in enumerate(call.prompts)],
+                            chat=False)
+        except BaseException:
+            await self.catalog.release(target)
+            raise
+        return await self._answer(job, target)
+
+    # ------------------------------------------------------------------ prompts
+
+    def _render(self, messages: list[dict], target: Target) -> list[int]:
+        from retrain.results.sample import render
+
+        try:
+            return render(self.tokenizer, messages, target.chat_template)
+        except Exception as exc:  # the template's own checks (roles, order) raise anything
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise OpenAIError(400, f"messages: the chat template cannot render them: "
+                              f"{first}", "messages") from None
+
+    def _tokens(self, prompt: str | list[int], i: int) -> list[int]:
+        ids = [int(t) for t in self.tokenizer(prompt)["input_ids"]] \
+            if isinstance(prompt, str) else prompt
+        if not ids:
+            raise OpenAIError(400, f"prompt[{i}] is empty", "prompt")
+        return ids
+
+    def _job(self, call: Call, prompts: list[list[int]], chat: bool) -> Job:
+        """The sampling settings for these prompts; the Tinker route's checks on each."""
+        name = "messages" if chat else "prompt"
+        context = self.engine.max_context
+        max_tokens = call.max_tokens
+        if max_tokens is None:
+            longest = max(len(p) for p in prompts)
+            max_tokens = (context or longest + NO_CONTEXT_LIMIT_TOKENS) - longest
+            if max_tokens < 1:
+                raise OpenAIError(400, f"{name}: the prompt ({longest} tokens) fills the "
+                                  f"model's context of {context} tokens", name)
+        params = replace(call.params, max_tokens=max_tokens)
+        for prompt in prompts:
+            try:
+                validate.check_sample(prompt, call.n, params, self.engine.vocab_size, context)
+            except validate.RequestError as exc:
+                message = str(exc).replace("SamplingParams.", "")
+                param = message.split(":")[0].split()[0]
+                param = {"prompt": name, "num_samples": "n"}.get(param, param)
+                raise OpenAIError(400, message, param) from None
+        kind = "chatcmpl" if chat else "cmpl"
+        return Job(call, prompts, params, chat, f"{kind}-{uuid.uuid4().hex[:24]}",
+                   int(time.time()))
+
+    # ------------------------------------------------------------------ sampling
+
+    async def _answer(self, job: Job, target: Target) -> Response:
+        if job.call.stream:
+            events = openai_stream.Events(job, self.tok)
+            futures = self._sample(job, target, events.hook)
+            events.watch(futures)
+            return StreamingResponse(events.sse(), media_type="text/event-stream",
+                                     headers={"cache-control": "no-cache"})
+        done = await asyncio.gather(*self._sample(job, target), return_exceptions=True)
+        failed = next((r for r in done if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
+        results: list[SampleResult] = list(done)
+        n, stops = job.call.n, job.params.stop_strings
+        choices = [openai_reply.choice(p * n + j, c, self.tok, stops)
+                   for p, r in enumerate(results) for j, c in enumerate(r.sequences)]
+        body = openai_reply.chat_body if job.chat else openai_reply.completion_body
+        return JSONResponse(body(job.rid, job.created, job.call.model, choices, self.tok,
+                                 job.call.logprobs, sum(len(p) for p in job.prompts)))
+
+    def _sample(self, job: Job, target: Target,
+                hook: Callable[[int], Callable] | None = None) -> list[asyncio.Future]:
+        """One engine call per prompt, as the Tinker route makes it, on the service's pool;
+        a snapshot loaded for this request is dropped once every call is over."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for p, prompt in enumerate(job.prompts):
+            extra = {} if hook is None else {"on_token": hook(p)}
+            work = functools.partial(self.engine.sample, target.snap, prompt, job.call.n,
+                                     job.params, False, **extra)
+            futures.append(loop.run_in_executor(self.service.pool, work))
+        if target.owned:
+            self._keep(loop.create_task(self._release_after(futures, target)))
+        return futures
+
+    async def _release_after(self, futures: list[asyncio.Future], target: Target) -> None:
+        await asyncio.gather(*futures, return_exceptions=True)
+        await self.catalog.release(target)
+
+    def _keep(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
