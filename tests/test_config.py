@@ -405,6 +405,10 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         t.max_steps_off_policy = 0
+    if t.mini_batches > t.batch_size and not cfg.backpressure.enabled:
+        t.mini_batches = t.batch_size
+    if t.lr_schedule == "constant":
+        t.min_lr_ratio = 0.0
     be = cfg.backend
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
     if t.lr * t.weight_decay >= 1:

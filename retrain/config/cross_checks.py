@@ -60,12 +60,26 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   "must be <= backend.max_concurrent_max "
                                   f"({be.max_concurrent_max})"))
     issues += _environment_conflicts(cfg)
+    issues += _recipe_conflicts(cfg)
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
+    return issues
+
+
+def _recipe_conflicts(cfg) -> list[ConfigIssue]:
+    """Keys of a training recipe that contradict each other (or do nothing where set)."""
+    t, issues = cfg.training, []
+    if t.mini_batches > t.batch_size and not cfg.backpressure.enabled:
+        issues.append(ConfigIssue("training.mini_batches", f"({t.mini_batches}) is more than "
+                                  f"training.batch_size ({t.batch_size}): a mini-batch holds "
+                                  "whole groups; lower mini_batches"))
+    if t.min_lr_ratio and t.lr_schedule == "constant":
+        issues.append(ConfigIssue("training.min_lr_ratio", "applies to training.lr_schedule "
+                                  "= 'linear' or 'cosine'; set one, or remove min_lr_ratio"))
     return issues
 
 

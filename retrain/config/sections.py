@@ -28,6 +28,7 @@ from retrain.config.schema import (
     MAX_THREADS,
     MAX_TOKENS,
     MAX_TURNS,
+    MAX_UPDATES,
     MAX_WAIT_S,
     MAX_WORKERS,
     ConfigError,
@@ -192,6 +193,18 @@ class TrainingConfig:
     max_steps_off_policy: int = opt(
         0, "tinker: 1 = sample the next step while this one trains (samples one update old); "
         "0 = on-policy", lo=0, hi=1)
+    mini_batches: int = opt(1, "split each step's groups into this many mini-batches, one "
+                            "optimizer step each (the ratio stays against the sampler's "
+                            "log-probs)", lo=1, hi=MAX_BATCH)
+    epochs: int = opt(1, "passes over a step's mini-batches (updates per step = mini_batches "
+                      "x epochs)", lo=1, hi=MAX_UPDATES)
+    lr_schedule: str = opt("constant", "learning rate over the run after the warm-up: "
+                           "constant, or linear / cosine decay to lr x min_lr_ratio at max_steps",
+                           choices=("constant", "linear", "cosine"))
+    warmup_steps: int = opt(0, "steps of linear warm-up from lr / warmup_steps to lr", lo=0,
+                            hi=MAX_STEPS)
+    min_lr_ratio: float = opt(0.0, "linear / cosine: the last step's lr as a fraction of lr",
+                              lo=0, hi=1)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Any
 
 from retrain.algorithms.advantages import bounded_for_loss, compute_advantages
 from retrain.algorithms.lr import step_lr
+from retrain.algorithms.schedule import lr_multiplier
 from retrain.backends.base import (
     Backend,
     BackendError,
@@ -49,7 +50,6 @@ from retrain.run.progress import Progress
 from retrain.run.seeds import derive_seed
 from retrain.run.step_row import (
     SampledStep,
-    logprob_diff,
     max_rss_mb,
     ordered,
     rollout_row,
@@ -57,7 +57,7 @@ from retrain.run.step_row import (
 )
 from retrain.run.stop_request import StopRequest
 from retrain.run.trackers import Trackers
-from retrain.run.update import NO_UPDATE, update
+from retrain.run.update import NO_UPDATE, summary, update_batch
 from retrain.runfiles import runlog
 
 ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the note shows it
@@ -279,16 +279,16 @@ class Trainer:
                               f"by {divisor:.3g} before the loss (rewards in large units; "
                               "said once)")
         t2 = time.perf_counter()
-        datums = [episode_datum(e, a)
+        groups = [[episode_datum(e, a) for e, a in zip(group, adv, strict=True) if a != 0.0]
                   for group, adv, dropped in zip(result.groups, advantages, result.dropped,
-                                                 strict=True) if not dropped
-                  for e, a in zip(group, adv, strict=True) if a != 0.0]
-        train = self._train(datums, batch_size)
+                                                 strict=True) if not dropped]
+        lr = self._lr(step, batch_size)
+        train = self._train(groups, lr)
         t3 = time.perf_counter()
-        row = self._row(result, batch_size, rewards, train)
+        row = self._row(result, batch_size, rewards, train, lr)
         row.update(sample_time_s=t1 - t0 - result.env_seconds,
                    reward_time_s=t2 - t1 + result.env_seconds, train_time_s=t3 - t2,
-                   trained_completions=len(datums),
+                   trained_completions=sum(map(len, groups)),
                    sample_staleness=ahead.staleness if ahead is not None else 0)
         episodes = [e for g in result.groups for e in g]
         work = step_work([[(e.ledger.context_tokens,
@@ -302,9 +302,9 @@ class Trainer:
         return sampled
 
     def _row(self, result: RolloutResult, batch_size: int, rewards: list[list[float]],
-             train: dict) -> dict:
+             train: dict, lr: float) -> dict:
         row = rollout_row(result, rewards, batch_size, self.training.group_size, train)
-        row.update(lr=self._lr(batch_size), reward_failures=self.rollouts.train.host.failures)
+        row.update(lr=lr, reward_failures=self.rollouts.train.host.failures)
         if not uses_scorer(self.cfg.environment):
             row.update(result.metrics())
         return row
@@ -316,31 +316,31 @@ class Trainer:
             return self.cursor.take(batch_size)
         return [derive_seed(self.training.seed, step, f"episode:{g}") for g in range(batch_size)]
 
-    def _lr(self, batch_size: int) -> float:
-        bp = self.cfg.backpressure
-        return step_lr(self.training.lr, self.training.batch_size, batch_size, bp.lr_scaling,
-                       bp.enabled)
+    def _lr(self, step: int, batch_size: int) -> float:
+        """The schedule's rate at `step`, scaled for the batch back-pressure chose."""
+        t, bp = self.training, self.cfg.backpressure
+        lr = t.lr * lr_multiplier(step, t.max_steps, t.lr_schedule, t.warmup_steps,
+                                  t.min_lr_ratio)
+        return step_lr(lr, t.batch_size, batch_size, bp.lr_scaling, bp.enabled)
 
-    def _train(self, datums: list[Datum], batch_size: int) -> dict:
-        """forward_backward + optim_step; groups without signal were left out of `datums`."""
+    def _train(self, groups: list[list[Datum]], lr: float) -> dict:
+        """The step's updates (retrain.run.update); groups without signal are left out."""
         self._train_metrics = {}
-        if not datums:  # every group uniform: nothing to learn from this step
+        if not any(groups):  # every group uniform: nothing to learn from this step
             self._land_commit()
             return dict(NO_UPDATE)
-        done = update(self.backend, datums, self.cfg.algorithm, self.training,
-                      self._lr(batch_size))
-        out, self._train_metrics = done.loss, done.loss.metrics
+        done = update_batch(self.backend, groups, self.cfg.algorithm, self.training, lr)
+        row, self._train_metrics = summary(done)
         self._land_commit()  # the last step's save landed while this step's update ran
-        if not done.skipped:  # a skipped update leaves the weights (and staleness) as they were
+        if row["updates"]:  # skipped updates leave the weights (and staleness) as they were
             self.overlap.updated()
         # Measured on the local backend with two or more micro-batches, else None (docs).
-        stats = GradStats.from_metrics(out.metrics)
-        return {"loss": out.loss, "grad_norm": done.optim.grad_norm,
-                "skipped_nonfinite": done.skipped,
-                "sampler_trainer_logprob_diff": logprob_diff(datums, out.logprobs),
-                "grad_noise_scale": self.noise.update(stats),
-                "grad_coherence": stats.coherence if stats else None,
-                "grad_diagnostics_s": out.metrics.get("grad_diagnostics_s")}
+        stats = GradStats.from_metrics(self._train_metrics) \
+            if self.training.mini_batches == 1 else None
+        row.update(grad_noise_scale=self.noise.update(stats),
+                   grad_coherence=stats.coherence if stats else None,
+                   grad_diagnostics_s=self._train_metrics.get("grad_diagnostics_s"))
+        return row
 
     def _sampling_params(self, step: int) -> SamplingParams:
         training = self.training
