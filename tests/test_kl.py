@@ -91,3 +91,32 @@ def test_kl_is_zero_at_step_one_and_grows(tmp_path, monkeypatch, tiny_model, kl_
     # trainer's float rounding separate them
     assert abs(kl[0]) < 1e-5
     assert kl[-1] > 1e-3 and kl[-1] > 100 * abs(kl[0])
+
+
+def test_tinker_reference_is_the_base_models_compute_logprobs(tiny_server, sdk_env,
+                                                              tiny_model):
+    """Through `retrain serve` and the real tinker SDK: before any update the reference is the
+    policy the sampler drew from; after updates it stays where it was (the base model)."""
+    pytest.importorskip("tinker")
+    from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
+    from retrain.backends.tinker import TinkerBackend
+
+    backend = TinkerBackend(base_model="tiny-random", lora_rank=4, seed=5,
+                            base_url=tiny_server.url, request_timeout_s=60)
+    prompt = backend.tokenizer("what is 2 + 2?")["input_ids"]
+    [group] = backend.sample([prompt], 4, SamplingParams(max_tokens=6, seed=1))
+    datums = [make_datum(prompt, c, (-1.0) ** j) for j, c in enumerate(group)]
+    before = backend.reference_logprobs(datums)
+    for d, ref in zip(datums, before, strict=True):
+        assert [r for r, m in zip(ref, d.mask, strict=True) if m] == \
+            pytest.approx([lp for lp, m in zip(d.logprobs, d.mask, strict=True) if m], abs=1e-4)
+        assert all(r == 0.0 for r, m in zip(ref, d.mask, strict=True) if not m)
+    for _ in range(2):
+        backend.forward_backward(datums, LossConfig())
+        backend.optim_step(AdamParams(learning_rate=5e-2))
+    after = backend.reference_logprobs(datums)
+    assert sum(after, []) == pytest.approx(sum(before, []), abs=1e-5)
+    [moved] = backend.sample([prompt], 4, SamplingParams(max_tokens=6, seed=1))
+    assert sum((c.logprobs for c in moved), []) != \
+        pytest.approx(sum((c.logprobs for c in group), []), abs=1e-3)  # the policy did move
+    backend.close()
