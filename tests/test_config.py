@@ -428,6 +428,23 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         t.max_steps_off_policy = 0
+    if t.mini_batches > t.batch_size and not cfg.backpressure.enabled:
+        t.mini_batches = t.batch_size
+    if t.lr_schedule == "constant":
+        t.min_lr_ratio = 0.0
+    if not t.refill:
+        t.max_refill_rounds = 4
+    a = cfg.algorithm
+    if not a.kl_coef:
+        a.kl_in, a.kl_estimator = "reward", "k1"
+    elif cfg.backend.backend == "tinker":
+        a.kl_in = "reward"
+    r = cfg.reward
+    r.overlong_buffer = min(r.overlong_buffer, t.max_tokens)
+    if not r.overlong_buffer:
+        r.overlong_penalty = 1.0
+    if cfg.environment.tools:
+        r.overlong_buffer, r.overlong_penalty = 0, 1.0
     be = cfg.backend
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
     if t.lr * t.weight_decay >= 1:

@@ -57,6 +57,7 @@ class Datum:
     `input_tokens[i]` predicts `target_tokens[i]`; `logprobs`, `advantages` and `mask` are
     aligned to the targets. Prompt positions have mask 0 and advantage 0. `weights` (aligned
     too) are the per-token weights of a supervised `cross_entropy` loss; None otherwise.
+    `ref_logprobs` (aligned too): the reference model's log-probs, for a KL term in the loss.
     """
 
     input_tokens: TokenIds
@@ -65,6 +66,7 @@ class Datum:
     advantages: list[float]
     mask: list[float]
     weights: list[float] | None = None
+    ref_logprobs: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.input_tokens)
@@ -93,6 +95,8 @@ class LossConfig:
     clip_eps: float = 0.2
     clip_eps_high: float = 0.2
     temperature: float = 1.0            # sampling temperature; log-probs are recomputed under it
+    kl_coef: float = 0.0                # > 0: + kl_coef x KL(policy || reference) per token
+    kl_estimator: str = "k1"            # retrain.algorithms.kl (needs Datum.ref_logprobs)
 
 
 @dataclass
@@ -177,6 +181,11 @@ class Backend(Protocol):
         ...
 
     def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput: ...
+
+    def reference_logprobs(self, datums: list[Datum], temperature: float) -> list[list[float]]:
+        """The base model's log-probs of each datum's masked targets (0.0 elsewhere): the
+        reference of a KL term ([algorithm] kl_coef)."""
+        ...
 
     def optim_step(self, adam: AdamParams) -> OptimOutput: ...
 

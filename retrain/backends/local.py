@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from retrain.algorithms.kl import token_kl
 from retrain.backends import local_checkpoint, local_compile, local_lora, local_loss
 from retrain.backends.base import (
     AdamParams,
@@ -247,7 +248,7 @@ class LocalBackend:
         out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
         if total_tokens == 0:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
-        loss_sum, clipped = 0.0, 0.0
+        loss_sum, clipped, kl_sum = 0.0, 0.0, 0.0
         grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens)
         diagnostics_s = 0.0
         with _seeded_dropout(self.generator, self.model.device):
@@ -256,6 +257,10 @@ class LocalBackend:
                 lp = self._target_logprobs(net, batch, loss.temperature)
                 per_tok = local_loss.per_token_loss(lp, batch.old_logprobs, batch.advantages,
                                                     loss)
+                if loss.kl_coef:
+                    kl = token_kl(lp, self._ref(datums, batch), loss.kl_estimator)
+                    per_tok = per_tok + loss.kl_coef * kl
+                    kl_sum += float(kl.detach().sum())
                 chunk_loss = per_tok.sum() / total_tokens
                 chunk_loss.backward()
                 t0 = time.perf_counter()
@@ -273,7 +278,17 @@ class LocalBackend:
                    "grad_diagnostics_s": diagnostics_s}
         if loss.name == "ppo":
             metrics["clip_fraction"] = clipped / total_tokens
+        if loss.kl_coef:
+            metrics["kl"] = kl_sum / total_tokens
         return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)
+
+    def _ref(self, datums: list[Datum], batch: local_loss.Packed) -> torch.Tensor:
+        """The reference log-probs of `batch`'s targets, in their order."""
+        missing = [i for i, _ in batch.where if datums[i].ref_logprobs is None]
+        if missing:
+            raise BackendError(f"datum {missing[0]} has no ref_logprobs for the KL term")
+        return torch.tensor([datums[i].ref_logprobs[pos] for i, pos in batch.where],
+                            dtype=torch.float32, device=self.model.device)
 
     def _target_logprobs(self, net: Any, batch: local_loss.Packed,
                          temperature: float) -> torch.Tensor:
@@ -330,6 +345,15 @@ class LocalBackend:
                 for (i, pos), value in zip(batch.where, lp.cpu().tolist(), strict=True):
                     out_lp[i][pos] = value
         return out_lp
+
+    def reference_logprobs(self, datums: list[Datum],
+                           temperature: float = 1.0) -> list[list[float]]:
+        """The base model's log-probs: the same forward with the adapter disabled (peft's
+        `disable_adapter`), so no second copy of the model is held."""
+        with self.model.lock:
+            self.model.activate(self.adapter)
+            with self.model.net.disable_adapter():
+                return self.logprobs(datums, temperature)
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.

@@ -76,6 +76,7 @@ class TinkerBackend:
         self._checkpoints = ServiceCheckpoints(self._calls, keep_every=keep_every,
                                                final_step=final_step)
         self._tokenizer: Any = None
+        self._base_sampler: Any = None  # the base model's sampling client, for the KL reference
         self._pending: PendingLoss | None = None
         self.summary = f"{base_model} on Tinker ({self.base_url or 'the SDK default service'})"
         self.cost_model = None  # the service's hardware and kernels are not ours to estimate
@@ -200,6 +201,25 @@ class TinkerBackend:
 
         self._pending = PendingLoss(resolve, submitted)
         return self._pending
+
+    def reference_logprobs(self, datums: list[Datum],
+                           temperature: float = 1.0) -> list[list[float]]:
+        """The base model's log-probs: `compute_logprobs` of a base-model sampling client, one
+        request per datum. Tinker computes them at temperature 1 only."""
+        if self._base_sampler is None:
+            service = self._calls.service
+            self._base_sampler = self._calls.call("create_sampling_client", lambda: (
+                service.create_sampling_client(base_model=self.base_model)))
+        types, base = self._tinker.types, self._base_sampler
+
+        def one(d: Datum) -> list[float]:
+            tokens = list(d.input_tokens[:1]) + list(d.target_tokens)
+            lps = self._calls.call("compute_logprobs", lambda: base.compute_logprobs(
+                types.ModelInput.from_ints(tokens)), fatal_timeout=False)
+            return [float(lps[i + 1]) if m and lps[i + 1] is not None else 0.0
+                    for i, m in enumerate(d.mask)]
+
+        return list(self._calls.sample_pool.map(one, datums))
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """Queue the step right behind the pending forward_backward and the sampler save right

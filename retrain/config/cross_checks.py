@@ -65,12 +65,56 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   "must be <= backend.max_concurrent_max "
                                   f"({be.max_concurrent_max})"))
     issues += _environment_conflicts(cfg)
+    issues += _recipe_conflicts(cfg)
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
+    return issues
+
+
+def _recipe_conflicts(cfg) -> list[ConfigIssue]:
+    """Keys of a training recipe that contradict each other (or do nothing where set)."""
+    t, issues = cfg.training, []
+    if t.mini_batches > t.batch_size and not cfg.backpressure.enabled:
+        issues.append(ConfigIssue("training.mini_batches", f"({t.mini_batches}) is more than "
+                                  f"training.batch_size ({t.batch_size}): a mini-batch holds "
+                                  "whole groups; lower mini_batches"))
+    if t.min_lr_ratio and t.lr_schedule == "constant":
+        issues.append(ConfigIssue("training.min_lr_ratio", "applies to training.lr_schedule "
+                                  "= 'linear' or 'cosine'; set one, or remove min_lr_ratio"))
+    issues += _kl_conflicts(cfg)
+    if t.max_refill_rounds != 4 and not t.refill:
+        issues.append(ConfigIssue("training.max_refill_rounds", "applies with training.refill "
+                                  "= true; set it, or remove max_refill_rounds"))
+    r = cfg.reward
+    if r.overlong_penalty != 1.0 and not r.overlong_buffer:
+        issues.append(ConfigIssue("reward.overlong_penalty", "applies with "
+                                  "reward.overlong_buffer > 0; set it, or remove overlong_penalty"))
+    if r.overlong_buffer > t.max_tokens:
+        issues.append(ConfigIssue("reward.overlong_buffer", f"({r.overlong_buffer}) is more than "
+                                  f"training.max_tokens ({t.max_tokens}); the buffer ends at "
+                                  "the limit"))
+    if r.overlong_buffer and cfg.environment.tools:
+        issues.append(ConfigIssue("reward.overlong_buffer", "shapes one-turn completions; "
+                                  "environment.tools makes episodes of several turns"))
+    return issues
+
+
+def _kl_conflicts(cfg) -> list[ConfigIssue]:
+    a, issues = cfg.algorithm, []
+    if not a.kl_coef:
+        for key, default in (("kl_in", "reward"), ("kl_estimator", "k1")):
+            if getattr(a, key) != default:
+                issues.append(ConfigIssue(f"algorithm.{key}", "needs algorithm.kl_coef > 0 "
+                                          "(the KL term is off); set kl_coef, or remove "
+                                          f"{key}"))
+    elif a.kl_in == "loss" and cfg.backend.backend == "tinker":
+        issues.append(ConfigIssue("algorithm.kl_in", "= 'loss' needs backend = 'local': "
+                                  "Tinker's losses take no reference log-probs; use kl_in = "
+                                  "'reward'"))
     return issues
 
 

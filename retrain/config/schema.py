@@ -35,6 +35,7 @@ MAX_STEPS = 100_000_000
 MAX_PROBLEMS = 10_000_000         # generated problems held in memory
 MAX_THREADS = 4_096
 MAX_LORA_RANK = 65_536
+MAX_UPDATES = 1_024               # optimizer steps on one sampled batch (epochs)
 MAX_WORKERS = 4_096               # campaign workers / concurrent API calls
 MAX_WAIT_S = 604_800.0            # timeouts and gaps: a week (beyond, waits overflow timers)
 

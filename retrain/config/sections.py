@@ -28,6 +28,7 @@ from retrain.config.schema import (
     MAX_THREADS,
     MAX_TOKENS,
     MAX_TURNS,
+    MAX_UPDATES,
     MAX_WAIT_S,
     MAX_WORKERS,
     ConfigError,
@@ -89,6 +90,11 @@ class RewardConfig:
     timeout_s: float = opt(5.0, "per-completion limit; a slow or failing scorer gives 0",
                            lo=0, lo_open=True, hi=MAX_WAIT_S)
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
+    overlong_buffer: int = opt(0, "DAPO overlong shaping: completions within this many tokens "
+                               "of training.max_tokens lose reward linearly, up to "
+                               "overlong_penalty at the limit (0 = off)", lo=0, hi=MAX_TOKENS)
+    overlong_penalty: float = opt(1.0, "the reward a completion at training.max_tokens loses "
+                                  "(with overlong_buffer)", lo=0, hi=1e6)
 
 
 ENVIRONMENT_KINDS = ("task", "python", "guess_number", "lookup", "reasoning_gym", "verifiers",
@@ -154,6 +160,14 @@ class AlgorithmConfig:
                     choices=("importance_sampling", "ppo"))
     clip_eps: float = opt(0.2, "ppo: lower clip range (ratio >= 1 - clip_eps)", lo=0, hi=1)
     clip_eps_high: float = opt(0.2, "ppo: upper clip range (ratio <= 1 + clip_eps_high)", lo=0)
+    kl_coef: float = opt(0.0, "weight of the KL to the base model (the adapter disabled); "
+                         "0 = no KL term", lo=0, hi=1e3)
+    kl_estimator: str = opt("k1", "KL estimate per sampled token: k1 = log(p / p_base), k3 = "
+                            "p_base / p - 1 - log(p_base / p) (never negative, lower variance)",
+                            choices=("k1", "k3"))
+    kl_in: str = opt("reward", "reward: kl_coef x the completion's KL is subtracted from its "
+                     "reward before the advantages; loss: kl_coef x the per-token KL is added "
+                     "to the loss (local backend)", choices=("reward", "loss"))
 
 
 @dataclass
@@ -192,6 +206,22 @@ class TrainingConfig:
     max_steps_off_policy: int = opt(
         0, "tinker: 1 = sample the next step while this one trains (samples one update old); "
         "0 = on-policy", lo=0, hi=1)
+    mini_batches: int = opt(1, "split each step's groups into this many mini-batches, one "
+                            "optimizer step each (the ratio stays against the sampler's "
+                            "log-probs)", lo=1, hi=MAX_BATCH)
+    epochs: int = opt(1, "passes over a step's mini-batches (updates per step = mini_batches "
+                      "x epochs)", lo=1, hi=MAX_UPDATES)
+    lr_schedule: str = opt("constant", "learning rate over the run after the warm-up: "
+                           "constant, or linear / cosine decay to lr x min_lr_ratio at max_steps",
+                           choices=("constant", "linear", "cosine"))
+    warmup_steps: int = opt(0, "steps of linear warm-up from lr / warmup_steps to lr", lo=0,
+                            hi=MAX_STEPS)
+    min_lr_ratio: float = opt(0.0, "linear / cosine: the last step's lr as a fraction of lr",
+                              lo=0, hi=1)
+    refill: bool = opt(False, "dynamic sampling: drop groups whose rewards are all equal and "
+                       "sample more prompts until batch_size groups carry signal")
+    max_refill_rounds: int = opt(4, "refill: extra sampling rounds a step may take", lo=1,
+                                 hi=MAX_UPDATES)
 
 
 @dataclass

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from retrain.algorithms.advantages import bounded_for_loss, compute_advantages
 from retrain.algorithms.lr import step_lr
+from retrain.algorithms.schedule import lr_multiplier
 from retrain.backends.base import (
     Backend,
     BackendError,
@@ -39,17 +39,17 @@ from retrain.backends.base import (
 )
 from retrain.config.sections import Config
 from retrain.control.gradnoise import GradStats, NoiseScale
-from retrain.environments.rollout import RolloutResult, Rollouts, episode_datum, uses_scorer
+from retrain.environments.rollout import RolloutResult, Rollouts, uses_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits
 from retrain.machine.cpu import load_average
 from retrain.run import checkpoint, endings
+from retrain.run.batch import BatchBuilder
 from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
 from retrain.run.progress import Progress
 from retrain.run.seeds import derive_seed
 from retrain.run.step_row import (
     SampledStep,
-    logprob_diff,
     max_rss_mb,
     ordered,
     rollout_row,
@@ -57,7 +57,7 @@ from retrain.run.step_row import (
 )
 from retrain.run.stop_request import StopRequest
 from retrain.run.trackers import Trackers
-from retrain.run.update import NO_UPDATE, update
+from retrain.run.update import NO_UPDATE, summary, update_batch
 from retrain.runfiles import runlog
 
 ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the note shows it
@@ -90,6 +90,8 @@ class Trainer:
         self.batch_size = self.training.batch_size
         self.failures = endings.FailureReport(self.progress.say, uses_scorer(cfg.environment))
         self.heldout = HeldOut(backend, rollouts, splits.eval, scorer, cfg.data, self.training)
+        self.batches = BatchBuilder(backend, rollouts.train.host, cfg.algorithm, self.training,
+                                    cfg.reward)
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
         self._api_waited = 0.0         # API waits already counted in a row (api_wait_s)
@@ -268,32 +270,31 @@ class Trainer:
         rollout = self.rollouts.train
         result = rollout.run(index, training.group_size, self._sampling_params(step), first)
         t1 = time.perf_counter()
-        self._sample_ahead(step + 1)  # overlap: runs while this step trains
-        rewards = result.rewards()
-        advantages = compute_advantages(rewards, self.cfg.algorithm.advantage,
-                                        self.cfg.algorithm.std_scale)
-        advantages, divisor = bounded_for_loss(advantages)  # float32-safe, order kept
+        if not training.refill:  # refill rounds take from the cursor first
+            self._sample_ahead(step + 1)  # overlap: runs while this step trains
+        batch = self.batches.build(result, batch_size, lambda r, k, drawn: rollout.run(
+            self._take(step, k, drawn), training.group_size, self._sampling_params(step, r)))
+        if training.refill:
+            self._sample_ahead(step + 1)
+        result, divisor = batch.result, batch.divisor
         if divisor != 1.0 and not self._scaled_noted:
             self._scaled_noted = True
             self.progress.say(f"step {step}: advantages beyond {ADVANTAGE_NOTE} were divided "
                               f"by {divisor:.3g} before the loss (rewards in large units; "
                               "said once)")
         t2 = time.perf_counter()
-        datums = [episode_datum(e, a)
-                  for group, adv, dropped in zip(result.groups, advantages, result.dropped,
-                                                 strict=True) if not dropped
-                  for e, a in zip(group, adv, strict=True) if a != 0.0]
-        train = self._train(datums, batch_size)
+        lr = self._lr(step, batch_size)
+        train = self._train(batch.groups, lr)
         t3 = time.perf_counter()
-        row = self._row(result, batch_size, rewards, train)
-        row.update(sample_time_s=t1 - t0 - result.env_seconds,
-                   reward_time_s=t2 - t1 + result.env_seconds, train_time_s=t3 - t2,
-                   trained_completions=len(datums),
-                   sample_staleness=ahead.staleness if ahead is not None else 0)
+        row = self._row(result, batch_size, batch.rewards, train, lr)
+        sampling = t1 - t0 + batch.refill_seconds - result.env_seconds
+        row.update(sample_time_s=sampling, reward_time_s=t2 - t0 - sampling,
+                   train_time_s=t3 - t2, trained_completions=sum(map(len, batch.groups)),
+                   sample_staleness=ahead.staleness if ahead is not None else 0, **batch.metrics)
         episodes = [e for g in result.groups for e in g]
         work = step_work([[(e.ledger.context_tokens,
                             e.ledger.sampled_tokens) for e in g] for g in result.groups],
-                         advantages)
+                         batch.advantages)
         sampled = SampledStep(row=row, work=work,
                               errors=list(rollout.host.errors)
                               + [f"episode {e.id}: {e.error}" for e in episodes if e.error])
@@ -302,50 +303,53 @@ class Trainer:
         return sampled
 
     def _row(self, result: RolloutResult, batch_size: int, rewards: list[list[float]],
-             train: dict) -> dict:
+             train: dict, lr: float) -> dict:
         row = rollout_row(result, rewards, batch_size, self.training.group_size, train)
-        row.update(lr=self._lr(batch_size), reward_failures=self.rollouts.train.host.failures)
+        row.update(lr=lr, reward_failures=self.rollouts.train.host.failures)
         if not uses_scorer(self.cfg.environment):
             row.update(result.metrics())
         return row
 
-    def _take(self, step: int, batch_size: int) -> list[int]:
+    def _take(self, step: int, batch_size: int, drawn: int = 0) -> list[int]:
         """The groups of a step: problem indices from the data cursor (task kind), else
-        episode seeds derived from (training.seed, step, group index)."""
+        episode seeds derived from (training.seed, step, group index); `drawn`: groups this
+        step already took (refill rounds)."""
         if uses_scorer(self.cfg.environment) or self.cfg.environment.kind == "task":
             return self.cursor.take(batch_size)
-        return [derive_seed(self.training.seed, step, f"episode:{g}") for g in range(batch_size)]
+        return [derive_seed(self.training.seed, step, f"episode:{g}")
+                for g in range(drawn, drawn + batch_size)]
 
-    def _lr(self, batch_size: int) -> float:
-        bp = self.cfg.backpressure
-        return step_lr(self.training.lr, self.training.batch_size, batch_size, bp.lr_scaling,
-                       bp.enabled)
+    def _lr(self, step: int, batch_size: int) -> float:
+        """The schedule's rate at `step`, scaled for the batch back-pressure chose."""
+        t, bp = self.training, self.cfg.backpressure
+        lr = t.lr * lr_multiplier(step, t.max_steps, t.lr_schedule, t.warmup_steps,
+                                  t.min_lr_ratio)
+        return step_lr(lr, t.batch_size, batch_size, bp.lr_scaling, bp.enabled)
 
-    def _train(self, datums: list[Datum], batch_size: int) -> dict:
-        """forward_backward + optim_step; groups without signal were left out of `datums`."""
+    def _train(self, groups: list[list[Datum]], lr: float) -> dict:
+        """The step's updates (retrain.run.update); groups without signal are left out."""
         self._train_metrics = {}
-        if not datums:  # every group uniform: nothing to learn from this step
+        if not any(groups):  # every group uniform: nothing to learn from this step
             self._land_commit()
             return dict(NO_UPDATE)
-        done = update(self.backend, datums, self.cfg.algorithm, self.training,
-                      self._lr(batch_size))
-        out, self._train_metrics = done.loss, done.loss.metrics
+        done = update_batch(self.backend, groups, self.cfg.algorithm, self.training, lr)
+        row, self._train_metrics = summary(done)
         self._land_commit()  # the last step's save landed while this step's update ran
-        if not done.skipped:  # a skipped update leaves the weights (and staleness) as they were
+        if row["updates"]:  # skipped updates leave the weights (and staleness) as they were
             self.overlap.updated()
         # Measured on the local backend with two or more micro-batches, else None (docs).
-        stats = GradStats.from_metrics(out.metrics)
-        return {"loss": out.loss, "grad_norm": done.optim.grad_norm,
-                "skipped_nonfinite": done.skipped,
-                "sampler_trainer_logprob_diff": logprob_diff(datums, out.logprobs),
-                "grad_noise_scale": self.noise.update(stats),
-                "grad_coherence": stats.coherence if stats else None,
-                "grad_diagnostics_s": out.metrics.get("grad_diagnostics_s")}
+        stats = GradStats.from_metrics(self._train_metrics) \
+            if self.training.mini_batches == 1 else None
+        row.update(grad_noise_scale=self.noise.update(stats),
+                   grad_coherence=stats.coherence if stats else None,
+                   grad_diagnostics_s=self._train_metrics.get("grad_diagnostics_s"))
+        return row
 
-    def _sampling_params(self, step: int) -> SamplingParams:
+    def _sampling_params(self, step: int, refill_round: int = 0) -> SamplingParams:
         training = self.training
+        purpose = f"sample:refill:{refill_round}" if refill_round else "sample"
         return SamplingParams(max_tokens=training.max_tokens, temperature=training.temperature,
-                              top_p=training.top_p, seed=derive_seed(training.seed, step, "sample"),
+                              top_p=training.top_p, seed=derive_seed(training.seed, step, purpose),
                               stop_strings=tuple(training.stop))
 
     def _sample_ahead(self, step: int) -> None:

@@ -1,8 +1,15 @@
-"""A step's update: the loss the [algorithm] section names, `forward_backward` over the step's
-datums, then one `optim_step` with the training section's AdamW settings."""
+"""A step's updates: the loss the [algorithm] section names, `forward_backward` over a
+mini-batch of the step's datums, then one `optim_step` with the training section's AdamW
+settings; `training.mini_batches` x `training.epochs` such updates per sampled batch.
+
+The ratio of every update is against the sampler's log-probs (the datums keep them), so only
+the first mini-batch of the first epoch is on-policy; the later ones are what makes a PPO clip
+bind. With 1 x 1 a step is one forward_backward and one optim_step, as it always was.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from retrain.backends.base import (
@@ -14,16 +21,21 @@ from retrain.backends.base import (
     OptimOutput,
     skipped_nonfinite,
 )
+from retrain.run.step_row import logprob_diff
 
 NO_UPDATE = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": False,
              "sampler_trainer_logprob_diff": None, "grad_noise_scale": None,
-             "grad_coherence": None}
+             "grad_coherence": None, "updates": 0, "clip_fraction": None, "ratio_mean": None,
+             "ratio_max": None}
+# Summed over a step's updates for the cost estimates (every update runs its tokens again).
+SUMMED = ("tokens", "grad_micro_batches")
 
 
 @dataclass
 class Update:
     """What one update did: the backend's outputs, and whether the optimizer skipped it."""
 
+    datums: list[Datum]
     loss: LossOutput
     optim: OptimOutput
 
@@ -41,4 +53,64 @@ def update(backend: Backend, datums: list[Datum], algorithm, training, lr: float
     adam = AdamParams(learning_rate=lr, beta1=training.beta1, beta2=training.beta2,
                       eps=training.adam_eps, weight_decay=training.weight_decay,
                       grad_clip_norm=training.grad_clip_norm)
-    return Update(loss=out, optim=backend.optim_step(adam))
+    return Update(datums=datums, loss=out, optim=backend.optim_step(adam))
+
+
+def mini_batches(groups: list[list[Datum]], n: int) -> list[list[Datum]]:
+    """The step's groups in `n` contiguous parts of (nearly) equal group counts, groups whole;
+    fewer parts when there are fewer groups with datums than `n`."""
+    groups = [g for g in groups if g]
+    k = min(n, len(groups))
+    bounds = [i * len(groups) // k for i in range(k + 1)] if k else [0]
+    return [[d for g in groups[bounds[i]:bounds[i + 1]] for d in g] for i in range(k)]
+
+
+def update_batch(backend: Backend, groups: list[list[Datum]], algorithm, training,
+                 lr: float) -> list[Update]:
+    """`training.epochs` passes over `training.mini_batches` parts of the step's groups, one
+    optimizer step per part, in a fixed order (so a resumed run repeats it)."""
+    parts = mini_batches(groups, training.mini_batches)
+    return [update(backend, part, algorithm, training, lr)
+            for _ in range(training.epochs) for part in parts]
+
+
+def summary(done: list[Update]) -> tuple[dict, dict]:
+    """(the row's numbers about a step's updates, the backend metrics the cost estimates and
+    the gradient noise read). The loss and grad norm are means over the updates; the
+    sampler/trainer log-prob gap is the first (on-policy) update's."""
+    first = done[0]
+    applied = [u for u in done if not u.skipped]
+    row = {"loss": _mean([u.loss.loss for u in done]),
+           "grad_norm": _mean([u.optim.grad_norm for u in done]),
+           "skipped_nonfinite": len(applied) < len(done),
+           "sampler_trainer_logprob_diff": logprob_diff(first.datums, first.loss.logprobs),
+           "updates": len(applied), **ratio_metrics(done)}
+    metrics = dict(first.loss.metrics)
+    for key in SUMMED:
+        if key in metrics:
+            metrics[key] = float(sum(u.loss.metrics.get(key, 0.0) for u in done))
+    return row, metrics
+
+
+def ratio_metrics(done: list[Update]) -> dict:
+    """clip_fraction (as the backend reports it, token-weighted over the updates; None where
+    it does not), ratio_mean and ratio_max of p_trainer / p_sampler over the completion tokens.
+    TODO(merge with algo-losses): prefer the loss module's own ratio metrics where present."""
+    clipped, clip_tokens, total, count, peak = 0.0, 0.0, 0.0, 0, -math.inf
+    for u in done:
+        tokens = float(u.loss.metrics.get("tokens", 0.0))
+        if "clip_fraction" in u.loss.metrics:
+            clipped += u.loss.metrics["clip_fraction"] * tokens
+            clip_tokens += tokens
+        for d, lps in zip(u.datums, u.loss.logprobs, strict=True):
+            for old, new, m in zip(d.logprobs, lps, d.mask, strict=True):
+                if m:
+                    r = math.exp(min(new - old, 700.0))
+                    total, count, peak = total + r, count + 1, max(peak, r)
+    return {"clip_fraction": clipped / clip_tokens if clip_tokens else None,
+            "ratio_mean": total / count if count else None,
+            "ratio_max": peak if count else None}
+
+
+def _mean(values: list[float]) -> float:
+    return values[0] if len(values) == 1 else sum(values) / len(values)
