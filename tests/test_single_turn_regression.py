@@ -100,9 +100,9 @@ def _assert_close(got, want, where: str) -> None:
 
 def _assert_same_datums(got: list, want: list, case: str) -> None:
     assert len(got) == len(want), f"{case}: forward_backward calls"
-    for c, (call, call_want) in enumerate(zip(got, want)):
+    for c, (call, call_want) in enumerate(zip(got, want, strict=True)):
         assert len(call) == len(call_want), f"{case}: call {c}: datums"
-        for i, (d, d_want) in enumerate(zip(call, call_want)):
+        for i, (d, d_want) in enumerate(zip(call, call_want, strict=True)):
             for key in EXACT:
                 assert d[key] == d_want[key], f"{case}: call {c} datum {i} {key}"
             for key in FLOATS:
@@ -116,7 +116,7 @@ def test_single_turn_datums_match_the_fixture(name, tmp_path, tiny_model):
     got = capture(name, tmp_path)
     _assert_same_datums(got["datums"], expected["datums"], name)
     assert [sorted(r) for r in got["rows"]] == [sorted(r) for r in expected["rows"]]
-    for step, (row, want) in enumerate(zip(got["rows"], expected["rows"]), 1):
+    for step, (row, want) in enumerate(zip(got["rows"], expected["rows"], strict=True), 1):
         for key in want:
             _assert_close(row[key], want[key], f"{name}: step {step} {key}")
 
