@@ -189,3 +189,19 @@ def test_tool_schemas_render_in_the_template_or_the_text_protocol(smol):
     part, _ = plain.env_part(history, tool_msg, stopped_on=None, tools=schema)
     assert "<|im_start|>user\n<tool_response>\nx = 4\n</tool_response><|im_end|>" \
         in smol.decode(part)
+
+
+def test_a_lone_surrogate_in_environment_messages_becomes_a_replacement_character(smol):
+    """A tool returning os.listdir() of a latin-1 file name: the tokenizer cannot take the
+    lone surrogate, so it is rendered as U+FFFD (errors="replace") and the episode goes on."""
+    cfg = EnvironmentConfig(kind="python", factory="counter_env.py:Listing", max_turns=3)
+    host = WorkerHost(cfg, KindContext("train", ENVS, 0))
+    try:
+        rollout = Rollout(Scripted(smol, [reply(smol, "1"), reply(smol, "2"), reply(smol, "3")]),
+                          host, Renderer(smol), cfg, 3)
+        e = rollout.run([5], 1, SamplingParams(max_tokens=8)).groups[0][0]
+    finally:
+        host.close()
+    assert (e.ended, e.turns, e.reward) == ("done", 3, 3.0), e.error
+    text = smol.decode(e.ledger.tokens)
+    assert text.count("caf\ufffd.txt") == 3  # the opening and two tool results
