@@ -9,6 +9,7 @@ pytest.importorskip("peft")
 
 from retrain.backends.base import (  # noqa: E402
     AdamParams,
+    BackendError,
     BackendOOMError,
     LossConfig,
     SamplingParams,
@@ -139,6 +140,18 @@ def test_greedy_is_argmax_and_independent_of_batch_padding(model, backend):
     ids = torch.tensor([ps[0]])
     logits = model.net(input_ids=ids).logits[0, -1]
     assert alone[0][0].tokens[0] == int(logits.argmax())
+
+
+def test_sampling_past_the_models_context_is_refused_before_any_compute(model, backend):
+    assert model.max_context == 1024  # the tiny model's position table
+    short = prompts(model)[:1]
+    with pytest.raises(BackendError, match=r"sampling: prompt 0: prompt \(\d+ tokens\) \+ "
+                       r"max_tokens \(1000000000\) exceeds the model's context of 1024"):
+        backend.sample(short, 1, SamplingParams(max_tokens=10**9, temperature=0.0))
+    with pytest.raises(BackendError, match="prompt 1: prompt .1030 tokens."):
+        backend.sample([short[0], [5] * 1030], 1, SamplingParams(max_tokens=1))
+    done = backend.sample([[5] * 1020], 1, SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(done[0][0].tokens) <= 4  # exactly at the context is fine
 
 
 def test_micro_batches_do_not_change_the_gradient(model, backend, eos_bias):

@@ -117,6 +117,18 @@ def test_bad_eval_input_is_one_error_line_and_changes_nothing(run_dir, capsys, a
     assert snapshot(run_dir) == before
 
 
+def test_eval_refuses_a_problem_longer_than_the_models_context(run_dir, tmp_path, capsys):
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n"
+                    + json.dumps({"prompt": "x" * 3000, "answer": "3"}) + "\n")
+    before = snapshot(run_dir)
+    assert run_app(["eval", str(run_dir), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --data {data}: problem 2: prompt (") and \
+        "exceeds the model's context of 1024 tokens" in err and len(err.strip().splitlines()) == 1
+    assert snapshot(run_dir) == before
+
+
 @pytest.mark.parametrize("command", [["eval"], ["sample", "hi"], ["export", "OUT"]])
 def test_not_a_run_folder(tmp_path, capsys, command):
     (tmp_path / "c").mkdir()
@@ -177,6 +189,9 @@ def test_interactive_sample_is_a_chat_loop(run_dir, cli_env):
     (["x", "--max-tokens", "0"], "--max-tokens 0"),
     (["x", "--temperature", "-1"], "--temperature -1"),
     (["x", "--step", "77"], "--step 77"),
+    (["x", "--max-tokens", "1000000000"], "max_tokens (1000000000) exceeds the model's context "
+                                          "of 1024 tokens; shorten it or give a smaller"),
+    (["x" * 3000, "--max-tokens", "4"], "the prompt: prompt (30"),
 ])
 def test_bad_sample_input(run_dir, capsys, args, message):
     before = snapshot(run_dir)

@@ -40,6 +40,8 @@ def smol():
 class Scripted:
     """A sampler that replies with given token ids (the ledger under test is the real one)."""
 
+    max_context = None
+
     def __init__(self, tokenizer, replies: list[Completion]):
         self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
 
@@ -54,12 +56,13 @@ def reply(tok, *pieces: str, stop: bool = True) -> Completion:
     return Completion(ids, [-0.25] * len(ids), "stop" if stop else "length")
 
 
-def run(tok, replies, **env) -> tuple:
+def run(tok, replies, max_context=None, **env) -> tuple:
     cfg = EnvironmentConfig(kind="python", factory="counter_env.py:CountTo",
                             params={"target": 3}, max_turns=3, on_length="continue", **env)
     host = WorkerHost(cfg, KindContext("train", ENVS, 0))
     try:
         sampler = Scripted(tok, replies)
+        sampler.max_context = max_context
         rollout = Rollout(sampler, host, Renderer(tok), cfg, 3)
         result = rollout.run([11], 1, SamplingParams(max_tokens=32, seed=1))
     finally:
@@ -151,6 +154,25 @@ def test_the_episode_budget_is_checked_before_sampling(smol):
     assert len(datum) == len(short.ledger.tokens) - 1
     assert datum.mask == short.ledger.mask[1:]
     assert datum.advantages == [1.0 if m else 0.0 for m in short.ledger.mask[1:]]
+
+
+
+def test_an_episode_ends_at_the_models_context_and_a_longer_opening_is_an_error(smol):
+    """As serve's 400 refuses prompt + max_tokens past the context, the rollout never samples
+    past it: replies get the room left, an episode at the context ends on `budget`, and an
+    opening that leaves no room is an error of its episode (nothing sampled)."""
+    replies = [reply(smol, "1"), reply(smol, "2"), reply(smol, "3")]
+    full, _ = run(smol, list(replies))
+    context = len(full.groups[0][0].ledger.tokens) - 2
+    result, sampler = run(smol, list(replies), max_context=context)
+    e = result.groups[0][0]
+    assert e.ended == "budget" and len(e.ledger.tokens) <= context, e.error
+    opening = len(sampler.prompts[0])
+    result, sampler = run(smol, list(replies), max_context=opening)
+    e = result.groups[0][0]
+    assert e.ended == "error" and sampler.prompts == []
+    assert e.error == (f"the opening does not fit: prompt ({opening} tokens) + max_tokens (1) "
+                       f"exceeds the model's context of {opening} tokens")
 
 
 TOOLS_TEMPLATE = (

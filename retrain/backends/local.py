@@ -40,7 +40,14 @@ from retrain.backends.base import (
 )
 from retrain.backends.local_compile import CompiledDecoder
 from retrain.backends.local_device import oom_as_backend_error, pick_device, resolve_dtype
-from retrain.backends.local_sampling import cache_keyword, eos_ids, sample_batch, token_logprobs
+from retrain.backends.local_sampling import (
+    cache_keyword,
+    check_max_tokens,
+    eos_ids,
+    model_context,
+    sample_batch,
+    token_logprobs,
+)
 from retrain.control.stepcost import ModelCost
 from retrain.cpu import auto_threads
 from retrain.errors import UserError
@@ -63,6 +70,7 @@ class LocalModel:
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache_key = cache_keyword(model)  # `cache` or `past_key_values`, by version
+        self.max_context = model_context(model.config)
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
         self.decoder: CompiledDecoder | None = None  # the sampler's compiled decoding step
@@ -224,6 +232,7 @@ class LocalBackend:
         except BackendError as exc:  # a folder or id that is no model: the config's fault
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
         local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
+        check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
         backend = model.new_backend("default", m.lora_rank, m.lora_alpha, m.lora_dropout,
                                     m.lora_target_modules, seed=cfg.training.seed,
                                     micro_batch_size=cfg.training.micro_batch_size,
@@ -235,6 +244,11 @@ class LocalBackend:
     @property
     def tokenizer(self) -> Any:
         return self.model.tokenizer
+
+    @property
+    def max_context(self) -> int | None:
+        """Prompt + completion tokens the model takes (its positions)."""
+        return self.model.max_context
 
     @property
     def summary(self) -> str:

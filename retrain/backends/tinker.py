@@ -147,6 +147,7 @@ class TinkerBackend:
         self.rate_limit_wait_s = 0.0  # time spent waiting out 429s (part of api_wait_s)
         self.summary = f"{base_model} on Tinker ({self.base_url or 'the SDK default service'})"
         self.cost_model = None  # the service's hardware and kernels are not ours to estimate
+        self.max_context: int | None = None  # the service checks it (a 400)
         self._wait_lock = threading.Lock()
 
     @classmethod

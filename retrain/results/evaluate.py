@@ -132,7 +132,10 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
     else:
         name, problems = _problems(cfg, req, run_dir)
         unit, scorer_name = "problems", cfg.reward.type
-        texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature)
+        source = f"--data {req.data}" if req.data is not None else \
+            f"--task {req.task}" if req.task is not None else "the held-out split"
+        texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature,
+                                            source)
         records = _records(cfg, problems, texts, scores)
         correct, rewards = scores.correct, scores.rewards
     label = f"{name}-step{ckpt.step}" + (f"-k{k}-t{temperature:g}" if temperature > 0 else "")
@@ -164,6 +167,7 @@ class _OneBatch:
 
     def __init__(self, policy):
         self.policy, self.tokenizer = policy, policy.tokenizer
+        self.max_context = policy.max_context
 
     def sample(self, prompts, n, params):
         return self.policy.sample(prompts, n, params, chunk=max(1, len(prompts)))
@@ -205,7 +209,7 @@ def _episode_records(groups) -> list[dict]:
 
 
 def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
-                        problems: list[Problem], k: int, temperature: float):
+                        problems: list[Problem], k: int, temperature: float, source: str):
     """(k completion texts per problem, their Scores, flat in problem order), sampled as the
     trainer's evaluation samples: same prompts, max_tokens and batches."""
     from retrain.backends.base import SamplingParams
@@ -220,6 +224,7 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
                                 seed=cfg.training.seed if temperature > 0 else None,
                                 stop_strings=tuple(cfg.training.stop))
+        _check_context(prompts, params.max_tokens, policy.max_context, source)
         chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
         groups = policy.sample(prompts, k, params, chunk=chunk)
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
@@ -231,6 +236,18 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         scorer.close()
         if policy is not None:
             policy.close()
+
+
+def _check_context(prompts: list[list[int]], max_tokens: int, max_context: int | None,
+                   source: str) -> None:
+    """Refuse, before sampling, a problem whose prompt + max_tokens passes the context."""
+    from retrain.backends.base import context_overflow
+
+    for i, p in enumerate(prompts):
+        why = context_overflow(len(p), max_tokens, max_context)
+        if why:
+            raise UserError(f"{source}: problem {i + 1}: {why} (training.max_tokens of the "
+                            "run); shorten that problem")
 
 
 def _records(cfg: Config, problems: list[Problem], texts: list[list[str]],
