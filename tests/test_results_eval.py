@@ -100,11 +100,37 @@ def test_sampled_eval_reports_pass_at_1_and_pass_at_k(run_dir, tmp_path, capsys)
     assert len(written) == 15 and {json.loads(x)["sample"] for x in written} == {0, 1, 2}
 
 
+def test_many_samples_decode_at_most_a_training_steps_rows_at_a_time(run_dir, tmp_path,
+                                                                     monkeypatch):
+    """--samples 40 with 5 problems: never 200 rows in one decode (all of them for 8 problems
+    and --samples 100000 was 14 GB), at most a step's 16; every sample its own draw."""
+    from retrain.results.policy import LocalPolicy
+
+    decodes, real = [], LocalPolicy.sample
+
+    def spy(self, prompts, n, params, chunk=64):
+        out = real(self, prompts, n, params, chunk)
+        decodes.extend(min(chunk, len(prompts) - i) * n for i in range(0, len(prompts), chunk))
+        return out
+
+    monkeypatch.setattr(LocalPolicy, "sample", spy)
+    data = tmp_path / "five.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1?", "answer": i + 1}) + "\n"
+                            for i in range(5)))
+    report = evaluate(run_dir, EvalRequest(data=data, samples=40, temperature=1.0))
+    assert sum(decodes) == 200 and max(decodes) <= 16, decodes
+    records = [json.loads(x) for x in Path(report.file).read_text().splitlines()]
+    assert [r["sample"] for r in records[:40]] == list(range(40))
+    assert len({r["completion"] for r in records[:40]}) > 20  # the later pieces are new draws
+
+
 @pytest.mark.parametrize("args, message", [
     (["--step", "99"], "--step 99: "),
     (["--task", "nope"], "--task 'nope': not a built-in task"),
     (["--data", "/no/such.jsonl"], "/no/such.jsonl does not exist"),
     (["--samples", "0"], "--samples 0"),
+    (["--samples", "100000", "--temperature", "1"], "--samples 100000: give a number from 1 to "
+                                                    "1024"),
     (["--samples", "2", "--temperature", "0"], "--samples > 1 needs --temperature > 0"),
     (["--reward", "nope"], "--reward: "),
     (["--task", "countdown", "--data", "x.jsonl"], "not both"),

@@ -25,6 +25,7 @@ from retrain.results import run_checkpoint
 from retrain.results.stats import CONFIDENCE, Estimate, estimate
 
 EVALS_DIR = "evals"
+MAX_SAMPLES = 1024  # --samples: every completion is kept for the evals file (serve caps too)
 BUILT_IN_TASKS = ("arithmetic", "countdown")
 
 
@@ -78,8 +79,8 @@ def _check(req: EvalRequest) -> None:
     if req.task is not None and req.task not in BUILT_IN_TASKS:
         raise UserError(f"--task {req.task!r}: not a built-in task; use "
                         f"{' or '.join(BUILT_IN_TASKS)}, or --data FILE.jsonl")
-    if req.samples < 1:
-        raise UserError(f"--samples {req.samples}: give a number >= 1")
+    if not 1 <= req.samples <= MAX_SAMPLES:
+        raise UserError(f"--samples {req.samples}: give a number from 1 to {MAX_SAMPLES}")
     if req.temperature is not None and not (0 <= req.temperature <= 10):
         raise UserError(f"--temperature {req.temperature}: give a value in [0, 10]")
     if req.samples > 1 and req.temperature == 0:
@@ -163,14 +164,37 @@ def plays_episodes(cfg: Config) -> bool:
 
 class _OneBatch:
     """The policy as the rollout's backend: each turn's prompts in one batched decode, as the
-    trainer's local backend samples them, so greedy episodes match the run's own eval."""
+    trainer's local backend samples them, so greedy episodes match the run's own eval;
+    `rows` (sampled episodes): at most that many rows per decode instead."""
 
-    def __init__(self, policy):
-        self.policy, self.tokenizer = policy, policy.tokenizer
+    def __init__(self, policy, rows: int | None = None):
+        self.policy, self.tokenizer, self.rows = policy, policy.tokenizer, rows
         self.max_context = policy.max_context
 
     def sample(self, prompts, n, params):
-        return self.policy.sample(prompts, n, params, chunk=max(1, len(prompts)))
+        if self.rows is None:
+            return self.policy.sample(prompts, n, params, chunk=max(1, len(prompts)))
+        return _bounded_sample(self.policy, prompts, n, params, self.rows)
+
+
+def _bounded_sample(policy, prompts: list[list[int]], n: int, params, rows: int):
+    """`n` completions per prompt in batched decodes of at most `rows` rows (memory stays
+    that of a training step); a prompt's samples past `rows` come from further decodes,
+    seeded from params.seed."""
+    from dataclasses import replace
+
+    from retrain.seeds import derive_seed
+
+    per = min(n, rows)
+    out: list[list] = [[] for _ in prompts]
+    for piece, start in enumerate(range(0, n, per)):
+        m = min(per, n - start)
+        seed = params.seed if piece == 0 or params.seed is None else \
+            derive_seed(params.seed, piece, "eval-samples")
+        groups = policy.sample(prompts, m, replace(params, seed=seed), chunk=max(1, rows // m))
+        for mine, got in zip(out, groups, strict=True):
+            mine += got
+    return out
 
 
 def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, k: int,
@@ -186,8 +210,9 @@ def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, 
     policy = load_policy(cfg, ckpt, run_dir)
     rollouts = None
     try:
+        rows = None if k == 1 else _rows(cfg)
         rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
-                                  run_dir, _OneBatch(policy), scorer=None, problems=[])
+                                  run_dir, _OneBatch(policy, rows), scorer=None, problems=[])
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
                                 seed=cfg.training.seed if temperature > 0 else None,
                                 stop_strings=tuple(cfg.training.stop))
@@ -225,8 +250,8 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
                                 seed=cfg.training.seed if temperature > 0 else None,
                                 stop_strings=tuple(cfg.training.stop))
         _check_context(prompts, params.max_tokens, policy.max_context, source)
-        chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
-        groups = policy.sample(prompts, k, params, chunk=chunk)
+        groups = policy.sample(prompts, 1, params, chunk=_rows(cfg)) if k == 1 else \
+            _bounded_sample(policy, prompts, k, params, _rows(cfg))
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
                  for g in groups]
         scores = scorer.score([t for g in texts for t in g], [p for p in problems
@@ -236,6 +261,11 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         scorer.close()
         if policy is not None:
             policy.close()
+
+
+def _rows(cfg: Config) -> int:
+    """Completions per batched decode: a training step's (the trainer's eval batches)."""
+    return max(16, cfg.training.batch_size * cfg.training.group_size)
 
 
 def _check_context(prompts: list[list[int]], max_tokens: int, max_context: int | None,
