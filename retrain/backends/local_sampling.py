@@ -134,7 +134,9 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
     if params.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        drop = before >= params.top_p
+        drop[..., 0] = False  # the top token stays: a top_p below float32's least is not 0
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     u = generator if isinstance(generator, torch.Tensor) else \
         uniforms(probs.shape[0], generator, probs.device)
