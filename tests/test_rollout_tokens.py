@@ -16,8 +16,9 @@ from retrain.config import EnvironmentConfig
 from retrain.environments.host import WorkerHost
 from retrain.environments.kinds import KindContext
 from retrain.environments.ledger import Renderer
-from retrain.environments.rollout import Rollout, episode_datum
+from retrain.environments.rollout import Rollout, episode_datum, turn_seed
 from retrain.environments.tools.render import TEXT_PROTOCOL_HEADER, to_text_protocol
+from retrain.seeds import derive_seed
 
 ENVS = Path(__file__).parent / "data" / "envs"
 
@@ -227,3 +228,11 @@ def test_a_lone_surrogate_in_environment_messages_becomes_a_replacement_characte
     assert (e.ended, e.turns, e.reward) == ("done", 3, 3.0), e.error
     text = smol.decode(e.ledger.tokens)
     assert text.count("caf\ufffd.txt") == 3  # the opening and two tool results
+
+
+def test_later_turns_are_seeded_by_the_one_seed_rule_and_turn_0_keeps_the_steps_seed():
+    assert turn_seed(None, 2) is None
+    assert turn_seed(1234, 0) == 1234  # single-turn sampling is unchanged
+    seeds = [turn_seed(1234, t) for t in range(1, 6)]
+    assert seeds == [derive_seed(1234, t, "turn") for t in range(1, 6)]
+    assert len(set(seeds)) == 5 and all(0 <= s < 2**63 for s in seeds)

@@ -19,7 +19,6 @@ The trainer only calls `Rollout.run` and `episode_datum`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import time
 from collections import defaultdict
@@ -41,6 +40,7 @@ from retrain.environments.host import EnvError, Host, Opened, TaskHost, WorkerHo
 from retrain.environments.kinds import KindContext, default_max_turns
 from retrain.environments.ledger import Ledger, Renderer
 from retrain.environments.protocol import Message, Step
+from retrain.seeds import derive_seed
 
 COUNTED_METRICS = ("correct", "tool_calls")  # Step.metrics keys the rollout reads itself
 
@@ -105,11 +105,11 @@ class RolloutResult:
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The sampling seed of turn `turn` (turn 0 keeps the step's own seed)."""
+    """The sampling seed of turn `turn` (turn 0 keeps the step's own seed: single-turn
+    training samples exactly as before), derived like every other seed (`seeds`)."""
     if seed is None or turn == 0:
         return seed
-    digest = hashlib.sha256(f"retrain:turn:{seed}:{turn}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    return derive_seed(seed, turn, "turn")
 
 
 class Rollout:
