@@ -388,3 +388,25 @@ def test_a_worker_killed_between_calls_is_replaced_and_scores_the_completion(cap
     err = capsys.readouterr().err
     assert "reward worker process died between calls (killed by SIGKILL" in err
     s.close()
+
+
+def test_the_worker_imports_this_very_retrain(tmp_path, monkeypatch):
+    """Not an installed copy (an editable install of another checkout): the child puts the
+    folder holding this `retrain` package first on its path. (Where retrain is installed from
+    this very checkout, the test cannot tell.)"""
+    import retrain
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(tmp_path)  # not the checkout's folder, which `python -c` would search
+    marker = tmp_path / "where.txt"
+    write(tmp_path / "where.py", f"""
+        from pathlib import Path
+        import retrain
+        def fn(completion, answer):
+            Path({str(marker)!r}).write_text(retrain.__file__)
+            return 1.0
+    """)
+    s = scorer(tmp_path, type="custom", function="where.py:fn")
+    assert s.score(["a"], [P5]).rewards == [1.0]
+    s.close()
+    assert Path(marker.read_text()).resolve() == Path(retrain.__file__).resolve()

@@ -129,8 +129,11 @@ class WorkerProcess:
     def __init__(self, setup: dict, startup_timeout_s: float, child: str = _CHILD,
                  what: str = "the reward worker process"):
         env = dict(os.environ)
-        # The child must import this very `retrain`, wherever the parent found it.
-        root = str(Path(__file__).resolve().parents[1])
+        # The child must import this very `retrain`, wherever the parent found it (not an
+        # installed copy): the folder that holds the package.
+        import retrain
+
+        root = str(Path(retrain.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env)
