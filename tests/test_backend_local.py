@@ -9,6 +9,7 @@ pytest.importorskip("peft")
 
 from retrain.backends.base import (  # noqa: E402
     AdamParams,
+    BackendError,
     BackendOOMError,
     LossConfig,
     SamplingParams,
@@ -141,6 +142,18 @@ def test_greedy_is_argmax_and_independent_of_batch_padding(model, backend):
     ids = torch.tensor([ps[0]])
     logits = model.net(input_ids=ids).logits[0, -1]
     assert alone[0][0].tokens[0] == int(logits.argmax())
+
+
+def test_sampling_past_the_models_context_is_refused_before_any_compute(model, backend):
+    assert model.max_context == 1024  # the tiny model's position table
+    short = prompts(model)[:1]
+    with pytest.raises(BackendError, match=r"sampling: prompt 0: prompt \(\d+ tokens\) \+ "
+                       r"max_tokens \(1000000000\) exceeds the model's context of 1024"):
+        backend.sample(short, 1, SamplingParams(max_tokens=10**9, temperature=0.0))
+    with pytest.raises(BackendError, match="prompt 1: prompt .1030 tokens."):
+        backend.sample([short[0], [5] * 1030], 1, SamplingParams(max_tokens=1))
+    done = backend.sample([[5] * 1020], 1, SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(done[0][0].tokens) <= 4  # exactly at the context is fine
 
 
 def test_micro_batches_do_not_change_the_gradient(model, backend, eos_bias):
@@ -373,3 +386,27 @@ def test_length_buckets_do_not_change_logprobs_or_gradient(model, backend, eos_b
         assert a == pytest.approx(b, abs=1e-5)
     for a, b in zip(g_many, g_one, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_the_automatic_plan_counts_logits_of_the_loss_carrying_targets_only():
+    """Only kept targets reach the LM head (logits_to_keep), so one long completion and three
+    short ones are one micro-batch: 1130 x 2**14 logits, not 4 padded rows x 1100 x 2**14
+    (past AUTO_LOGITS = 2**26). Targets past the budget still split."""
+    from retrain.backends.base import Completion
+    from retrain.backends.local_loss import AUTO_LOGITS
+
+    vocab = 2**14
+    prompt = [1, 2, 3]
+
+    def datum(n):
+        return make_datum(prompt, Completion([5] * n, [-1.0] * n, "length"), 1.0)
+
+    mixed = [datum(1100), datum(10), datum(10), datum(10)]
+    assert 4 * 1100 * vocab > AUTO_LOGITS >= 1130 * vocab
+    assert [u.index for u in plan(mixed, 0, vocab)] == [[1, 2, 3, 0]]
+    long = [datum(1100)] * 4
+    assert len(plan(long, 0, vocab)) == 2  # 4400 kept targets: over the logits budget
+    # A multi-turn episode: only its sampled tokens carry loss (mask 1), not the env's part.
+    episode = datum(1500)
+    episode.mask = episode.mask[:2] + [float(j % 10 == 0) for j in range(1500)]
+    assert len(plan([episode] * 4, 0, vocab)) == 1

@@ -124,6 +124,8 @@ def test_reasoning_gym_examples_are_solved_turns_shared_by_both_splits(rg):
      "rejects this config"),
     ({"task": "basic_arithmetic", "params": {"seed": 1}}, "comes from training.seed"),
     ({"tasks": {"chain_sum": 0}}, "weight must be a positive number"),
+    ({"tasks": {"chain_sum": float("inf")}}, "weight must be a positive number"),
+    ({"tasks": {"chain_sum": 1e308, "basic_arithmetic": 1e308}}, "the weights sum past"),
     ({"tasks": {"chain_sum": 1}, "params": {"basic_arithmetic": {}}}, "not in tasks"),
     ({"tasks": {"chain_sum": 1}, "params": {"chain_sum": {"bad": 1}}},
      r"environment.params.chain_sum: chain_sum does not take"),

@@ -43,6 +43,8 @@ def tok(tiny_model):
 class Scripted:
     """A sampler that replies with given texts (the ledger under test is the real one)."""
 
+    max_context = None
+
     def __init__(self, tokenizer, replies: list[str]):
         self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
         self.sampled: list[list[int]] = []

@@ -166,10 +166,31 @@ def test_user_tools_from_a_module(monkeypatch):
     ("abacus", "is not a built-in tool"),
     ("missing.py:f", "environment.tools = 'missing.py:f': no file"),
     ("my_tools.py:nothing", "has no function 'nothing'"),
+    ("my_tools.py:count_up", "'my_tools.py:count_up': count_up is a generator function"),
+    ("my_tools.py:Reverser", "'my_tools.py:Reverser': Reverser is a class; a tool is a "
+                             "function"),
 ])
 def test_bad_tool_names_are_user_errors(spec, message):
     with pytest.raises(UserError, match=message):
         with_tools(Echo, [spec], 100, DATA / "tools")
+
+
+def test_an_async_tool_is_awaited():
+    env = wrapped(["my_tools.py:later"])
+    step = env.step(call("later", text="abc"))
+    assert step.messages[0]["content"] == "cba" and "tool_errors" not in step.metrics
+
+
+def test_a_tool_listed_twice_counts_once_and_two_tools_of_one_name_are_refused_at_start(
+        monkeypatch):
+    """Refused when the factory is built (the worker's start-up: the run stops with one
+    line), not in every episode while the run exits 0."""
+    env = wrapped(["my_tools.py:reverse", "calculator", "my_tools.py:reverse"])
+    assert [s["function"]["name"] for s in env.tool_schemas] == ["reverse", "calculator"]
+    monkeypatch.syspath_prepend(str(DATA / "tools"))
+    with pytest.raises(UserError, match="'my_tools.py:reverse' and 'my_tools:reverse' are "
+                                        "both named 'reverse'"):
+        with_tools(Echo, ["my_tools.py:reverse", "my_tools:reverse"], 100, DATA / "tools")
 
 
 def test_output_is_cut_to_tool_max_chars_and_prints_are_captured(capfd):

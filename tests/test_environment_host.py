@@ -66,3 +66,22 @@ def test_more_than_three_deaths_in_a_step_fail_the_run():
 def test_a_factory_that_cannot_be_built_is_a_user_error_at_start():
     with pytest.raises(UserError, match="environment.factory = 'counter_env.py:Nope'"):
         host(factory="Nope")
+
+
+def test_a_worker_killed_between_calls_is_replaced_with_every_episode_replayed(capsys):
+    import signal
+
+    h = host()
+    try:
+        h.new_step()
+        h.reset([(0, 2), (1, 6)])
+        assert [s.reward for s in h.step([(0, "a"), (1, "b")])] == [1.0, 1.0]
+        h._worker.proc.send_signal(signal.SIGKILL)  # the OOM killer, while it waits
+        h._worker.proc.wait(timeout=10)
+        # Both episodes went on in the new process: their turn counters say 2.
+        assert [s.reward for s in h.step([(0, "a"), (1, "b")])] == [2.0, 2.0]
+        assert h.deaths == 1
+        assert "environment worker process died between calls (killed by SIGKILL" in \
+            capsys.readouterr().err
+    finally:
+        h.close()

@@ -247,6 +247,17 @@ def test_absurd_sizes_fail_fast_naming_the_key(tmp_path, monkeypatch, capsys, se
     assert not (tmp_path / "logs").exists()
 
 
+def test_max_tokens_past_the_models_context_is_refused_at_start(tmp_path, monkeypatch, capsys,
+                                                                tiny_model):
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, training={"max_tokens": 1024})
+    code, _, err = cli(capsys, "run.toml")
+    assert code == 2
+    assert_one_clear_error(err, "training.max_tokens = 1024", "takes 1024 tokens in all",
+                           "below 1024")
+    assert not (tmp_path / "logs" / "run" / "metrics.jsonl").exists()
+
+
 def test_explain_warns_on_huge_steps_and_shows_the_cleaned_campaign_folder(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -119,11 +119,37 @@ def test_two_data_files_of_one_name_keep_their_own_results(run_dir, tmp_path, ca
     assert "0 + 1" in prompts[0][0] and "50 + 1" in prompts[1][0]
 
 
+def test_many_samples_decode_at_most_a_training_steps_rows_at_a_time(run_dir, tmp_path,
+                                                                     monkeypatch):
+    """--samples 40 with 5 problems: never 200 rows in one decode (all of them for 8 problems
+    and --samples 100000 was 14 GB), at most a step's 16; every sample its own draw."""
+    from retrain.results.policy import LocalPolicy
+
+    decodes, real = [], LocalPolicy.sample
+
+    def spy(self, prompts, n, params, chunk=64):
+        out = real(self, prompts, n, params, chunk)
+        decodes.extend(min(chunk, len(prompts) - i) * n for i in range(0, len(prompts), chunk))
+        return out
+
+    monkeypatch.setattr(LocalPolicy, "sample", spy)
+    data = tmp_path / "five.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + 1?", "answer": i + 1}) + "\n"
+                            for i in range(5)))
+    report = evaluate(run_dir, EvalRequest(data=data, samples=40, temperature=1.0))
+    assert sum(decodes) == 200 and max(decodes) <= 16, decodes
+    records = [json.loads(x) for x in Path(report.file).read_text().splitlines()]
+    assert [r["sample"] for r in records[:40]] == list(range(40))
+    assert len({r["completion"] for r in records[:40]}) > 20  # the later pieces are new draws
+
+
 @pytest.mark.parametrize("args, message", [
     (["--step", "99"], "--step 99: "),
     (["--task", "nope"], "--task 'nope': not a built-in task"),
     (["--data", "/no/such.jsonl"], "/no/such.jsonl does not exist"),
     (["--samples", "0"], "--samples 0"),
+    (["--samples", "100000", "--temperature", "1"], "--samples 100000: give a number from 1 to "
+                                                    "1024"),
     (["--samples", "2", "--temperature", "0"], "--samples > 1 needs --temperature > 0"),
     (["--reward", "nope"], "--reward: "),
     (["--task", "countdown", "--data", "x.jsonl"], "not both"),
@@ -133,6 +159,18 @@ def test_bad_eval_input_is_one_error_line_and_changes_nothing(run_dir, capsys, a
     assert run_app(["eval", str(run_dir), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert snapshot(run_dir) == before
+
+
+def test_eval_refuses_a_problem_longer_than_the_models_context(run_dir, tmp_path, capsys):
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n"
+                    + json.dumps({"prompt": "x" * 3000, "answer": "3"}) + "\n")
+    before = snapshot(run_dir)
+    assert run_app(["eval", str(run_dir), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --data {data}: problem 2: prompt (") and \
+        "exceeds the model's context of 1024 tokens" in err and len(err.strip().splitlines()) == 1
     assert snapshot(run_dir) == before
 
 
@@ -197,6 +235,9 @@ def test_interactive_sample_is_a_chat_loop(run_dir, cli_env):
     (["x", "--max-tokens", "0"], "--max-tokens 0"),
     (["x", "--temperature", "-1"], "--temperature -1"),
     (["x", "--step", "77"], "--step 77"),
+    (["x", "--max-tokens", "1000000000"], "max_tokens (1000000000) exceeds the model's context "
+                                          "of 1024 tokens; shorten it or give a smaller"),
+    (["x" * 3000, "--max-tokens", "4"], "the prompt: prompt (30"),
 ])
 def test_bad_sample_input(run_dir, capsys, args, message):
     before = snapshot(run_dir)

@@ -369,3 +369,44 @@ def test_custom_module_imported_in_the_worker_only(tmp_path):
     s = scorer(tmp_path, type="custom", function="once.py:fn")
     assert s.score(["a"], [P5]).rewards == [1.0]
     assert marker.read_text() == "x"  # a heavy module (a reward model) loads once
+
+
+def _kill_and_reap(proc) -> None:
+    """SIGKILL a worker from outside while it waits for a request (the OOM killer)."""
+    import signal
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def test_a_worker_killed_between_calls_is_replaced_and_scores_the_completion(capsys):
+    s = scorer()
+    assert s.score(["\\boxed{5}"], [P5]).rewards == [1.0]
+    _kill_and_reap(s._worker.proc)
+    out = s.score(["\\boxed{5}", "\\boxed{4}"], [P5, P5])
+    assert out.rewards == [1.0, 0.0] and out.failures == 0
+    err = capsys.readouterr().err
+    assert "reward worker process died between calls (killed by SIGKILL" in err
+    s.close()
+
+
+def test_the_worker_imports_this_very_retrain(tmp_path, monkeypatch):
+    """Not an installed copy (an editable install of another checkout): the child puts the
+    folder holding this `retrain` package first on its path. (Where retrain is installed from
+    this very checkout, the test cannot tell.)"""
+    import retrain
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(tmp_path)  # not the checkout's folder, which `python -c` would search
+    marker = tmp_path / "where.txt"
+    write(tmp_path / "where.py", f"""
+        from pathlib import Path
+        import retrain
+        def fn(completion, answer):
+            Path({str(marker)!r}).write_text(retrain.__file__)
+            return 1.0
+    """)
+    s = scorer(tmp_path, type="custom", function="where.py:fn")
+    assert s.score(["a"], [P5]).rewards == [1.0]
+    s.close()
+    assert Path(marker.read_text()).resolve() == Path(retrain.__file__).resolve()

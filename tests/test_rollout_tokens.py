@@ -16,8 +16,9 @@ from retrain.config.sections import EnvironmentConfig
 from retrain.environments.host import WorkerHost
 from retrain.environments.kinds import KindContext
 from retrain.environments.ledger import Renderer
-from retrain.environments.rollout import Rollout, episode_datum
+from retrain.environments.rollout import Rollout, episode_datum, turn_seed
 from retrain.environments.tools.render import TEXT_PROTOCOL_HEADER, to_text_protocol
+from retrain.run.seeds import derive_seed
 
 ENVS = Path(__file__).parent / "data" / "envs"
 
@@ -40,6 +41,8 @@ def smol():
 class Scripted:
     """A sampler that replies with given token ids (the ledger under test is the real one)."""
 
+    max_context = None
+
     def __init__(self, tokenizer, replies: list[Completion]):
         self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
 
@@ -54,12 +57,13 @@ def reply(tok, *pieces: str, stop: bool = True) -> Completion:
     return Completion(ids, [-0.25] * len(ids), "stop" if stop else "length")
 
 
-def run(tok, replies, **env) -> tuple:
+def run(tok, replies, max_context=None, **env) -> tuple:
     cfg = EnvironmentConfig(kind="python", factory="counter_env.py:CountTo",
                             params={"target": 3}, max_turns=3, on_length="continue", **env)
     host = WorkerHost(cfg, KindContext("train", ENVS, 0))
     try:
         sampler = Scripted(tok, replies)
+        sampler.max_context = max_context
         rollout = Rollout(sampler, host, Renderer(tok), cfg, 3)
         result = rollout.run([11], 1, SamplingParams(max_tokens=32, seed=1))
     finally:
@@ -153,6 +157,25 @@ def test_the_episode_budget_is_checked_before_sampling(smol):
     assert datum.advantages == [1.0 if m else 0.0 for m in short.ledger.mask[1:]]
 
 
+
+def test_an_episode_ends_at_the_models_context_and_a_longer_opening_is_an_error(smol):
+    """As serve's 400 refuses prompt + max_tokens past the context, the rollout never samples
+    past it: replies get the room left, an episode at the context ends on `budget`, and an
+    opening that leaves no room is an error of its episode (nothing sampled)."""
+    replies = [reply(smol, "1"), reply(smol, "2"), reply(smol, "3")]
+    full, _ = run(smol, list(replies))
+    context = len(full.groups[0][0].ledger.tokens) - 2
+    result, sampler = run(smol, list(replies), max_context=context)
+    e = result.groups[0][0]
+    assert e.ended == "budget" and len(e.ledger.tokens) <= context, e.error
+    opening = len(sampler.prompts[0])
+    result, sampler = run(smol, list(replies), max_context=opening)
+    e = result.groups[0][0]
+    assert e.ended == "error" and sampler.prompts == []
+    assert e.error == (f"the opening does not fit: prompt ({opening} tokens) + max_tokens (1) "
+                       f"exceeds the model's context of {opening} tokens")
+
+
 TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }} "
     "{% endfor %}<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>"
@@ -189,3 +212,27 @@ def test_tool_schemas_render_in_the_template_or_the_text_protocol(smol):
     part, _ = plain.env_part(history, tool_msg, stopped_on=None, tools=schema)
     assert "<|im_start|>user\n<tool_response>\nx = 4\n</tool_response><|im_end|>" \
         in smol.decode(part)
+
+
+def test_a_lone_surrogate_in_environment_messages_becomes_a_replacement_character(smol):
+    """A tool returning os.listdir() of a latin-1 file name: the tokenizer cannot take the
+    lone surrogate, so it is rendered as U+FFFD (errors="replace") and the episode goes on."""
+    cfg = EnvironmentConfig(kind="python", factory="counter_env.py:Listing", max_turns=3)
+    host = WorkerHost(cfg, KindContext("train", ENVS, 0))
+    try:
+        rollout = Rollout(Scripted(smol, [reply(smol, "1"), reply(smol, "2"), reply(smol, "3")]),
+                          host, Renderer(smol), cfg, 3)
+        e = rollout.run([5], 1, SamplingParams(max_tokens=8)).groups[0][0]
+    finally:
+        host.close()
+    assert (e.ended, e.turns, e.reward) == ("done", 3, 3.0), e.error
+    text = smol.decode(e.ledger.tokens)
+    assert text.count("caf\ufffd.txt") == 3  # the opening and two tool results
+
+
+def test_later_turns_are_seeded_by_the_one_seed_rule_and_turn_0_keeps_the_steps_seed():
+    assert turn_seed(None, 2) is None
+    assert turn_seed(1234, 0) == 1234  # single-turn sampling is unchanged
+    seeds = [turn_seed(1234, t) for t in range(1, 6)]
+    assert seeds == [derive_seed(1234, t, "turn") for t in range(1, 6)]
+    assert len(set(seeds)) == 5 and all(0 <= s < 2**63 for s in seeds)

@@ -34,6 +34,15 @@ def test_top_p_draws_only_from_the_nucleus():
     assert set(tok.tolist()) == {0, 1}
 
 
+@pytest.mark.parametrize("top_p", [1e-50, 1e-46, 1e-30])
+def test_a_top_p_below_float32s_least_keeps_the_top_token(top_p):
+    """1e-50 is 0 in float32: every token's mass above it was >= 0, so all were dropped and
+    the draw fell to token 0 (the pad token). The top token always stays in the nucleus."""
+    lp = torch.log(torch.tensor([0.1, 0.2, 0.6, 0.1])).expand(100, -1).contiguous()
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p)
+    assert set(draw(lp, params, torch.Generator().manual_seed(3)).tolist()) == {2}
+
+
 def test_per_row_generators_give_each_row_its_own_stream():
     lp = torch.log_softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(2)), -1)
     params = SamplingParams(max_tokens=1, temperature=1.0)

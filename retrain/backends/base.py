@@ -126,6 +126,16 @@ class OptimOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def context_overflow(prompt_tokens: int, max_tokens: int, max_context: int | None) -> str | None:
+    """Why `prompt_tokens` + `max_tokens` do not fit the model's context (None: they fit, or
+    the context is unknown). The one check of the local sampler, the rollout, `retrain
+    eval`/`sample` and serve's 400."""
+    if max_context is None or prompt_tokens + max_tokens <= max_context:
+        return None
+    return (f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+            f"context of {max_context} tokens")
+
+
 def finished(call: Callable[..., T], *args: Any) -> Future[T]:
     """`call(*args)` run now, as a completed Future (for backends with nothing to overlap)."""
     future: Future[T] = Future()
@@ -171,6 +181,7 @@ class Backend(Protocol):
     summary: str                # one line for the run log: which model runs where
     rate_limit_wait_s: float    # seconds spent waiting out the service's rate limits (0 if none)
     cost_model: ModelCost | None  # what FLOPs/bytes estimates need; None where unknown (remote)
+    max_context: int | None     # prompt + completion tokens the model takes; None: unknown
 
     def sample(self, prompts: list[TokenIds], n: int,
                params: SamplingParams) -> list[list[Completion]]: ...

@@ -40,7 +40,12 @@ from retrain.backends.base import (
 )
 from retrain.backends.local_device import oom_as_backend_error
 from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import OnToken, sample_batch, token_logprobs
+from retrain.backends.local_sampling import (
+    OnToken,
+    check_max_tokens,
+    sample_batch,
+    token_logprobs,
+)
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
 
@@ -110,6 +115,7 @@ class LocalBackend:
         except BackendError as exc:  # a folder or id that is no model: the config's fault
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
         local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
+        check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
         backend = LocalBackend.new_adapter(model, "default", m.lora_rank, m.lora_alpha,
                                            m.lora_dropout, m.lora_target_modules,
                                            seed=cfg.training.seed,
@@ -123,6 +129,11 @@ class LocalBackend:
     @property
     def tokenizer(self) -> Any:
         return self.model.tokenizer
+
+    @property
+    def max_context(self) -> int | None:
+        """Prompt + completion tokens the model takes (its positions)."""
+        return self.model.max_context
 
     @property
     def summary(self) -> str:

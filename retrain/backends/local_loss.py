@@ -27,7 +27,7 @@ from retrain.backends.base import Datum, LossConfig
 
 LOSSES = ("importance_sampling", "ppo", "cross_entropy")
 AUTO_TOKENS = 8192        # automatic micro-batches: padded suffix tokens per chunk
-AUTO_LOGITS = 2**26       # ... and logit entries (targets x vocab) per chunk
+AUTO_LOGITS = 2**26       # ... and logit entries (loss-carrying targets x vocab) per chunk
 BUCKET_OVERHEAD = 16      # padded token-rows that one more suffix forward (its fixed cost) is worth
 
 
@@ -71,26 +71,31 @@ def plan(datums: list[Datum], size: int, vocab_size: int) -> list[Unit]:
     for i, d in enumerate(datums):
         s = split_point(d)
         if s < len(d.mask):
-            keyed.append((s == 0, tuple(d.input_tokens[:s]), len(d), i))
+            keyed.append((s == 0, tuple(d.input_tokens[:s]), len(d), i, len(d) - s,
+                          sum(1 for m in d.mask[s:] if m > 0)))
     keyed.sort()
     units: list[Unit] = []
     current: list[int] = []
-    for empty, _, _, i in keyed:
-        if current and (empty != (split_point(datums[current[0]]) == 0)
-                        or not _fits(datums, current + [i], size, vocab_size)):
+    width = kept = 0  # the current unit's longest suffix and its loss-carrying targets
+    for empty, _, _, i, suffix, targets in keyed:
+        if current and (empty != (split_point(datums[current[0]]) == 0) or not _fits(
+                len(current) + 1, max(width, suffix), kept + targets, size, vocab_size)):
             units.append(Unit(current))
-            current = []
+            current, width, kept = [], 0, 0
         current.append(i)
+        width, kept = max(width, suffix), kept + targets
     if current:
         units.append(Unit(current))
     return units
 
 
-def _fits(datums: list[Datum], index: list[int], size: int, vocab_size: int) -> bool:
+def _fits(rows: int, width: int, kept: int, size: int, vocab_size: int) -> bool:
+    """Whether a unit fits: `size` rows, or the automatic budget of what a micro-batch
+    materialises: the suffixes padded to `width` (an upper bound of the length buckets) and
+    logits for the `kept` loss-carrying targets only (`logits_to_keep`), not padded rows."""
     if size > 0:
-        return len(index) <= size
-    width = max(len(datums[i]) - split_point(datums[i]) for i in index)
-    return width * len(index) <= AUTO_TOKENS and width * len(index) * vocab_size <= AUTO_LOGITS
+        return rows <= size
+    return width * rows <= AUTO_TOKENS and kept * vocab_size <= AUTO_LOGITS
 
 
 def length_buckets(lengths: list[int], overhead: int = BUCKET_OVERHEAD) -> list[list[int]]:

@@ -13,7 +13,7 @@ from retrain.backends import local_lora
 from retrain.backends.base import BackendError
 from retrain.backends.local_compile import CompiledDecoder
 from retrain.backends.local_device import pick_device, resolve_dtype
-from retrain.backends.local_sampling import cache_keyword, eos_ids
+from retrain.backends.local_sampling import cache_keyword, eos_ids, model_context
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
 from retrain.machine.cpu import auto_threads
@@ -34,6 +34,7 @@ class LocalModel:
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache_key = cache_keyword(model)  # `cache` or `past_key_values`, by version
+        self.max_context = model_context(model.config)
         self.lora_configs: dict[str, Any] = {}
         self._active: str | None = None  # what we last activated; peft's own flag can lag
         self.decoder: CompiledDecoder | None = None  # the sampler's compiled decoding step

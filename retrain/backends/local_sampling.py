@@ -29,9 +29,17 @@ from dataclasses import dataclass
 
 import torch
 
-from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
+from retrain.backends.base import (
+    BackendError,
+    Completion,
+    DivergedError,
+    SamplingParams,
+    TokenIds,
+    context_overflow,
+)
 from retrain.backends.local_cache import reserve
 from retrain.backends.stop_strings import StopWatch
+from retrain.errors import UserError
 
 
 @dataclass
@@ -58,6 +66,33 @@ def eos_ids(model, tokenizer) -> set[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
     return ids
+
+
+def model_context(config) -> int | None:
+    """Prompt + completion tokens a model takes (its position table), None when its config
+    does not say."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_context(prompts: list[TokenIds], max_tokens: int, max_context: int | None) -> None:
+    """BackendError before any compute when a prompt + max_tokens would run past the model's
+    positions (silently wrong, or minutes of prefill, otherwise)."""
+    for i, p in enumerate(prompts):
+        why = context_overflow(len(p), max_tokens, max_context)
+        if why:
+            raise BackendError(f"sampling: prompt {i}: {why}")
+
+
+def check_max_tokens(max_tokens: int, max_context: int | None, model_name: str) -> None:
+    """UserError for `training.max_tokens` at or past the model's whole context, at start."""
+    if max_context is not None and max_tokens >= max_context:
+        raise UserError(f"training.max_tokens = {max_tokens}: model {model_name!r} takes "
+                        f"{max_context} tokens in all (prompt and completion); give "
+                        f"training.max_tokens below {max_context}")
 
 
 def cache_keyword(model) -> str:
@@ -107,7 +142,9 @@ def draw(logprobs: torch.Tensor, params: SamplingParams,
     if params.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        drop = before >= params.top_p
+        drop[..., 0] = False  # the top token stays: a top_p below float32's least is not 0
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     u = generator if isinstance(generator, torch.Tensor) else \
         uniforms(probs.shape[0], generator, probs.device)
@@ -158,7 +195,9 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
     see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
     `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward);
-    `on_token`: called with each completion's every token (index in the flat output)."""
+    `on_token`: called with each completion's every token (index in the flat output).
+    A prompt + max_tokens beyond the model's context is a BackendError (`check_context`)."""
+    check_context(prompts, params.max_tokens, model_context(model.config))
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)

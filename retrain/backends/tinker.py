@@ -80,6 +80,7 @@ class TinkerBackend:
         self._pending: PendingLoss | None = None
         self.summary = f"{base_model} on Tinker ({self.base_url or 'the SDK default service'})"
         self.cost_model = None  # the service's hardware and kernels are not ours to estimate
+        self.max_context: int | None = None  # the service checks it (a 400)
 
     @property
     def rate_limit_wait_s(self) -> float:

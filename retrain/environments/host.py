@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from retrain.environments.answers import Problem
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.environments.protocol import Message, Step
 from retrain.environments.rewards import clip_message
-from retrain.environments.scorer import StartupError, WorkerProcess
+from retrain.environments.scorer import StartupError, WorkerProcess, ignore_stop_signals
 from retrain.environments.tasks import prompt_text
 from retrain.errors import UserError
 
@@ -153,8 +152,9 @@ class WorkerHost:
     def step(self, replies: list[tuple[int, str]]) -> list[Step | EnvError]:
         out: list[Step | EnvError] = []
         for ep, text in replies:
-            self._live[ep].replies.append(text)
             reply = self._call({"op": "step", "id": ep, "reply": text}, ep)
+            if not isinstance(reply, EnvError):
+                self._live[ep].replies.append(text)  # replayed into a restarted worker
             out.append(reply if isinstance(reply, EnvError) else Step(**reply))
         return out
 
@@ -174,14 +174,25 @@ class WorkerHost:
             self._restart()
         assert self._worker is not None
         status, reply = self._worker.call(request, self.timeout_s)
+        if status == "gone":  # killed while idle (OOM killer, kill -9): no episode's fault
+            worker, self._worker = self._worker, None
+            worker.close()
+            print("warning: the environment worker process died between calls "
+                  f"({worker.exit_reason()}); starting a new one",
+                  file=sys.stderr, flush=True)
+            self._died(f"it died between calls ({worker.exit_reason()})")
+            if ep not in self._live:  # its replay failed
+                return EnvError(f"{request['op']}: the episode could not be replayed")
+            assert self._worker is not None
+            status, reply = self._worker.call(request, self.timeout_s)
         if status == "ok" and "error" not in reply:
             return reply
         if status == "ok":
             return self._drop(ep, reply["error"])
+        worker, self._worker = self._worker, None
+        worker.close(grace_s=1.0 if status == "died" else 0.0)
         why = f"timed out after {self.timeout_s:g}s" if status == "timeout" else \
-            "the environment process died (its error is printed above)"
-        self._worker.close()
-        self._worker = None
+            f"the environment process died ({worker.exit_reason()})"
         self._live.pop(ep, None)
         self._died(f"{request['op']} of an episode: {why}")
         return EnvError(f"{request['op']}: {why}")
@@ -266,7 +277,7 @@ def _serve(envs: dict[int, Any], factory: Any, item: dict) -> dict:
 
 def main() -> None:
     """Child side: build the kind's factory, then answer one JSON line per request."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_stop_signals()
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # an environment's print() goes to stderr, not into the protocol
     sys.stdout = sys.stderr

@@ -18,6 +18,7 @@ No torch: the tokenizer is passed in.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,8 @@ class Renderer:
 
     def render(self, messages: list[Message], generation: bool,
                tools: list[dict] | None = None) -> list[int]:
-        messages, tools = for_template(messages, tools, self.template_has_tools)
+        messages, tools = for_template(encodable(messages), encodable(tools),
+                                       self.template_has_tools)
         if not self.chat:
             return _ids(self.tokenizer("\n".join(m["content"] for m in messages)))
         extra = {"tools": tools} if tools and self.template_has_tools else {}
@@ -76,6 +78,21 @@ class Renderer:
         if after[:len(before)] == before:
             return tail + after[len(before):], True
         return tail + self.render(new, generation=True, tools=tools), True
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(value: Any) -> Any:
+    """`value` with every string made encodable as UTF-8: a lone surrogate (a tool returning
+    os.listdir() of a latin-1 file name) becomes U+FFFD, as errors="replace" would."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {k: encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    return value
 
 
 def _ids(encoded: Any) -> list[int]:

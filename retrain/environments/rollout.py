@@ -8,7 +8,8 @@ sampled (mask 1), the environment's as the template renders them (mask 0).
 
 An episode ends when its environment says done, when `max_turns` replies were made
 (`max_turns_hit`), on a reply cut at `training.max_tokens` with `on_length = "end"`, when the
-next turn would not fit `max_episode_tokens` (checked before sampling, never after), or when
+next turn would not fit `max_episode_tokens` or the model's context (checked before sampling,
+never after; an opening longer than the context is an error), or when
 its environment fails (`env_errors`). Its reward is the sum of its step rewards plus
 `close()`, plus `length_reward` when it ended on a cut reply or the token budget.
 
@@ -18,7 +19,6 @@ The trainer only calls `Rollout.run` and `episode_datum`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import time
 from collections import defaultdict
@@ -27,13 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from retrain.backends.base import Backend, Completion, Datum, SamplingParams
+from retrain.backends.base import (
+    Backend,
+    Completion,
+    Datum,
+    SamplingParams,
+    context_overflow,
+)
 from retrain.config.sections import DataConfig, EnvironmentConfig, RewardConfig
 from retrain.environments.answers import CORRECT_AT, Problem
 from retrain.environments.host import EnvError, Host, Opened, TaskHost, WorkerHost
 from retrain.environments.kinds import KindContext, default_max_turns
 from retrain.environments.ledger import Ledger, Renderer
 from retrain.environments.protocol import Message, Step
+from retrain.run.seeds import derive_seed
 
 COUNTED_METRICS = ("correct", "tool_calls")  # Step.metrics keys the rollout reads itself
 
@@ -98,11 +105,11 @@ class RolloutResult:
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The sampling seed of turn `turn` (turn 0 keeps the step's own seed)."""
+    """The sampling seed of turn `turn` (turn 0 keeps the step's own seed: single-turn
+    training samples exactly as before), derived like every other seed (`seeds`)."""
     if seed is None or turn == 0:
         return seed
-    digest = hashlib.sha256(f"retrain:turn:{seed}:{turn}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    return derive_seed(seed, turn, "turn")
 
 
 class Rollout:
@@ -112,6 +119,7 @@ class Rollout:
                  cfg: EnvironmentConfig, max_turns: int):
         self.backend, self.host, self.renderer = backend, host, renderer
         self.cfg, self.max_turns = cfg, max_turns
+        self.max_context = backend.max_context  # no episode grows past the model's positions
         self.bridges = 0
         self._opening: dict[int, list[int]] = {}
 
@@ -209,9 +217,13 @@ class Rollout:
             by_budget: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
             for g, p in todo:
                 room = self._room(len(p), params.max_tokens)
+                too_long = context_overflow(len(p), 1, self.max_context)
                 if room <= 0:
                     for e in groups[g]:
-                        self._end_on_budget(e)
+                        if too_long:  # nothing can be sampled: say why
+                            self._fail(e, f"the opening does not fit: {too_long}")
+                        else:
+                            self._end_on_budget(e)
                 else:
                     by_budget[room].append((g, p))
             first = [[] for _ in groups]
@@ -241,9 +253,11 @@ class Rollout:
                 self._take(e, completions[0])
 
     def _room(self, used: int, max_tokens: int) -> int:
-        """How many tokens the next reply may have: max_tokens, less what the budget lacks."""
+        """How many tokens the next reply may have: max_tokens, less what the budget or the
+        model's context lacks (an episode at either ends on `budget`)."""
         budget = self.cfg.max_episode_tokens
-        return max_tokens if not budget else min(max_tokens, budget - used)
+        room = max_tokens if not budget else min(max_tokens, budget - used)
+        return room if self.max_context is None else min(room, self.max_context - used)
 
     def _take(self, e: Episode, c: Completion) -> None:
         e.last = c

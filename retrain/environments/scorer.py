@@ -11,6 +11,7 @@ passes. The child imports the reward (custom modules included) once, at start-up
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -79,25 +80,31 @@ class Scorer:
         return out
 
     def _score_one(self, text: str, problem: Problem) -> tuple[float, bool, str]:
-        if self._worker is None:
-            try:
-                self._worker = self._start()
-            except UserError as exc:
-                return 0.0, False, clip_message(f"restart failed: {exc}")
         request = {"text": text, "prompt": problem.prompt, "answer": problem.answer,
                    "meta": problem.meta}
-        try:
-            status, reply = self._worker.call(request, self.timeout_s)
-            if status == "ok":
-                reward, correct, error = reply
-                return float(reward), bool(correct), str(error)
-        except Exception:  # a garbled reply: treat the process as broken
-            status = "died"
-        self._worker.close()
-        self._worker = None
+        for attempt in range(2):
+            if self._worker is None:
+                try:
+                    self._worker = self._start()
+                except UserError as exc:
+                    return 0.0, False, clip_message(f"restart failed: {exc}")
+            try:
+                status, reply = self._worker.call(request, self.timeout_s)
+                if status == "ok":
+                    reward, correct, error = reply
+                    return float(reward), bool(correct), str(error)
+            except Exception:  # a garbled reply: treat the process as broken
+                status = "died"
+            worker, self._worker = self._worker, None
+            worker.close(grace_s=1.0 if status == "died" else 0.0)
+            if status != "gone" or attempt:
+                break
+            # Killed while idle (the OOM killer, kill -9): not this completion's fault.
+            print(f"warning: the reward worker process died between calls "
+                  f"({worker.exit_reason()}); started a new one", file=sys.stderr, flush=True)
         if status == "timeout":
             return 0.0, False, f"timed out after {self.timeout_s:g}s"
-        return 0.0, False, "the reward process died (its error is printed above)"
+        return 0.0, False, f"the reward process died ({worker.exit_reason()})"
 
     def close(self) -> None:
         """Stop the child process (also done when the Scorer is garbage collected)."""
@@ -122,12 +129,16 @@ class WorkerProcess:
     def __init__(self, setup: dict, startup_timeout_s: float, child: str = _CHILD,
                  what: str = "the reward worker process"):
         env = dict(os.environ)
-        # The child must import this very `retrain`, wherever the parent found it.
-        root = str(Path(__file__).resolve().parents[1])
+        # The child must import this very `retrain`, wherever the parent found it (not an
+        # installed copy): the folder that holds the package.
+        import retrain
+
+        root = str(Path(retrain.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env)
         self._buf = b""
+        self.stopped = False  # close() had to kill it
         status, reply = self.call(setup, startup_timeout_s)
         if status != "ok" or "error" in reply:
             self.close()
@@ -138,13 +149,14 @@ class WorkerProcess:
                 else "exited during start-up (its error is printed above)"))
 
     def call(self, request: Any, timeout_s: float) -> tuple[str, Any]:
-        """("ok", reply), ("timeout", None) or ("died", None)."""
+        """("ok", reply), ("timeout", None), ("died", None) while answering, or ("gone", None):
+        the child was dead before this request reached it."""
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(request, default=str).encode() + b"\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            return "died", None
+            return "gone", None
         return self._read_line(time.monotonic() + timeout_s)
 
     def _read_line(self, deadline: float) -> tuple[str, Any]:
@@ -161,24 +173,55 @@ class WorkerProcess:
         line, self._buf = self._buf.split(b"\n", 1)
         return "ok", json.loads(line)
 
-    def close(self) -> None:
-        """Stop the child now (it may be stuck, so no polite wait)."""
+    def close(self, grace_s: float = 0.0) -> None:
+        """Stop the child: after `grace_s` for one that closed its output and is on its way
+        out, at once otherwise (it may be stuck, so no polite wait)."""
+        if grace_s and self.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace_s)
         if self.proc.poll() is None:
+            self.stopped = True
             self.proc.kill()
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
-                pipe.close()
+                # A request left in the buffer of a dead child's pipe: close() flushes it.
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+    def exit_reason(self) -> str:
+        """How the child ended, for a message (after close()): "killed by SIGKILL: ..."."""
+        code = self.proc.returncode
+        if self.stopped:
+            return "stopped: its reply could not be read"
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            hint = ": out of memory?" if code == -signal.SIGKILL else ""
+            return f"killed by {name}{hint}"
+        return f"exit status {code}; its error is printed above"
 
 
 class StartupError(Exception):
     """The child could not build the reward function; the message says why."""
 
 
+def ignore_stop_signals() -> None:
+    """Ctrl-C and SIGTERM to the process group (`timeout`, Slurm's scancel) are the parent's
+    to handle: it finishes its step, then stops this process. An orphan still ends on
+    SIGTERM (its parent was killed outright)."""
+    parent = os.getppid()
+
+    def on_term(signum: int, _frame: Any) -> None:
+        if os.getppid() != parent:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def main() -> None:
     """Child side: read the reward setup, then answer one JSON line per completion."""
-    # Ctrl-C is the parent's to handle; it stops this process when it is done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_stop_signals()
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # a reward function's print() goes to stderr, not into the protocol
     sys.stdout = sys.stderr

@@ -26,6 +26,7 @@ from retrain.results.stats import CONFIDENCE, Estimate, estimate, mean
 from retrain.runfiles import runlog
 
 EVALS_DIR = "evals"
+MAX_SAMPLES = 1024  # --samples: every completion is kept for the evals file (serve caps too)
 BUILT_IN_TASKS = ("arithmetic", "countdown")
 
 
@@ -79,8 +80,8 @@ def _check(req: EvalRequest) -> None:
     if req.task is not None and req.task not in BUILT_IN_TASKS:
         raise UserError(f"--task {req.task!r}: not a built-in task; use "
                         f"{' or '.join(BUILT_IN_TASKS)}, or --data FILE.jsonl")
-    if req.samples < 1:
-        raise UserError(f"--samples {req.samples}: give a number >= 1")
+    if not 1 <= req.samples <= MAX_SAMPLES:
+        raise UserError(f"--samples {req.samples}: give a number from 1 to {MAX_SAMPLES}")
     if req.temperature is not None and not (0 <= req.temperature <= 10):
         raise UserError(f"--temperature {req.temperature}: give a value in [0, 10]")
     if req.samples > 1 and req.temperature == 0:
@@ -138,7 +139,10 @@ def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
     else:
         name, problems = _problems(cfg, req, run_dir)
         unit, scorer_name = "problems", cfg.reward.type
-        texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature)
+        source = f"--data {req.data}" if req.data is not None else \
+            f"--task {req.task}" if req.task is not None else "the held-out split"
+        texts, scores = _complete_and_score(cfg, ckpt, run_dir, problems, k, temperature,
+                                            source)
         records = _records(cfg, problems, texts, scores)
         correct, rewards = scores.correct, scores.rewards
     label = f"{_file_name(name, req)}-step{ckpt.step}" + (
@@ -176,13 +180,37 @@ def plays_episodes(cfg: Config) -> bool:
 
 class _OneBatch:
     """The policy as the rollout's backend: each turn's prompts in one batched decode, as the
-    trainer's local backend samples them, so greedy episodes match the run's own eval."""
+    trainer's local backend samples them, so greedy episodes match the run's own eval;
+    `rows` (sampled episodes): at most that many rows per decode instead."""
 
-    def __init__(self, policy):
-        self.policy, self.tokenizer = policy, policy.tokenizer
+    def __init__(self, policy, rows: int | None = None):
+        self.policy, self.tokenizer, self.rows = policy, policy.tokenizer, rows
+        self.max_context = policy.max_context
 
     def sample(self, prompts, n, params):
-        return self.policy.sample(prompts, n, params, chunk=max(1, len(prompts)))
+        if self.rows is None:
+            return self.policy.sample(prompts, n, params, chunk=max(1, len(prompts)))
+        return _bounded_sample(self.policy, prompts, n, params, self.rows)
+
+
+def _bounded_sample(policy, prompts: list[list[int]], n: int, params, rows: int):
+    """`n` completions per prompt in batched decodes of at most `rows` rows (memory stays
+    that of a training step); a prompt's samples past `rows` come from further decodes,
+    seeded from params.seed."""
+    from dataclasses import replace
+
+    from retrain.run.seeds import derive_seed
+
+    per = min(n, rows)
+    out: list[list] = [[] for _ in prompts]
+    for piece, start in enumerate(range(0, n, per)):
+        m = min(per, n - start)
+        seed = params.seed if piece == 0 or params.seed is None else \
+            derive_seed(params.seed, piece, "eval-samples")
+        groups = policy.sample(prompts, m, replace(params, seed=seed), chunk=max(1, rows // m))
+        for mine, got in zip(out, groups, strict=True):
+            mine += got
+    return out
 
 
 def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, k: int,
@@ -198,8 +226,9 @@ def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, 
     policy = load_policy(cfg, ckpt, run_dir)
     rollouts = None
     try:
+        rows = None if k == 1 else _rows(cfg)
         rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
-                                  run_dir, _OneBatch(policy), scorer=None, problems=[])
+                                  run_dir, _OneBatch(policy, rows), scorer=None, problems=[])
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
                                 seed=cfg.training.seed if temperature > 0 else None,
                                 stop_strings=tuple(cfg.training.stop))
@@ -221,7 +250,7 @@ def _episode_records(groups) -> list[dict]:
 
 
 def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
-                        problems: list[Problem], k: int, temperature: float):
+                        problems: list[Problem], k: int, temperature: float, source: str):
     """(k completion texts per problem, their Scores, flat in problem order), sampled as the
     trainer's evaluation samples: same prompts, max_tokens and batches."""
     from retrain.backends.base import SamplingParams
@@ -236,8 +265,9 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
                                 seed=cfg.training.seed if temperature > 0 else None,
                                 stop_strings=tuple(cfg.training.stop))
-        chunk = max(16, cfg.training.batch_size * cfg.training.group_size)
-        groups = policy.sample(prompts, k, params, chunk=chunk)
+        _check_context(prompts, params.max_tokens, policy.max_context, source)
+        groups = policy.sample(prompts, 1, params, chunk=_rows(cfg)) if k == 1 else \
+            _bounded_sample(policy, prompts, k, params, _rows(cfg))
         texts = [[policy.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in g]
                  for g in groups]
         scores = scorer.score([t for g in texts for t in g], [p for p in problems
@@ -247,6 +277,23 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         scorer.close()
         if policy is not None:
             policy.close()
+
+
+def _rows(cfg: Config) -> int:
+    """Completions per batched decode: a training step's (the trainer's eval batches)."""
+    return max(16, cfg.training.batch_size * cfg.training.group_size)
+
+
+def _check_context(prompts: list[list[int]], max_tokens: int, max_context: int | None,
+                   source: str) -> None:
+    """Refuse, before sampling, a problem whose prompt + max_tokens passes the context."""
+    from retrain.backends.base import context_overflow
+
+    for i, p in enumerate(prompts):
+        why = context_overflow(len(p), max_tokens, max_context)
+        if why:
+            raise UserError(f"{source}: problem {i + 1}: {why} (training.max_tokens of the "
+                            "run); shorten that problem")
 
 
 def _records(cfg: Config, problems: list[Problem], texts: list[list[str]],

@@ -26,8 +26,9 @@ class LocalPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        from retrain.backends.local_sampling import eos_ids
+        from retrain.backends.local_sampling import eos_ids, model_context
 
+        self.max_context = model_context(model.config)  # prompt + completion tokens
         self.eos_ids = eos_ids(model, tokenizer)
         if not self.eos_ids:
             raise UserError("the tokenizer defines no EOS token; completions could never stop")

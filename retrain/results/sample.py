@@ -50,6 +50,15 @@ def render(tokenizer: Any, messages: list[dict], chat_template: bool) -> list[in
     return [int(t) for t in ids]
 
 
+def _check_context(policy: Any, ids: list[int], max_tokens: int, what: str) -> None:
+    """Refuse, before any output, a reply that would run past the model's context."""
+    from retrain.backends.base import context_overflow
+
+    why = context_overflow(len(ids), max_tokens, policy.max_context)
+    if why:
+        raise UserError(f"{what}: {why}; shorten it or give a smaller --max-tokens")
+
+
 def reply(policy: Any, ids: list[int], params: Any, out: TextIO) -> str:
     """Stream one completion to `out`; return its text."""
     tokens: list[int] = []
@@ -97,8 +106,10 @@ def _converse(policy: Any, cfg: Any, ckpt: Any, run_dir: Path, req: SampleReques
         temperature=cfg.training.temperature if req.temperature is None else req.temperature,
         seed=cfg.training.seed, stop_strings=tuple(cfg.training.stop))
     if not req.interactive:
-        reply(policy, render(policy.tokenizer, [{"role": "user", "content": req.prompt}],
-                             cfg.data.chat_template), params, out)
+        ids = render(policy.tokenizer, [{"role": "user", "content": req.prompt}],
+                     cfg.data.chat_template)
+        _check_context(policy, ids, params.max_tokens, "the prompt")
+        reply(policy, ids, params, out)
         return
     out.write(f"step {ckpt.step} of {run_dir}; temperature {params.temperature:g}, "
               f"{params.max_tokens} tokens a reply. Ctrl-D or 'exit' ends.\n")
@@ -114,6 +125,7 @@ def _converse(policy: Any, cfg: Any, ckpt: Any, run_dir: Path, req: SampleReques
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        text = reply(policy, render(policy.tokenizer, messages, cfg.data.chat_template),
-                     params, out)
+        ids = render(policy.tokenizer, messages, cfg.data.chat_template)
+        _check_context(policy, ids, params.max_tokens, "the conversation")
+        text = reply(policy, ids, params, out)
         messages.append({"role": "assistant", "content": text})

@@ -32,6 +32,10 @@ class TinkerPolicy:
     def tokenizer(self) -> Any:
         return self.backend.tokenizer
 
+    @property
+    def max_context(self) -> int | None:
+        return self.backend.max_context  # None: the service checks it
+
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                chunk: int = 64) -> list[list[Completion]]:
         out: list[list[Completion]] = []

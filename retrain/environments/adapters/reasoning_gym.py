@@ -23,6 +23,7 @@ user/assistant turns, each answered as <answer>ANSWER</answer>.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -122,7 +123,8 @@ def _create_mix(reasoning_gym: Any, cfg: EnvironmentConfig, seed: int) -> Any:
                         f"{', '.join(unknown)} is not in tasks")
     specs = []
     for name, weight in cfg.tasks.items():
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0 \
+                or not math.isfinite(weight):
             raise UserError(f"environment.tasks.{name} = {weight!r}: a weight must be a "
                             "positive number")
         config = cfg.params.get(name, {})
@@ -131,6 +133,9 @@ def _create_mix(reasoning_gym: Any, cfg: EnvironmentConfig, seed: int) -> Any:
         _create(reasoning_gym, name, dict(config), f"environment.params.{name}", size=1,
                 seed=0)  # checks the task's config with a message naming its key
         specs.append(DatasetSpec(name=name, weight=float(weight), config=dict(config)))
+    if not math.isfinite(sum(s.weight for s in specs)):  # every item would fail
+        raise UserError("environment.tasks: the weights sum past the largest float; only "
+                        "their ratios matter, so use smaller numbers")
     return _create(reasoning_gym, "composite", {}, "environment.tasks", size=cfg.size,
                    seed=seed, datasets=specs)
 

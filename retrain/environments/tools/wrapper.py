@@ -5,7 +5,9 @@ returns the results as tool messages (reward 0, not done), so the model can read
 next turn. A reply without a tool call goes to the wrapped environment as usual. Errors (an
 unknown tool, bad arguments, a tool that raises) go back to the model as text; what a tool
 prints is captured (never reaches the worker's stdout) and its output is cut to
-`tool_max_chars`. A tool runs inside `step`, so the rollout's `step_timeout_s` covers it.
+`tool_max_chars`. A tool runs inside `step`, so the rollout's `step_timeout_s` covers it; an
+`async def` tool is awaited there (its own event loop per call). Classes, generator functions
+and two tools of one name are refused at start-up.
 
 An environment may also bring its own tools (bound methods that see its episode state):
 list them in `self.tools`.
@@ -13,7 +15,9 @@ list them in `self.tools`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import io
 import json
 from collections.abc import Callable
@@ -50,21 +54,43 @@ def with_tools(factory: Factory, tools: list[str], max_chars: int,
 
 
 def load_tools(specs: list[str], config_dir: Path) -> list[Tool]:
-    """The tool functions named in `[environment] tools`."""
+    """The tool functions named in `[environment] tools` (a name given twice counts once),
+    checked at start-up: functions (`async def` ones are awaited) with distinct names."""
     from retrain.environments.rewards import load_custom  # its imports are not needed above
 
-    out = []
-    for spec in specs:
-        name = spec.strip()
-        if name in BUILTIN_TOOLS:
-            out.append(BUILTIN_TOOLS[name])
-        elif ":" in name:
-            out.append(load_custom(name, config_dir, key="environment.tools"))
+    out: dict[str, Tool] = {}
+    named: dict[str, str] = {}  # tool name -> the spec that gave it
+    for spec in dict.fromkeys(s.strip() for s in specs):
+        if spec in BUILTIN_TOOLS:
+            fn = BUILTIN_TOOLS[spec]
+        elif ":" in spec:
+            fn = load_custom(spec, config_dir, key="environment.tools")
         else:
             raise UserError(f"environment.tools: {spec!r} is not a built-in tool ("
                             + ", ".join(sorted(BUILTIN_TOOLS))
                             + "); name your own as 'file.py:function' or 'module:function'")
-    return out
+        check_tool(fn, f"environment.tools = {spec!r}")
+        name = tool_name(fn)
+        if name in named:
+            raise UserError(f"environment.tools: {named[name]!r} and {spec!r} are both named "
+                            f"{name!r} (a tool is called by its function's name); keep one")
+        named[name], out[spec] = spec, fn
+    return list(out.values())
+
+
+def tool_name(fn: Tool) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def check_tool(fn: Tool, where: str) -> None:
+    """UserError for what cannot answer a call with a value: a class (its instance's repr
+    would come back) or a generator function."""
+    if inspect.isclass(fn):
+        raise UserError(f"{where}: {fn.__name__} is a class; a tool is a function that "
+                        "returns its answer")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise UserError(f"{where}: {tool_name(fn)} is a generator function (it yields); a "
+                        "tool returns its whole answer")
 
 
 class ToolEnvironment(Environment):
@@ -79,7 +105,8 @@ class ToolEnvironment(Environment):
 
     def add_tools(self, tools: list[Tool]) -> None:
         for fn in tools:
-            name = getattr(fn, "__name__", type(fn).__name__)
+            name = tool_name(fn)
+            check_tool(fn, f"the environment's tool {name!r}")
             if name in self.tools:
                 if self.tools[name] == fn:  # the same tool named twice
                     continue
@@ -123,6 +150,8 @@ class ToolEnvironment(Environment):
         try:
             with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
                 result = fn(*call.args, **call.kwargs)
+                if inspect.isawaitable(result):  # an `async def` tool
+                    result = asyncio.run(_awaited(result))
             text = printed.text() + _as_text(result)
         except Exception as exc:
             ok = False
@@ -139,11 +168,17 @@ def truncate(text: str, max_chars: int, dropped: int = 0) -> tuple[str, bool]:
     return text[:max_chars] + f"\n[truncated: {extra} more characters]", True
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 def _as_text(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
         return value
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        raise TypeError("the tool returned a generator, not its answer")
     try:
         return json.dumps(value)
     except (TypeError, ValueError):

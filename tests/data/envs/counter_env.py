@@ -125,3 +125,16 @@ class Stateful(Environment):
             time.sleep(1000)
         return Step(messages=[{"role": "user", "content": f"turn {self.turn}"}],
                     reward=float(self.turn))
+
+
+class Listing(Environment):
+    """Shows file names as os.listdir() gives them: a latin-1 name has a lone surrogate."""
+
+    NAME = b"caf\xe9.txt".decode("utf-8", "surrogateescape")  # what os.listdir() returns
+
+    def reset(self, seed: int):
+        return [{"role": "user", "content": f"Files: {self.NAME}"}]
+
+    def step(self, reply: str) -> Step:
+        return Step(messages=[{"role": "tool", "name": "ls", "content": self.NAME}],
+                    reward=1.0, done=reply.strip().startswith("3"))

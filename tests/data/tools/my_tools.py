@@ -22,3 +22,23 @@ def chatty(megabytes: int = 10) -> str:
     """Print a lot (a tool that floods its output)."""
     print("x" * (megabytes * 1024 * 1024))
     return "done"
+
+
+async def later(text: str) -> str:
+    """Reverse a piece of text, asynchronously (an `async def` tool is awaited)."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return text[::-1]
+
+
+def count_up(n: int):
+    """A generator: not a tool (it would answer with its repr)."""
+    yield from range(n)
+
+
+class Reverser:
+    """A class: not a tool (calling it makes an instance)."""
+
+    def __init__(self, text: str):
+        self.text = text
