@@ -241,11 +241,16 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
             input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
             **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
+    return _completions(rows, n, len(prompts))
+
+
+def _completions(rows: _Rows, n: int, n_prompts: int) -> list[list[Completion]]:
+    """The rows as Completions, grouped by prompt."""
     flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length",
                        top_logprobs=rows.top[i] if rows.top is not None else None)
             for i, (t, lp, f) in enumerate(zip(rows.tokens, rows.logprobs, rows.finished,
                                                strict=True))]
-    return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+    return [flat[i * n:(i + 1) * n] for i in range(n_prompts)]
 
 
 def _stop_watch(params: SamplingParams, decode) -> StopWatch:
