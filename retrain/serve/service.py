@@ -8,10 +8,11 @@ model run in seq_id order (`ordering.Sequencer`), sampling runs concurrently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,9 @@ from retrain.backends.base import AdamParams
 from retrain.serve import validate, wire
 from retrain.serve.checkpoints import CheckpointStore, string_map
 from retrain.serve.engine import Engine, EngineError
-from retrain.serve.errors import ApiError
+from retrain.serve.errors import ApiError, final_refusal
 from retrain.serve.futures import FutureStore, Reply
-from retrain.serve.ordering import Sequencer
+from retrain.serve.ordering import GAP_S, Sequencer
 
 log = logging.getLogger("retrain.serve")
 
@@ -69,8 +70,9 @@ class TinkerService:
 
     def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
                  workers: int = 32, max_sessions: int = 0,
-                 session_timeout_s: float = SESSION_TIMEOUT_S):
+                 session_timeout_s: float = SESSION_TIMEOUT_S, order_gap_s: float = GAP_S):
         self.engine = engine
+        self.order_gap_s = order_gap_s  # a missing seq_id is given up after this (ordering)
         self.session_timeout_s = session_timeout_s
         self.max_sessions = max_sessions  # training clients alive at once (0 = no limit)
         self.state_dir = Path(state_dir)
@@ -187,6 +189,7 @@ class TinkerService:
                 self._background(self._in_thread(self.engine.drop_adapter, model_id))
                 raise
             self.models[model_id] = Model(model_id, session.session_id, rank,
+                                          Sequencer(gap_s=self.order_gap_s),
                                           user_metadata=user_metadata)
             if session.finished:  # the session ended while the adapter was being built
                 self._drop_model(model_id)
@@ -216,21 +219,47 @@ class TinkerService:
 
     def _ordered(self, model: Model, seq_id: int | None, job: Callable, encode: Callable) -> dict:
         """Queue a training op on `model` in seq_id order; a repeated seq_id is a retry."""
-        if seq_id is not None and (known := model.seq.seen(seq_id)) is not None:
-            return {"request_id": known, "model_id": model.model_id}
+        if (known := self._retried(model, seq_id)) is not None:
+            return known
         request_id = self.futures.create()
         try:
             model.seq.submit(seq_id, request_id, lambda: self._execute(request_id, job, encode))
-        except ValueError as exc:
-            raise ApiError(409, str(exc)) from None
+        except ValueError as exc:  # not 409: the SDK would send it again for 5 minutes
+            raise ApiError(400, str(exc)) from None
         return {"request_id": request_id, "model_id": model.model_id}
+
+    @staticmethod
+    def _retried(model: Model, seq_id: int | None) -> dict | None:
+        """The reply already given to `seq_id` (a retried submit), if any."""
+        if seq_id is not None and (known := model.seq.seen(seq_id)) is not None:
+            return {"request_id": known, "model_id": model.model_id}
+        return None
+
+    @contextlib.contextmanager
+    def _vetting(self, model: Model, seq_id: int | None) -> Iterator[None]:
+        """Checks of a training request: one they refuse still completes its place in the
+        model's order, or the client's next op would wait for it forever."""
+        try:
+            yield
+        except (ApiError, validate.RequestError) as exc:
+            if seq_id is not None and final_refusal(exc):
+                model.seq.skip(seq_id)
+            raise
+
+    def refused(self, model_id: object, seq_id: object) -> None:
+        """A training request refused before it could be read (a bad body): its place in
+        the model's order is done, so the client's next op runs."""
+        model = self.models.get(model_id) if isinstance(model_id, str) else None
+        if model is not None and isinstance(seq_id, int) and seq_id > 0:
+            model.seq.skip(seq_id)
 
     # ------------------------------------------------------------------ training
 
     def forward_backward(self, call: wire.FwdBwdCall) -> dict:
         model = self._model(call.model_id)
-        validate.check_datums(call.data, call.config, self.engine.vocab_size,
-                              self.engine.max_context)
+        with self._vetting(model, call.seq_id or None):
+            validate.check_datums(call.data, call.config, self.engine.vocab_size,
+                                  self.engine.max_context)
 
         def work():
             return self.engine.forward_backward(model.model_id, call.data, call.loss_fn,
@@ -242,11 +271,13 @@ class TinkerService:
     def optim_step(self, req: types.OptimStepRequest) -> dict:
         model = self._model(req.model_id)
         p = req.optim_params
-        if not isinstance(p, types.AdamParams):
-            raise ApiError(400, "retrain serve supports the adamw optimizer only")
-        adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
-                          eps=p.eps, weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
-        validate.check_adam(adam)
+        with self._vetting(model, req.seq_id):
+            if not isinstance(p, types.AdamParams):
+                raise ApiError(400, "retrain serve supports the adamw optimizer only")
+            adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                              eps=p.eps, weight_decay=p.weight_decay,
+                              grad_clip_norm=p.grad_clip_norm)
+            validate.check_adam(adam)
         return self._ordered(
             model, req.seq_id,
             lambda: self._in_thread(self.engine.optim_step, model.model_id, adam),
@@ -254,10 +285,14 @@ class TinkerService:
 
     def save_weights(self, req: types.SaveWeightsRequest) -> dict:
         model = self._model(req.model_id)
+        if (known := self._retried(model, req.seq_id)) is not None:
+            return known  # before the check below: the first try may have written it
         name = req.path or f"ckpt-{uuid.uuid4().hex[:8]}"
-        path, folder = self.checkpoints.place(model.model_id, "weights", name)
-        if folder.exists() and not req.overwrite:
-            raise ApiError(409, f"checkpoint {path} exists; pass overwrite=True to replace it")
+        with self._vetting(model, req.seq_id):
+            path, folder = self.checkpoints.place(model.model_id, "weights", name)
+            if folder.exists() and not req.overwrite:  # 400, not 409: the SDK retries 409s
+                raise ApiError(400, f"checkpoint {path} exists; pass overwrite=True to "
+                               "replace it")
 
         def work():
             self.checkpoints.write_atomically(
@@ -271,7 +306,8 @@ class TinkerService:
         model = self._model(req.model_id)
         if req.path is None:
             return self._ephemeral_sampler(model, req)
-        path, folder = self.checkpoints.place(model.model_id, "sampler_weights", req.path)
+        with self._vetting(model, req.seq_id):
+            path, folder = self.checkpoints.place(model.model_id, "sampler_weights", req.path)
 
         def work():
             snap = self.engine.snapshot(model.model_id)
@@ -300,14 +336,16 @@ class TinkerService:
                              lambda _: Reply(json={"sampling_session_id": sampler_id}))
 
     def load_weights(self, req: types.LoadWeightsRequest) -> dict:
-        folder, meta = self.checkpoints.find(req.path, "weights")
         if req.model_id is not None:  # into an existing model, in its seq order
             model = self._model(req.model_id)
+            with self._vetting(model, req.seq_id):
+                folder, _ = self.checkpoints.find(req.path, "weights")
             return self._ordered(
                 model, req.seq_id,
                 lambda: self._in_thread(self.engine.load_state, model.model_id, folder,
                                         req.optimizer),
                 lambda _: Reply(json={"path": req.path, "model_id": model.model_id}))
+        folder, meta = self.checkpoints.find(req.path, "weights")
         if req.session_id is None or req.model_seq_id is None:
             raise ApiError(400, "load_weights needs model_id, or session_id and model_seq_id")
         session = self._session(req.session_id)
