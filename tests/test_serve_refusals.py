@@ -134,3 +134,19 @@ def test_sequencer_skips_refused_places_and_gives_up_holes():
             seq.submit(4, "late", job(4))
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("rank", [0, -3, 65_537])
+def test_a_lora_rank_out_of_range_is_400_naming_the_field(tmp_path, sdk_env, tiny_engine,
+                                                          rank):
+    with Served(tiny_engine, tmp_path, hold_s=2.0) as served:
+        service = tinker.ServiceClient(base_url=served.url)
+        with pytest.raises(tinker.BadRequestError, match=r"lora_config.rank must be between "
+                                                         r"1 and 65536, got -?\d+"):
+            service.create_lora_training_client(base_model="tiny-random",
+                                                rank=rank).result(WAIT_S)
+        assert served.service.live_sessions() == 0   # the refused client took no place
+        tc = service.create_lora_training_client(base_model="tiny-random",
+                                                 rank=2).result(WAIT_S)
+        assert tc.get_info().lora_rank == 2
+        service.close("success").result()

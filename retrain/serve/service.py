@@ -152,6 +152,7 @@ class TinkerService:
             return {"request_id": self._creating[model_id], "model_id": model_id}
         rank = req.lora_config.rank if req.lora_config else 32
         seed = req.lora_config.seed if req.lora_config else None
+        validate.check_lora_rank(rank)
         request_id = self._reserve_model(session, model_id)
 
         def create() -> None:
