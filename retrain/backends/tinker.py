@@ -45,6 +45,7 @@ from retrain.backends.tinker_rate_limit import (
     RateLimited,
     RateLimitWait,
     is_rate_limited,
+    retry_after_s,
     stop_sdk_retrying_429,
 )
 from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
@@ -185,7 +186,7 @@ class TinkerBackend:
             return _result_within(future, self.timeout_s, lease)
         except BaseException as exc:
             if queue_on_429 and is_rate_limited(exc):
-                raise RateLimited(str(exc)) from None
+                raise RateLimited(str(exc), retry_after_s(exc)) from None
             if isinstance(exc, TimeoutError):
                 future.future().cancel()
                 if fatal_timeout:  # the training client is stuck behind this request
@@ -216,7 +217,7 @@ class TinkerBackend:
                 except Exception as exc:
                     if not (queue_on_429 and is_rate_limited(exc)):
                         raise self._fail(what, exc) from None
-                    future, reason = None, str(exc)
+                    future, reason, asked = None, str(exc), retry_after_s(exc)
                 finally:
                     if submitted is not None:
                         submitted.set()
@@ -225,9 +226,9 @@ class TinkerBackend:
                         return self._wait(what, future, lease, fatal_timeout=fatal_timeout,
                                           queue_on_429=queue_on_429)
                     except RateLimited as exc:
-                        reason = str(exc)
+                        reason, asked = str(exc), exc.retry_after
             # the slot is free again while we sleep: other workers' requests go meanwhile
-            slept = waiting.sleep(self._secret.scrub(reason))
+            slept = waiting.sleep(self._secret.scrub(reason), asked)
             with self._wait_lock:
                 self.rate_limit_wait_s += slept
 
