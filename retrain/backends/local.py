@@ -15,7 +15,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -260,12 +260,13 @@ class LocalBackend:
         return finished(self.sample, prompts, n, params)
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
-               adapter: str | None = None,
-               prompt_seeds: list[int] | None = None) -> list[list[Completion]]:
+               adapter: str | None = None, prompt_seeds: list[int] | None = None,
+               stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
         """`n` completions per prompt in one batched decode; `adapter` picks a snapshot.
 
         `prompt_seeds` (one per prompt) makes each prompt's draws its own, independent of the
-        rest of the batch (retrain serve batches separate requests); else `params.seed`."""
+        rest of the batch (retrain serve batches separate requests); else `params.seed`.
+        `stop`, asked between decoding steps, ends the decode early (SamplingStopped)."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -283,7 +284,8 @@ class LocalBackend:
             return sample_batch(net, prompts, n, params, eos_ids=self.model.eos_ids,
                                 pad_id=self.model.pad_id, generator=gen,
                                 make_cache=self._make_cache, cache_key=self.model.cache_key,
-                                decode=self.model.tokenizer.decode, decoder=self.model.decoder)
+                                decode=self.model.tokenizer.decode, decoder=self.model.decoder,
+                                stop=stop)
 
     def _make_cache(self) -> Any:
         from transformers import DynamicCache

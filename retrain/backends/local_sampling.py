@@ -22,13 +22,24 @@ an update, and the nucleus truncation is a sampling bias the ratio does not corr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
+from retrain.backends.base import (
+    BackendError,
+    Completion,
+    DivergedError,
+    SamplingParams,
+    TokenIds,
+)
 from retrain.backends.local_cache import reserve
 from retrain.backends.stop_strings import StopWatch
+
+
+class SamplingStopped(BackendError):
+    """The caller's `stop` said so between two decoding steps (its client is gone)."""
 
 
 @dataclass
@@ -141,11 +152,13 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
                  make_cache, cache_key: str = "past_key_values",
-                 decode=None, decoder=None) -> list[list[Completion]]:
+                 decode=None, decoder=None,
+                 stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
     see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
-    `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward)."""
+    `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward);
+    `stop`: asked before every decoding step, True ends the decode with SamplingStopped."""
     device = next(model.parameters()).device
     ids, mask, positions = left_pad(prompts, pad_id, device)
     cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)
@@ -162,6 +175,9 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     ends = torch.tensor(sorted(set(eos_ids) | set(params.stop_tokens)), device=device)
     watch = _stop_watch(params, decode)
     for step in range(params.max_tokens):
+        if stop is not None and stop():
+            raise SamplingStopped(f"sampling stopped after {step} of {params.max_tokens} "
+                                  "tokens")
         lp = token_logprobs(logits, params.temperature)
         if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
             raise DivergedError("sampling: the next-token probabilities are not finite (NaN "

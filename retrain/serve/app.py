@@ -32,6 +32,7 @@ from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
 from retrain.serve.inflate import inflate_zstd
 from retrain.serve.ordering import GAP_S
+from retrain.serve.sampling import UNPOLLED_S
 from retrain.serve.service import REAP_EVERY_S, SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
@@ -268,24 +269,26 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               reap_every_s: float = REAP_EVERY_S, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
               max_body_bytes: int = MAX_BODY_BYTES, load: LoadModel | None = None,
-              order_gap_s: float = GAP_S) -> tuple[Guard, TinkerService]:
+              order_gap_s: float = GAP_S,
+              unpolled_s: float = UNPOLLED_S) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service.
 
     `delay_s` is added before every API request (`--delay-ms`), `load` simulates a hosted
     endpoint's capacity curve (`--load-model`); `max_sessions` caps the
     training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429);
-    `order_gap_s`: how long a model's queued ops wait for a seq_id that never came.
+    `order_gap_s`: how long a model's queued ops wait for a seq_id that never came;
+    `unpolled_s`: how long a sample request runs with nobody polling for it.
     """
     service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s),
                             max_sessions=max_sessions, session_timeout_s=session_timeout_s,
-                            order_gap_s=order_gap_s)
+                            order_gap_s=order_gap_s, unpolled_s=unpolled_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         async def reap():
             while True:
                 await asyncio.sleep(reap_every_s)
-                service.reap_sessions()
+                service.reap()
         task = asyncio.create_task(reap())
         try:
             yield

@@ -10,6 +10,7 @@ or weight 0). Pure: no torch.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +85,7 @@ class Engine(Protocol):
         ...
 
     def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
-               prompt_logprobs: bool) -> SampleResult:
-        """`n` continuations of `prompt` under `snap` (None = the base model)."""
+               prompt_logprobs: bool, cancel: threading.Event | None = None) -> SampleResult:
+        """`n` continuations of `prompt` under `snap` (None = the base model). Once `cancel`
+        is set (its client is gone) the work may stop early with an EngineError."""
         ...

@@ -36,6 +36,7 @@ from retrain.backends.base import (
 )
 from retrain.backends.local import LocalBackend, LocalModel
 from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
+from retrain.backends.local_sampling import SamplingStopped
 from retrain.config import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
 
@@ -191,16 +192,17 @@ class LocalEngine:
     # ------------------------------------------------------------------ sampling
 
     def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
-               prompt_logprobs: bool) -> SampleResult:
+               prompt_logprobs: bool, cancel: threading.Event | None = None) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
         settings in one batch; when any of them has a seed, each prompt draws from its own
         seed (a random one where the request gave none) and prompts of one length are decoded
         together (padding changes the numbers, in bfloat16 enough to flip a draw), so a seeded
-        request's completions do not depend on what it was batched with."""
+        request's completions do not depend on what it was batched with. A batch stops
+        between decoding steps once every request in it is cancelled."""
         key = (snap, n, params.max_tokens, params.temperature, params.top_p,
                params.stop_tokens, params.stop_strings)
-        mine = _Queued(prompt, params.seed)
+        mine = _Queued(prompt, params.seed, cancel)
         with self._lock:
             self._queued.setdefault(key, []).append(mine)
         with self.model.lock:
@@ -209,7 +211,7 @@ class LocalEngine:
                     batch = self._queued.pop(key, [])
                 for part in _by_length(batch):
                     self._decode(part, snap, n, params)
-        if isinstance(mine.error, DivergedError):  # the client's weights, not a server fault
+        if isinstance(mine.error, DivergedError | SamplingStopped):  # not a server fault
             raise EngineError(str(mine.error))
         if mine.error is not None:
             raise mine.error
@@ -226,7 +228,13 @@ class LocalEngine:
         [lps] = self._sampler.logprobs([datum], adapter=snap or self._sampler.adapter)
         return [math.nan, *lps]
 
-    def _decode(self, batch: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
+    def _decode(self, part: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
+        batch = [q for q in part if not q.cancelled]
+        for q in part:
+            if q.cancelled:
+                q.error = SamplingStopped("sampling cancelled before it began")
+        if not batch:
+            return
         # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
         common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                 top_p=params.top_p, stop_tokens=params.stop_tokens,
@@ -238,7 +246,7 @@ class LocalEngine:
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
-                prompt_seeds=seeds)
+                prompt_seeds=seeds, stop=lambda: all(q.cancelled for q in batch))
         except BaseException as exc:
             for q in batch:
                 q.error = exc
@@ -253,8 +261,13 @@ class _Queued:
 
     prompt: list[int]
     seed: int | None
+    cancel: threading.Event | None = None   # set once its client is gone
     result: list | None = None
     error: BaseException | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
 
 
 def _by_length(batch: list[_Queued]) -> list[list[_Queued]]:

@@ -27,10 +27,16 @@ from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError, final_refusal
 from retrain.serve.futures import FutureStore, Reply
 from retrain.serve.ordering import GAP_S, Sequencer
+from retrain.serve.sampling import (
+    SAMPLERS_KEPT_PER_MODEL,
+    UNPOLLED_S,
+    RunningSamples,
+    Sampler,
+    SamplingOps,
+)
 
 log = logging.getLogger("retrain.serve")
 
-SAMPLERS_KEPT_PER_MODEL = 8  # ephemeral sampler snapshots kept per training model
 # No heartbeat (nor other call) for this long: the session ends and its adapters are freed.
 # The SDK heart-beats every 10 s (each try times out after 10 s), so this is two missed
 # beats and some slack; with the reaper's period the place of a killed client is free
@@ -58,20 +64,15 @@ class Model:
     user_metadata: dict[str, str] = field(default_factory=dict)  # kept in its checkpoints
 
 
-@dataclass
-class Sampler:
-    sampler_id: str
-    snap: Any                    # engine snapshot; None = the base model
-    model_path: str | None = None
-
-
-class TinkerService:
+class TinkerService(SamplingOps):
     """All server state; every method runs on the event loop thread."""
 
     def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
                  workers: int = 32, max_sessions: int = 0,
-                 session_timeout_s: float = SESSION_TIMEOUT_S, order_gap_s: float = GAP_S):
+                 session_timeout_s: float = SESSION_TIMEOUT_S, order_gap_s: float = GAP_S,
+                 unpolled_s: float = UNPOLLED_S):
         self.engine = engine
+        self.unpolled_s = unpolled_s  # a sample nobody polls for this long is cancelled
         self.order_gap_s = order_gap_s  # a missing seq_id is given up after this (ordering)
         self.session_timeout_s = session_timeout_s
         self.max_sessions = max_sessions  # training clients alive at once (0 = no limit)
@@ -85,6 +86,7 @@ class TinkerService:
         self._creating: dict[str, str] = {}          # model_id -> request id of its creation
         self._samples: dict[tuple[str, int], dict] = {}  # (sampler, seq_id) -> asample reply
         self._tasks: set[asyncio.Task] = set()
+        self.running = RunningSamples()
 
     # ------------------------------------------------------------------ sessions
 
@@ -119,6 +121,8 @@ class TinkerService:
 
     def _close_session(self, session: Session) -> None:
         session.finished = True
+        self.running.cancel(f"its session {session.session_id} ended",
+                            lambda rid, sid: sid != session.session_id)
         for sampler_id in session.samplers:
             self._drop_sampler(sampler_id)
         for model_id in session.models:
@@ -366,78 +370,6 @@ class TinkerService:
                   lambda _: {"path": req.path, "model_id": model_id})
         return {"request_id": request_id, "model_id": model_id}
 
-    # ------------------------------------------------------------------ sampling
-
-    async def create_sampling_session(self, req: types.CreateSamplingSessionRequest) -> dict:
-        session = self._session(req.session_id)
-        sampler_id = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
-        if sampler_id in self.samplers:
-            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-        snap = None
-        if req.model_path:
-            folder, _ = self.checkpoints.find(req.model_path, None)
-            snap = await self._in_thread(self.engine.read_snapshot, folder)
-        else:
-            self._check_base(req.base_model)
-        self._add_sampler(Sampler(sampler_id, snap, req.model_path), session.session_id)
-        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-
-    def get_sampler(self, sampler_id: str) -> dict:
-        sampler = self._sampler(sampler_id)
-        return {"sampler_id": sampler_id, "base_model": self.engine.base_model,
-                "model_path": sampler.model_path}
-
-    def _add_sampler(self, sampler: Sampler, session_id: str) -> None:
-        self.samplers[sampler.sampler_id] = sampler
-        self.sessions[session_id].samplers.add(sampler.sampler_id)
-
-    def _sampler(self, sampler_id: str) -> Sampler:
-        sampler = self.samplers.get(sampler_id)
-        if sampler is None:
-            raise ApiError(404, f"unknown or expired sampler {sampler_id!r}; this server keeps "
-                           f"the last {SAMPLERS_KEPT_PER_MODEL} sampler snapshots per model")
-        return sampler
-
-    async def asample(self, req: types.SampleRequest) -> dict:
-        own_snapshot = False  # a legacy request naming a checkpoint: load it for this call
-        if req.sampling_session_id:
-            sampler = self._sampler(req.sampling_session_id)
-        elif req.model_path:
-            folder, _ = self.checkpoints.find(req.model_path, None)
-            sampler = Sampler("", await self._in_thread(self.engine.read_snapshot, folder))
-            own_snapshot = True
-        else:
-            self._check_base(req.base_model)
-            sampler = Sampler("", None)
-        key = (sampler.sampler_id, req.seq_id)
-        if sampler.sampler_id and req.seq_id is not None and key in self._samples:
-            return self._samples[key]  # a retried submit
-        prompt = wire.prompt_tokens(req.prompt)
-        params = wire.sampling_params(req.sampling_params)
-        validate.check_sample(prompt, req.num_samples, params, self.engine.vocab_size,
-                              self.engine.max_context)
-        validate.check_sample_extras(req.topk_prompt_logprobs, req.topk_sample_logprobs,
-                                     req.target_prompt_logprobs, req.prompt_alt_tokens_k)
-        request_id = self.futures.create()
-        reply = {"request_id": request_id,
-                 "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
-        if sampler.sampler_id and req.seq_id is not None:
-            self._samples[key] = reply
-            if len(self._samples) > 100_000:  # bounded memory for long-lived servers
-                self._samples.pop(next(iter(self._samples)))
-
-        def work():
-            try:
-                return self.engine.sample(sampler.snap, prompt, req.num_samples, params,
-                                          bool(req.prompt_logprobs))
-            finally:
-                if own_snapshot:
-                    self.engine.drop_snapshot(sampler.snap)
-
-        self._run(request_id, lambda: self._in_thread(work),
-                  lambda result: Reply(proto=wire.encode_sample(result)))
-        return reply
-
     # ------------------------------------------------------------------ checkpoints
 
     def get_training_run(self, run_id: str) -> dict:
@@ -485,5 +417,12 @@ class TinkerService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def reap(self) -> None:
+        """The periodic sweep: sessions that stopped heart-beating, samples nobody polls."""
+        self.reap_sessions()
+        self.cancel_unpolled(self.unpolled_s)
+
     def close(self) -> None:
+        """Stop: queued work is dropped, running samples stop (nobody will read them)."""
+        self.running.cancel("the server is stopping")
         self.pool.shutdown(wait=False, cancel_futures=True)
