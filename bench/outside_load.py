@@ -23,7 +23,8 @@ from collections.abc import Iterator
 
 from bench.step_time import SMOLLM2, run_one
 
-SPEC = {**SMOLLM2, "dtype": "float32", "max_tokens": 48, "warmup": 1, "steps": 2, "seed": 7}
+SPEC = {**SMOLLM2, "dtype": "float32", "max_tokens": 48, "warmup": 1, "steps": 2, "seed": 7,
+        "threads": 0}
 POLICIES = {"default (spinning)": None, "PASSIVE (retrain's)": "PASSIVE"}
 
 

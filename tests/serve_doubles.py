@@ -155,9 +155,11 @@ class BigramEngine:
         name = "state.npz" if (folder / "state.npz").exists() else "sampler.npz"
         return np.load(folder / name)["w"].copy()
 
-    def sample(self, snap, prompt, n, spec: SamplingParams, prompt_logprobs):
+    def sample(self, snap, prompt, n, spec: SamplingParams, prompt_logprobs, cancel=None):
         self._enter("sample", "")
         try:
+            if cancel is not None and cancel.is_set():
+                raise EngineError("sampling cancelled")
             w = snap if snap is not None else np.zeros((self.vocab, self.vocab))
             logp = self._logp(w / max(spec.temperature, 1e-6))
             rng = np.random.default_rng(spec.seed)

@@ -30,7 +30,7 @@ FAKE_WORKER = textwrap.dedent('''
     """Behaves like `retrain run <config>` as far as the runner can tell."""
     import json, os, signal, sys, time, tomllib
     from pathlib import Path
-    from retrain import runlog
+    from retrain.runfiles import runlog
     from retrain.slots.file_slots import slots_from_env
 
     cfg = tomllib.loads(Path(sys.argv[1]).read_text())

@@ -1,9 +1,12 @@
 """`retrain serve --load-model`: a hosted endpoint with a known capacity curve, as users start
 it (a real serve process): the added wait grows with the requests in flight, and a request
-arriving while more than fail_above are in flight gets HTTP 502."""
+arriving while more than fail_above are in flight gets HTTP 502. Absurd values (a wait of
+1e308 ms) are refused; Ctrl-C says what stopping waits for."""
 
 from __future__ import annotations
 
+import queue
+import signal
 import subprocess
 import threading
 import time
@@ -28,7 +31,8 @@ def test_load_model_parses_and_follows_the_usl():
     assert not m.refuses(4) and m.refuses(5)   # 4 others in flight > 3
     assert LoadModel.parse("").fail_above is None and not LoadModel.parse("").refuses(10**6)
     for bad in ("base_ms", "speed=3", "base_ms=-1", "kappa=nan", "fail_above=2.5",
-                "sigma=1,sigma=2"):
+                "sigma=1,sigma=2", "base_ms=1e308", "base_ms=inf", "sigma=1e308", "kappa=2",
+                "base_ms=60001"):
         with pytest.raises(ValueError):
             LoadModel.parse(bad)
 
@@ -99,10 +103,48 @@ def test_overload_answers_are_counted_from_the_http_log(served, caplog):
     assert not [r for r in caplog.records if r.name == HTTP_LOGGER]
 
 
-def test_bad_load_model_is_one_line_exit_2(cli_env, python):
+@pytest.mark.parametrize("value,named", [
+    ("base_ms=50,kapa=0.1", "kapa"),
+    ("base_ms=1e308,sigma=1e308", "base_ms must be a number from 0 to 60000, got 1e+308"),
+])
+def test_bad_load_model_is_one_line_exit_2(cli_env, python, value, named):
     proc = subprocess.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                           "--port", "0", "--load-model", "base_ms=50,kapa=0.1"],
+                           "--port", "0", "--load-model", value],
                           env=cli_env, capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: --load-model") and "kapa" in lines[0]
+    assert lines[0].startswith("error: --load-model") and named in lines[0]
+
+
+def test_ctrl_c_says_what_it_waits_for(cli_env, python, tmp_path):
+    """A request held 20 s by the load model: the first Ctrl-C prints one line naming it
+    (uvicorn would wait for it in silence), the second stops the server at once."""
+    env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
+    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+                             "--port", "0", "--dtype", "float32", "--load-model",
+                             "base_ms=20000"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = read_serve_url(proc, 120)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+        held = threading.Thread(target=_get, args=(url, [None], 0), daemon=True)
+        held.start()
+        time.sleep(1.0)                       # the request sleeps in the load model
+        proc.send_signal(signal.SIGINT)
+        said = lines.get(timeout=10)
+        assert said.startswith("retrain serve: stopping; waiting for 1 request in flight"), said
+        assert "Ctrl-C again" in said and proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)                 # not the 19 s the held request has left
+        rest = "".join(iter(lambda: _next(lines), ""))
+        assert "Traceback" not in rest, rest
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _next(lines: queue.Queue) -> str:
+    try:
+        return lines.get(timeout=1)
+    except queue.Empty:
+        return ""

@@ -1,19 +1,28 @@
 """Queue, don't fail, on rate limits: a 6-run campaign with backend = "tinker" against a real
 `retrain serve --max-sessions 2` process, with `max_concurrent = 4` above the server's limit.
-The runs that find the server full are answered 429, wait, and all six complete."""
+The runs that find the server full are answered 429, wait, and all six complete. And a
+backend that is answered 429 waits what the service's Retry-After asks, not more."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 
 import pytest
 
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.campaign.runner")
 
-from retrain.backends.tinker_rate_limit import RATE_LIMIT_FIRST_S  # noqa: E402
+from retrain.backends.tinker import TinkerBackend  # noqa: E402
+from retrain.backends.tinker_rate_limit import (  # noqa: E402
+    RATE_LIMIT_FIRST_S,
+    RETRY_AFTER_JITTER,
+    RateLimitWait,
+)
 from tests.run_helpers import read_serve_url, rows, write_config  # noqa: E402
+from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
 KEY = "tml-rate-limit-test"
 
@@ -69,3 +78,45 @@ def test_six_run_campaign_above_the_session_limit_completes(serve_url, tmp_path,
     assert len(queued) >= 1, logs  # the backend itself queued (the SDK does not retry 429s)
     waits = {run.name: rows(run)[0]["api_wait_s"] for run in queued}
     assert all(w >= RATE_LIMIT_FIRST_S / 2 for w in waits.values()), waits
+
+
+def test_backoff_waits_what_retry_after_asks(tmp_path, sdk_env):
+    """serve holds one training client (max_sessions = 1) and answers more with 429 and
+    `retry-after: 1`: a second backend asks again every 1 to 1.25 s (its own backoff would
+    grow 0.5, 1, 2, 4 s), and has its client within that of the place being freed."""
+    def backend(url):
+        return TinkerBackend(base_model="bigram-test", lora_rank=2, seed=0, base_url=url,
+                             request_timeout_s=30)
+
+    with Served(BigramEngine(), tmp_path, hold_s=2.0, max_sessions=1) as served:
+        first = backend(served.url)
+        assert first.training.model_id
+        asked: list[float] = []   # when the server received each create_model
+        create = served.service.create_model
+
+        def timed(req):
+            asked.append(time.monotonic())
+            return create(req)
+
+        served.service.create_model = timed
+        second = backend(served.url)
+        waiter = threading.Thread(target=lambda: second.training, daemon=True)
+        waiter.start()
+        time.sleep(5.5)
+        refused = len(asked)
+        freed = time.monotonic()
+        first.close()
+        waiter.join(30)
+        assert second._training is not None
+        second.close()
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+    assert refused >= 4, asked                      # 5.5 s of 1 s waits
+    assert all(0.95 <= g <= RETRY_AFTER_JITTER + 0.5 for g in gaps), gaps
+    assert asked[-1] - freed <= RETRY_AFTER_JITTER + 0.5
+
+
+def test_retry_after_is_bounded():
+    wait = RateLimitWait("x")
+    assert 15.0 <= wait.delay(1e9) <= 15.0 * RETRY_AFTER_JITTER    # at most the cap
+    assert 0.1 <= wait.delay(0.0) <= 0.1 * RETRY_AFTER_JITTER      # "now" is not a hot loop
+    assert RATE_LIMIT_FIRST_S / 2 <= wait.delay(None) <= RATE_LIMIT_FIRST_S  # no header

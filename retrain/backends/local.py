@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -156,12 +156,14 @@ class LocalBackend:
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                adapter: str | None = None, prompt_seeds: list[int] | None = None,
-               on_token: OnToken | None = None) -> list[list[Completion]]:
+               on_token: OnToken | None = None,
+               stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
         """`n` completions per prompt in one batched decode; `adapter` picks a snapshot.
 
         `prompt_seeds` (one per prompt) makes each prompt's draws its own, independent of the
         rest of the batch (retrain serve batches separate requests); else `params.seed`.
-        `on_token` hears of each token as it is drawn (see `sample_batch`)."""
+        `on_token` hears of each token as it is drawn (see `sample_batch`); `stop`, asked
+        between decoding steps, ends the decode early (SamplingStopped)."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -182,7 +184,7 @@ class LocalBackend:
                                 pad_id=self.model.pad_id, generator=gen,
                                 make_cache=self._make_cache, cache_key=self.model.cache_key,
                                 decode=self.model.tokenizer.decode, decoder=self.model.decoder,
-                                on_token=on_token)
+                                on_token=on_token, stop=stop)
 
     def _sample_fast(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                      adapter: str | None, prompt_seeds: list[int] | None

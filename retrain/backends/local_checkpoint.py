@@ -27,13 +27,13 @@ def save_state(folder: Path, model: Any, adapter: str, optimizer: torch.optim.Op
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    if not all_finite(model.adapter_params(adapter).values()):
-        raise DivergedError(f"refusing to save checkpoint {folder.name}: the adapter weights "
-                            "are not finite (the training diverged)")
     tmp = folder.parent / f".{folder.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with model.lock:
+    with model.lock:  # the weights checked are the weights written
+        if not all_finite(model.adapter_params(adapter).values()):
+            raise DivergedError(f"refusing to save checkpoint {folder.name}: the adapter "
+                                "weights are not finite (the training diverged)")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         weights = get_peft_model_state_dict(model.peft, adapter_name=adapter)
         weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
         save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})

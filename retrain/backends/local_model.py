@@ -143,8 +143,12 @@ class LocalModel:
             self._active = name
 
     def adapter_params(self, name: str) -> dict[str, torch.nn.Parameter]:
-        """The adapter's parameters by module name, in a stable order."""
-        out = {k: p for k, p in self.peft.named_parameters() if local_lora.adapter_of(k) == name}
+        """The adapter's parameters by module name, in a stable order. Under the lock: the
+        walk reads every module's parameter dict, which adding or deleting another adapter
+        (another session of `retrain serve`) changes."""
+        with self.lock:
+            out = {k: p for k, p in self.peft.named_parameters()
+                   if local_lora.adapter_of(k) == name}
         return dict(sorted(out.items()))
 
 

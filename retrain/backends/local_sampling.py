@@ -42,6 +42,10 @@ from retrain.backends.stop_strings import StopWatch
 from retrain.errors import UserError
 
 
+class SamplingStopped(BackendError):
+    """The caller's `stop` said so between two decoding steps (its client is gone)."""
+
+
 @dataclass
 class _Rows:
     """The completions being decoded: token and log-prob lists, indexed by row."""
@@ -189,13 +193,14 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
                  eos_ids: set[int], pad_id: int,
                  generator: torch.Generator | list[torch.Generator],
                  make_cache, cache_key: str = "past_key_values",
-                 decode=None, decoder=None, on_token: OnToken | None = None
-                 ) -> list[list[Completion]]:
+                 decode=None, decoder=None, on_token: OnToken | None = None,
+                 stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
     see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
     `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward);
-    `on_token`: called with each completion's every token (index in the flat output).
+    `on_token`: called with each completion's every token (index in the flat output);
+    `stop`: asked before every decoding step, True ends the decode with SamplingStopped.
     A prompt + max_tokens beyond the model's context is a BackendError (`check_context`)."""
     check_context(prompts, params.max_tokens, model_context(model.config))
     device = next(model.parameters()).device
@@ -215,6 +220,9 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     ends = torch.tensor(sorted(set(eos_ids) | set(params.stop_tokens)), device=device)
     watch = _stop_watch(params, decode)
     for step in range(params.max_tokens):
+        if stop is not None and stop():
+            raise SamplingStopped(f"sampling stopped after {step} of {params.max_tokens} "
+                                  "tokens")
         lp = token_logprobs(logits, params.temperature)
         if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
             raise DivergedError("sampling: the next-token probabilities are not finite (NaN "

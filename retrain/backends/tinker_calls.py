@@ -21,6 +21,7 @@ from retrain.backends.tinker_rate_limit import (
     RateLimited,
     RateLimitWait,
     is_rate_limited,
+    retry_after_s,
     stop_sdk_retrying_429,
 )
 from retrain.backends.tinker_sdk import KEY_ENV, Secret
@@ -81,7 +82,7 @@ class TinkerCalls:
             return _result_within(future, self.timeout_s, lease)
         except BaseException as exc:
             if queue_on_429 and is_rate_limited(exc):
-                raise RateLimited(str(exc)) from None
+                raise RateLimited(str(exc), retry_after_s(exc)) from None
             if isinstance(exc, TimeoutError):
                 future.future().cancel()
                 if fatal_timeout:  # the training client is stuck behind this request
@@ -112,7 +113,7 @@ class TinkerCalls:
                 except Exception as exc:
                     if not (queue_on_429 and is_rate_limited(exc)):
                         raise self.fail(what, exc) from None
-                    future, reason = None, str(exc)
+                    future, reason, asked = None, str(exc), retry_after_s(exc)
                 finally:
                     if submitted is not None:
                         submitted.set()
@@ -121,9 +122,9 @@ class TinkerCalls:
                         return self._wait(what, future, lease, fatal_timeout=fatal_timeout,
                                           queue_on_429=queue_on_429)
                     except RateLimited as exc:
-                        reason = str(exc)
+                        reason, asked = str(exc), exc.retry_after
             # the slot is free again while we sleep: other workers' requests go meanwhile
-            slept = waiting.sleep(self._secret.scrub(reason))
+            slept = waiting.sleep(self._secret.scrub(reason), asked)
             with self._wait_lock:
                 self.rate_limit_wait_s += slept
 

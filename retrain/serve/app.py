@@ -27,12 +27,14 @@ from tinker import types
 
 from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER
 from retrain.serve import wire
-from retrain.serve.engine import Engine, EngineError
+from retrain.serve.engine import Engine
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
 from retrain.serve.inflate import inflate_zstd
 from retrain.serve.openai_routes import OpenAIServing, build_openai_routes, error_reply
+from retrain.serve.ordering import GAP_S
+from retrain.serve.sampling import UNPOLLED_S
 from retrain.serve.service import REAP_EVERY_S, SESSION_TIMEOUT_S, TinkerService
 from retrain.serve.validate import RequestError
 
@@ -95,13 +97,30 @@ def _reply(value: dict) -> Handler:
     return handler
 
 
-def _body(model: type[pydantic.BaseModel], call: Callable[[Any], Any]) -> Handler:
+def _body(model: type[pydantic.BaseModel], call: Callable[[Any], Any],
+          refused: Callable[[object, object], None] | None = None) -> Handler:
     """A handler that validates the JSON body as `model` and answers `call(body)` (awaited
-    when the service method is async)."""
+    when the service method is async). A training request whose body does not validate is
+    passed to `refused` with the model_id and seq_id it names, if any."""
     async def handler(request: Request):
-        result = call(await _parse(request, model))
+        try:
+            body = await _parse(request, model)
+        except ApiError:
+            if refused is not None:
+                refused(*_ids_in(await request.body()))
+            raise
+        result = call(body)
         return await result if inspect.isawaitable(result) else result
     return handler
+
+
+def _ids_in(body: bytes) -> tuple[object, object]:
+    """(model_id, seq_id) of a JSON body that did not validate, where it names them."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None, None
+    return (data.get("model_id"), data.get("seq_id")) if isinstance(data, dict) else (None, None)
 
 
 def _path(call: Callable[..., Any], *params: str) -> Handler:
@@ -147,19 +166,25 @@ def _training_routes(s: TinkerService, max_body_bytes: int) -> list[RouteSpec]:
             body = inflate_zstd(body, max_body_bytes)
         try:
             call = wire.decode_forward_backward(body)
-        except EngineError as exc:
+        except wire.BadCall as exc:  # still completes its place in the model's order
+            s.refused(exc.model_id, exc.seq_id)
             raise ApiError(400, str(exc)) from None
         return s.forward_backward(call)
 
+    def refused(model_id: object, seq_id: object) -> None:
+        s.refused(model_id, seq_id)
+
     return [
         ("POST", "forward_backward", forward_backward),
-        ("POST", "optim_step", _body(types.OptimStepRequest, lambda req: s.optim_step(req))),
+        ("POST", "optim_step",
+         _body(types.OptimStepRequest, lambda req: s.optim_step(req), refused)),
         ("POST", "save_weights",
-         _body(types.SaveWeightsRequest, lambda req: s.save_weights(req))),
+         _body(types.SaveWeightsRequest, lambda req: s.save_weights(req), refused)),
         ("POST", "save_weights_for_sampler",
-         _body(types.SaveWeightsForSamplerRequest, lambda req: s.save_weights_for_sampler(req))),
+         _body(types.SaveWeightsForSamplerRequest, lambda req: s.save_weights_for_sampler(req),
+               refused)),
         ("POST", "load_weights",
-         _body(types.LoadWeightsRequest, lambda req: s.load_weights(req))),
+         _body(types.LoadWeightsRequest, lambda req: s.load_weights(req), refused)),
         ("GET", "training_runs/{run}", _path(lambda run: s.get_training_run(run), "run")),
         ("DELETE", "training_runs/{run}/checkpoints/{cid:path}",
          _path(lambda run, cid: s.delete_checkpoint(run, cid), "run", "cid")),
@@ -253,25 +278,28 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               faults: FaultPlan | None = None, hold_s: float = 30.0,
               reap_every_s: float = REAP_EVERY_S, delay_s: float = 0.0, max_sessions: int = 0,
               session_timeout_s: float = SESSION_TIMEOUT_S,
-              max_body_bytes: int = MAX_BODY_BYTES,
-              load: LoadModel | None = None,
-              openai: OpenAIServing | None = None) -> tuple[Guard, TinkerService]:
+              max_body_bytes: int = MAX_BODY_BYTES, load: LoadModel | None = None,
+              openai: OpenAIServing | None = None, order_gap_s: float = GAP_S,
+              unpolled_s: float = UNPOLLED_S) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service; with `openai`,
     the OpenAI-compatible routes too.
 
     `delay_s` is added before every API request (`--delay-ms`), `load` simulates a hosted
     endpoint's capacity curve (`--load-model`); `max_sessions` caps the
-    training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429).
+    training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429);
+    `order_gap_s`: how long a model's queued ops wait for a seq_id that never came;
+    `unpolled_s`: how long a sample request runs with nobody polling for it.
     """
     service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s),
-                            max_sessions=max_sessions, session_timeout_s=session_timeout_s)
+                            max_sessions=max_sessions, session_timeout_s=session_timeout_s,
+                            order_gap_s=order_gap_s, unpolled_s=unpolled_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         async def reap():
             while True:
                 await asyncio.sleep(reap_every_s)
-                service.reap_sessions()
+                service.reap()
         task = asyncio.create_task(reap())
         try:
             yield

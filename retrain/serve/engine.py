@@ -10,6 +10,7 @@ or weight 0). Pure: no torch.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,9 +85,10 @@ class Engine(Protocol):
         ...
 
     def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
-               prompt_logprobs: bool) -> SampleResult:
-        """`n` continuations of `prompt` under `snap` (None = the base model). An engine that
-        streams (the local one, for the OpenAI routes' `stream`) also takes an `on_token`
+               prompt_logprobs: bool, cancel: threading.Event | None = None) -> SampleResult:
+        """`n` continuations of `prompt` under `snap` (None = the base model). Once `cancel`
+        is set (its client is gone) the work may stop early with an EngineError. An engine
+        that streams (the local one, for the OpenAI routes' `stream`) also takes an `on_token`
         keyword: called with (index among the n, token, log-prob, top log-probs or None) for
         each token as it is drawn."""
         ...

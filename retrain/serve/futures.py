@@ -4,7 +4,8 @@ All methods run on the event loop thread, so no locks are needed. A poll waits u
 `hold_s` for the result (the SDK's poll timeout is 45 s and a `try_again` reply triggers
 an instant re-poll, so holding the poll is what keeps clients from busy-polling). Results
 are kept for `keep_s` after their first delivery, because a reply lost on the way back is
-polled again with the same id.
+polled again with the same id. A live client always has a poll open on an unfinished
+future (the SDK polls again at once), so one nobody polls for long has lost its client.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class _Entry:
     reply: Reply | None = None
     created: float = field(default_factory=time.monotonic)
     delivered: float | None = None
+    polls: int = 0                # polls waiting on it now
+    polled: float = field(default_factory=time.monotonic)  # when a poll last began or ended
 
 
 class FutureStore:
@@ -64,6 +67,14 @@ class FutureStore:
     def pending(self) -> int:
         return sum(1 for e in self._entries.values() if e.reply is None)
 
+    def unpolled_s(self, request_id: str) -> float:
+        """Seconds an unfinished future has gone without any poll open on it (0 while one
+        is, or once it is finished or unknown)."""
+        entry = self._entries.get(request_id)
+        if entry is None or entry.reply is not None or entry.polls:
+            return 0.0
+        return time.monotonic() - entry.polled
+
     async def wait(self, request_id: str, timeout: float | None = None,
                    disconnected: asyncio.Future | None = None) -> Reply | None:
         """The reply, or None when `timeout` (default hold_s) passes or the client went away.
@@ -74,11 +85,14 @@ class FutureStore:
         if entry.reply is None:
             waiter = asyncio.ensure_future(entry.done.wait())
             watch = [waiter] + ([disconnected] if disconnected is not None else [])
+            entry.polls += 1
             try:
                 await asyncio.wait(watch, timeout=self.hold_s if timeout is None else timeout,
                                    return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()
+                entry.polls -= 1
+                entry.polled = time.monotonic()
         if entry.reply is not None and entry.delivered is None:
             entry.delivered = time.monotonic()
         return entry.reply

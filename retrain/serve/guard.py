@@ -102,6 +102,10 @@ class FaultPlan:
 
 
 LOAD_KEYS = ("base_ms", "sigma", "kappa", "fail_above")
+# The largest value each key takes: one minute of base latency (the SDK gives up on a
+# request after 60 s), and the USL's contention and coherency fractions at most 1 (beyond,
+# the endpoint would serve less at 2 requests in flight than at 1).
+LOAD_MAX = {"base_ms": 60_000.0, "sigma": 1.0, "kappa": 1.0}
 
 
 @dataclass(frozen=True)
@@ -114,10 +118,10 @@ class LoadModel:
     fail_above: int | None = None   # None: never refuse
 
     def __post_init__(self):
-        for key in ("base_ms", "sigma", "kappa"):
+        for key, most in LOAD_MAX.items():
             value = getattr(self, key)
-            if not (value >= 0 and value < float("inf")):
-                raise ValueError(f"{key} must be a finite number >= 0, got {value}")
+            if not 0 <= value <= most:  # also refuses NaN
+                raise ValueError(f"{key} must be a number from 0 to {most:g}, got {value:g}")
         if self.fail_above is not None and self.fail_above < 0:
             raise ValueError(f"fail_above must be an integer >= 0, got {self.fail_above}")
 

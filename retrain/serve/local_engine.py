@@ -38,7 +38,7 @@ from retrain.backends.base import (
 from retrain.backends.local import LocalBackend
 from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
 from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import OnToken
+from retrain.backends.local_sampling import OnToken, SamplingStopped
 from retrain.config.sections import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
 
@@ -196,7 +196,8 @@ class LocalEngine:
     # ------------------------------------------------------------------ sampling
 
     def sample(self, snap: Any, prompt: list[int], n: int, params: SamplingParams,
-               prompt_logprobs: bool, on_token: OnToken | None = None) -> SampleResult:
+               prompt_logprobs: bool, cancel: threading.Event | None = None,
+               on_token: OnToken | None = None) -> SampleResult:
         """Requests that wait for the model together are decoded together: whichever gets
         the model lock first decodes every queued request with the same weights and
         settings in one batch; when any of them has a seed, each prompt draws from its own
@@ -204,10 +205,11 @@ class LocalEngine:
         together (padding changes the numbers, in bfloat16 enough to flip a draw), so a seeded
         request's completions do not depend on what it was batched with. `on_token` hears
         of this request's tokens as they are drawn (index among its `n`, token, log-prob,
-        top log-probs)."""
+        top log-probs). A batch stops between decoding steps once every request in it is
+        cancelled."""
         key = (snap, n, params.max_tokens, params.temperature, params.top_p,
                params.stop_tokens, params.stop_strings, params.top_logprobs)
-        mine = _Queued(prompt, params.seed, on_token)
+        mine = _Queued(prompt, params.seed, on_token, cancel)
         with self._lock:
             self._queued.setdefault(key, []).append(mine)
         with self.model.lock:
@@ -216,7 +218,7 @@ class LocalEngine:
                     batch = self._queued.pop(key, [])
                 for part in _by_length(batch):
                     self._decode(part, snap, n, params)
-        if isinstance(mine.error, DivergedError):  # the client's weights, not a server fault
+        if isinstance(mine.error, DivergedError | SamplingStopped):  # not a server fault
             raise EngineError(str(mine.error))
         if mine.error is not None:
             raise mine.error
@@ -233,7 +235,13 @@ class LocalEngine:
         [lps] = self._sampler.logprobs([datum], adapter=snap or self._sampler.adapter)
         return [math.nan, *lps]
 
-    def _decode(self, batch: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
+    def _decode(self, part: list[_Queued], snap: Any, n: int, params: SamplingParams) -> None:
+        batch = [q for q in part if not q.cancelled]
+        for q in part:
+            if q.cancelled:
+                q.error = SamplingStopped("sampling cancelled before it began")
+        if not batch:
+            return
         # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
         common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                 top_p=params.top_p, stop_tokens=params.stop_tokens,
@@ -246,7 +254,8 @@ class LocalEngine:
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
-                prompt_seeds=seeds, on_token=_tell(batch, n))
+                prompt_seeds=seeds, on_token=_tell(batch, n),
+                stop=lambda: all(q.cancelled for q in batch))
         except BaseException as exc:
             for q in batch:
                 q.error = exc
@@ -262,8 +271,13 @@ class _Queued:
     prompt: list[int]
     seed: int | None
     on_token: OnToken | None = None
+    cancel: threading.Event | None = None   # set once its client is gone
     result: list | None = None
     error: BaseException | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
 
 
 def _tell(batch: list[_Queued], n: int) -> OnToken | None:

@@ -22,6 +22,7 @@ from retrain.serve.openai_routes import OpenAIServing
 if TYPE_CHECKING:
     from retrain.serve.adapters import AdapterRun
     from retrain.serve.local_engine import LocalEngine
+from retrain.serve.service import TinkerService
 
 log = logging.getLogger("retrain.serve")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -82,7 +83,39 @@ def exposure_warning(host: str, has_key: bool) -> str | None:
                                               "$RETRAIN_SERVE_API_KEY) to require a key"))
 
 
-def run(app: Guard, host: str, sock: socket.socket) -> None:
+class _Server(uvicorn.Server):
+    """uvicorn's server, which says on the first Ctrl-C what stopping waits for (uvicorn
+    waits for the requests in flight, silently at our log level)."""
+
+    def __init__(self, config: uvicorn.Config, app: Guard, service: TinkerService):
+        super().__init__(config)
+        self.guard = app
+        self.service = service
+
+    def handle_exit(self, sig, frame) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first:
+            print(stopping_line(self.guard.traffic.inflight, self.service.futures.pending(),
+                                self.service.futures.hold_s), file=sys.stderr, flush=True)
+
+
+def stopping_line(requests: int, jobs: int, hold_s: float) -> str:
+    """What a first Ctrl-C waits for, in one line."""
+    if not requests and not jobs:
+        return "retrain serve: stopping"
+    waits = []
+    if requests:
+        waits.append(f"{requests} request{'s' * (requests != 1)} in flight to end (a held "
+                     f"poll answers within {hold_s:g} s)")
+    if jobs:
+        waits.append(f"{jobs} unfinished job{'s' * (jobs != 1)} (sampling stops, training "
+                     "steps finish)")
+    return (f"retrain serve: stopping; waiting for {' and '.join(waits)}; Ctrl-C again to "
+            "stop now")
+
+
+def run(app: Guard, host: str, sock: socket.socket, service: TinkerService) -> None:
     """Serve on the bound `sock` until interrupted."""
     warning = exposure_warning(host, app.api_key is not None)
     if warning:
@@ -91,7 +124,10 @@ def run(app: Guard, host: str, sock: socket.socket) -> None:
     print(f"retrain serve: {url} (TINKER_BASE_URL for clients)", file=sys.stderr, flush=True)
     print(f"retrain serve: the OpenAI-compatible API is at {url}/v1 (base_url of the openai "
           "client)", file=sys.stderr, flush=True)
-    uvicorn.Server(_config(app, "warning")).run(sockets=[sock])
+    try:
+        _Server(_config(app, "warning"), app, service).run(sockets=[sock])
+    finally:  # also after a second Ctrl-C, which skips the app's own shutdown
+        service.close()
 
 
 class ServerThread:
@@ -149,10 +185,10 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
     except BaseException:
         sock.close()
         raise
-    app, _ = build_app(engine, state_dir, api_key=api_key,
-                       faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
-                       max_sessions=max_sessions, load=load, openai=openai)
-    run(app, host, sock)
+    app, service = build_app(engine, state_dir, api_key=api_key,
+                             faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
+                             max_sessions=max_sessions, load=load, openai=openai)
+    run(app, host, sock, service)
 
 
 def _openai_serving(engine: LocalEngine, state_dir: Path,

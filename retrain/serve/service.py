@@ -8,10 +8,11 @@ model run in seq_id order (`ordering.Sequencer`), sampling runs concurrently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +24,19 @@ from retrain.backends.base import AdamParams
 from retrain.serve import validate, wire
 from retrain.serve.checkpoints import CheckpointStore, string_map
 from retrain.serve.engine import Engine, EngineError
-from retrain.serve.errors import ApiError
+from retrain.serve.errors import ApiError, final_refusal
 from retrain.serve.futures import FutureStore, Reply
-from retrain.serve.ordering import Sequencer
+from retrain.serve.ordering import GAP_S, Sequencer
+from retrain.serve.sampling import (
+    SAMPLERS_KEPT_PER_MODEL,
+    UNPOLLED_S,
+    RunningSamples,
+    Sampler,
+    SamplingOps,
+)
 
 log = logging.getLogger("retrain.serve")
 
-SAMPLERS_KEPT_PER_MODEL = 8  # ephemeral sampler snapshots kept per training model
 # No heartbeat (nor other call) for this long: the session ends and its adapters are freed.
 # The SDK heart-beats every 10 s (each try times out after 10 s), so this is two missed
 # beats and some slack; with the reaper's period the place of a killed client is free
@@ -57,20 +64,16 @@ class Model:
     user_metadata: dict[str, str] = field(default_factory=dict)  # kept in its checkpoints
 
 
-@dataclass
-class Sampler:
-    sampler_id: str
-    snap: Any                    # engine snapshot; None = the base model
-    model_path: str | None = None
-
-
-class TinkerService:
+class TinkerService(SamplingOps):
     """All server state; every method runs on the event loop thread."""
 
     def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
                  workers: int = 32, max_sessions: int = 0,
-                 session_timeout_s: float = SESSION_TIMEOUT_S):
+                 session_timeout_s: float = SESSION_TIMEOUT_S, order_gap_s: float = GAP_S,
+                 unpolled_s: float = UNPOLLED_S):
         self.engine = engine
+        self.unpolled_s = unpolled_s  # a sample nobody polls for this long is cancelled
+        self.order_gap_s = order_gap_s  # a missing seq_id is given up after this (ordering)
         self.session_timeout_s = session_timeout_s
         self.max_sessions = max_sessions  # training clients alive at once (0 = no limit)
         self.state_dir = Path(state_dir)
@@ -83,6 +86,7 @@ class TinkerService:
         self._creating: dict[str, str] = {}          # model_id -> request id of its creation
         self._samples: dict[tuple[str, int], dict] = {}  # (sampler, seq_id) -> asample reply
         self._tasks: set[asyncio.Task] = set()
+        self.running = RunningSamples()
 
     # ------------------------------------------------------------------ sessions
 
@@ -117,6 +121,8 @@ class TinkerService:
 
     def _close_session(self, session: Session) -> None:
         session.finished = True
+        self.running.cancel(f"its session {session.session_id} ended",
+                            lambda rid, sid: sid != session.session_id)
         for sampler_id in session.samplers:
             self._drop_sampler(sampler_id)
         for model_id in session.models:
@@ -150,6 +156,7 @@ class TinkerService:
             return {"request_id": self._creating[model_id], "model_id": model_id}
         rank = req.lora_config.rank if req.lora_config else 32
         seed = req.lora_config.seed if req.lora_config else None
+        validate.check_lora_rank(rank)
         request_id = self._reserve_model(session, model_id)
 
         def create() -> None:
@@ -187,6 +194,7 @@ class TinkerService:
                 self._background(self._in_thread(self.engine.drop_adapter, model_id))
                 raise
             self.models[model_id] = Model(model_id, session.session_id, rank,
+                                          Sequencer(gap_s=self.order_gap_s),
                                           user_metadata=user_metadata)
             if session.finished:  # the session ended while the adapter was being built
                 self._drop_model(model_id)
@@ -216,21 +224,47 @@ class TinkerService:
 
     def _ordered(self, model: Model, seq_id: int | None, job: Callable, encode: Callable) -> dict:
         """Queue a training op on `model` in seq_id order; a repeated seq_id is a retry."""
-        if seq_id is not None and (known := model.seq.seen(seq_id)) is not None:
-            return {"request_id": known, "model_id": model.model_id}
+        if (known := self._retried(model, seq_id)) is not None:
+            return known
         request_id = self.futures.create()
         try:
             model.seq.submit(seq_id, request_id, lambda: self._execute(request_id, job, encode))
-        except ValueError as exc:
-            raise ApiError(409, str(exc)) from None
+        except ValueError as exc:  # not 409: the SDK would send it again for 5 minutes
+            raise ApiError(400, str(exc)) from None
         return {"request_id": request_id, "model_id": model.model_id}
+
+    @staticmethod
+    def _retried(model: Model, seq_id: int | None) -> dict | None:
+        """The reply already given to `seq_id` (a retried submit), if any."""
+        if seq_id is not None and (known := model.seq.seen(seq_id)) is not None:
+            return {"request_id": known, "model_id": model.model_id}
+        return None
+
+    @contextlib.contextmanager
+    def _vetting(self, model: Model, seq_id: int | None) -> Iterator[None]:
+        """Checks of a training request: one they refuse still completes its place in the
+        model's order, or the client's next op would wait for it forever."""
+        try:
+            yield
+        except (ApiError, validate.RequestError) as exc:
+            if seq_id is not None and final_refusal(exc):
+                model.seq.skip(seq_id)
+            raise
+
+    def refused(self, model_id: object, seq_id: object) -> None:
+        """A training request refused before it could be read (a bad body): its place in
+        the model's order is done, so the client's next op runs."""
+        model = self.models.get(model_id) if isinstance(model_id, str) else None
+        if model is not None and isinstance(seq_id, int) and seq_id > 0:
+            model.seq.skip(seq_id)
 
     # ------------------------------------------------------------------ training
 
     def forward_backward(self, call: wire.FwdBwdCall) -> dict:
         model = self._model(call.model_id)
-        validate.check_datums(call.data, call.config, self.engine.vocab_size,
-                              self.engine.max_context)
+        with self._vetting(model, call.seq_id or None):
+            validate.check_datums(call.data, call.config, self.engine.vocab_size,
+                                  self.engine.max_context)
 
         def work():
             return self.engine.forward_backward(model.model_id, call.data, call.loss_fn,
@@ -242,11 +276,13 @@ class TinkerService:
     def optim_step(self, req: types.OptimStepRequest) -> dict:
         model = self._model(req.model_id)
         p = req.optim_params
-        if not isinstance(p, types.AdamParams):
-            raise ApiError(400, "retrain serve supports the adamw optimizer only")
-        adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
-                          eps=p.eps, weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
-        validate.check_adam(adam)
+        with self._vetting(model, req.seq_id):
+            if not isinstance(p, types.AdamParams):
+                raise ApiError(400, "retrain serve supports the adamw optimizer only")
+            adam = AdamParams(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                              eps=p.eps, weight_decay=p.weight_decay,
+                              grad_clip_norm=p.grad_clip_norm)
+            validate.check_adam(adam)
         return self._ordered(
             model, req.seq_id,
             lambda: self._in_thread(self.engine.optim_step, model.model_id, adam),
@@ -254,10 +290,14 @@ class TinkerService:
 
     def save_weights(self, req: types.SaveWeightsRequest) -> dict:
         model = self._model(req.model_id)
+        if (known := self._retried(model, req.seq_id)) is not None:
+            return known  # before the check below: the first try may have written it
         name = req.path or f"ckpt-{uuid.uuid4().hex[:8]}"
-        path, folder = self.checkpoints.place(model.model_id, "weights", name)
-        if folder.exists() and not req.overwrite:
-            raise ApiError(409, f"checkpoint {path} exists; pass overwrite=True to replace it")
+        with self._vetting(model, req.seq_id):
+            path, folder = self.checkpoints.place(model.model_id, "weights", name)
+            if folder.exists() and not req.overwrite:  # 400, not 409: the SDK retries 409s
+                raise ApiError(400, f"checkpoint {path} exists; pass overwrite=True to "
+                               "replace it")
 
         def work():
             self.checkpoints.write_atomically(
@@ -271,7 +311,8 @@ class TinkerService:
         model = self._model(req.model_id)
         if req.path is None:
             return self._ephemeral_sampler(model, req)
-        path, folder = self.checkpoints.place(model.model_id, "sampler_weights", req.path)
+        with self._vetting(model, req.seq_id):
+            path, folder = self.checkpoints.place(model.model_id, "sampler_weights", req.path)
 
         def work():
             snap = self.engine.snapshot(model.model_id)
@@ -300,14 +341,16 @@ class TinkerService:
                              lambda _: Reply(json={"sampling_session_id": sampler_id}))
 
     def load_weights(self, req: types.LoadWeightsRequest) -> dict:
-        folder, meta = self.checkpoints.find(req.path, "weights")
         if req.model_id is not None:  # into an existing model, in its seq order
             model = self._model(req.model_id)
+            with self._vetting(model, req.seq_id):
+                folder, _ = self.checkpoints.find(req.path, "weights")
             return self._ordered(
                 model, req.seq_id,
                 lambda: self._in_thread(self.engine.load_state, model.model_id, folder,
                                         req.optimizer),
                 lambda _: Reply(json={"path": req.path, "model_id": model.model_id}))
+        folder, meta = self.checkpoints.find(req.path, "weights")
         if req.session_id is None or req.model_seq_id is None:
             raise ApiError(400, "load_weights needs model_id, or session_id and model_seq_id")
         session = self._session(req.session_id)
@@ -326,78 +369,6 @@ class TinkerService:
         self._run(request_id, self._model_job(session, model_id, rank, create, metadata),
                   lambda _: {"path": req.path, "model_id": model_id})
         return {"request_id": request_id, "model_id": model_id}
-
-    # ------------------------------------------------------------------ sampling
-
-    async def create_sampling_session(self, req: types.CreateSamplingSessionRequest) -> dict:
-        session = self._session(req.session_id)
-        sampler_id = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
-        if sampler_id in self.samplers:
-            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-        snap = None
-        if req.model_path:
-            folder, _ = self.checkpoints.find(req.model_path, None)
-            snap = await self._in_thread(self.engine.read_snapshot, folder)
-        else:
-            self._check_base(req.base_model)
-        self._add_sampler(Sampler(sampler_id, snap, req.model_path), session.session_id)
-        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-
-    def get_sampler(self, sampler_id: str) -> dict:
-        sampler = self._sampler(sampler_id)
-        return {"sampler_id": sampler_id, "base_model": self.engine.base_model,
-                "model_path": sampler.model_path}
-
-    def _add_sampler(self, sampler: Sampler, session_id: str) -> None:
-        self.samplers[sampler.sampler_id] = sampler
-        self.sessions[session_id].samplers.add(sampler.sampler_id)
-
-    def _sampler(self, sampler_id: str) -> Sampler:
-        sampler = self.samplers.get(sampler_id)
-        if sampler is None:
-            raise ApiError(404, f"unknown or expired sampler {sampler_id!r}; this server keeps "
-                           f"the last {SAMPLERS_KEPT_PER_MODEL} sampler snapshots per model")
-        return sampler
-
-    async def asample(self, req: types.SampleRequest) -> dict:
-        own_snapshot = False  # a legacy request naming a checkpoint: load it for this call
-        if req.sampling_session_id:
-            sampler = self._sampler(req.sampling_session_id)
-        elif req.model_path:
-            folder, _ = self.checkpoints.find(req.model_path, None)
-            sampler = Sampler("", await self._in_thread(self.engine.read_snapshot, folder))
-            own_snapshot = True
-        else:
-            self._check_base(req.base_model)
-            sampler = Sampler("", None)
-        key = (sampler.sampler_id, req.seq_id)
-        if sampler.sampler_id and req.seq_id is not None and key in self._samples:
-            return self._samples[key]  # a retried submit
-        prompt = wire.prompt_tokens(req.prompt)
-        params = wire.sampling_params(req.sampling_params)
-        validate.check_sample(prompt, req.num_samples, params, self.engine.vocab_size,
-                              self.engine.max_context)
-        validate.check_sample_extras(req.topk_prompt_logprobs, req.topk_sample_logprobs,
-                                     req.target_prompt_logprobs, req.prompt_alt_tokens_k)
-        request_id = self.futures.create()
-        reply = {"request_id": request_id,
-                 "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
-        if sampler.sampler_id and req.seq_id is not None:
-            self._samples[key] = reply
-            if len(self._samples) > 100_000:  # bounded memory for long-lived servers
-                self._samples.pop(next(iter(self._samples)))
-
-        def work():
-            try:
-                return self.engine.sample(sampler.snap, prompt, req.num_samples, params,
-                                          bool(req.prompt_logprobs))
-            finally:
-                if own_snapshot:
-                    self.engine.drop_snapshot(sampler.snap)
-
-        self._run(request_id, lambda: self._in_thread(work),
-                  lambda result: Reply(proto=wire.encode_sample(result)))
-        return reply
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -446,5 +417,12 @@ class TinkerService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def reap(self) -> None:
+        """The periodic sweep: sessions that stopped heart-beating, samples nobody polls."""
+        self.reap_sessions()
+        self.cancel_unpolled(self.unpolled_s)
+
     def close(self) -> None:
+        """Stop: queued work is dropped, running samples stop (nobody will read them)."""
+        self.running.cancel("the server is stopping")
         self.pool.shutdown(wait=False, cancel_futures=True)

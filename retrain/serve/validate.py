@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from retrain.backends.base import AdamParams, Datum, SamplingParams
+from retrain.config.schema import MAX_LORA_RANK
 
 MAX_SAMPLES = 4096          # completions per sample request
 MAX_SEED = 2**63 - 1        # what torch and numpy generators take
@@ -30,6 +31,13 @@ def _tokens(name: str, tokens: Iterable[int], vocab_size: int) -> None:
     if bad is not None:
         raise RequestError(f"{name}: token id {bad} is outside the model's vocabulary "
                            f"(0..{vocab_size - 1})")
+
+
+def check_lora_rank(rank: int) -> None:
+    """A new training client's LoRA rank: the bound a config's model.lora_rank has."""
+    if not 1 <= rank <= MAX_LORA_RANK:
+        raise RequestError(f"lora_config.rank must be between 1 and {MAX_LORA_RANK}, "
+                           f"got {rank}")
 
 
 def check_sample(prompt: Sequence[int], num_samples: int, params: SamplingParams,

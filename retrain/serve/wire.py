@@ -38,13 +38,30 @@ class FwdBwdCall:
     data: list[Datum]
 
 
+class BadCall(EngineError):
+    """A ForwardBackwardRequest refused; `model_id` and `seq_id` are its own once the
+    message could be parsed (so that its place in the model's order can be completed)."""
+
+    def __init__(self, message: str, model_id: str | None = None, seq_id: int | None = None):
+        super().__init__(message)
+        self.model_id = model_id
+        self.seq_id = seq_id
+
+
 def decode_forward_backward(body: bytes) -> FwdBwdCall:
-    """Parse a protobuf ForwardBackwardRequest; EngineError names what is unsupported."""
+    """Parse a protobuf ForwardBackwardRequest; BadCall names what is unsupported."""
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
     except Exception as exc:  # protobuf raises DecodeError and friends
-        raise EngineError(f"forward_backward body is not a ForwardBackwardRequest: {exc}") from None
+        raise BadCall(f"forward_backward body is not a ForwardBackwardRequest: {exc}") from None
+    try:
+        return _call(msg)
+    except EngineError as exc:
+        raise BadCall(str(exc), msg.model_id, int(msg.seq_id)) from None
+
+
+def _call(msg: pb.ForwardBackwardRequest) -> FwdBwdCall:
     if msg.loss_fn not in LOSS_INPUTS:
         raise EngineError(f"loss_fn {msg.loss_fn!r} is not supported by retrain serve; "
                           f"use one of {', '.join(LOSS_INPUTS)}")
