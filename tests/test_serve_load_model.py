@@ -132,6 +132,8 @@ def test_ctrl_c_says_what_it_waits_for(cli_env, python, tmp_path):
         time.sleep(1.0)                       # the request sleeps in the load model
         proc.send_signal(signal.SIGINT)
         said = lines.get(timeout=10)
+        while said.startswith("retrain serve: the OpenAI-compatible API is at"):  # start-up
+            said = lines.get(timeout=10)
         assert said.startswith("retrain serve: stopping; waiting for 1 request in flight"), said
         assert "Ctrl-C again" in said and proc.poll() is None
         proc.send_signal(signal.SIGINT)

@@ -204,15 +204,8 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
     A prompt + max_tokens beyond the model's context is a BackendError (`check_context`)."""
     check_context(prompts, params.max_tokens, model_context(model.config))
     device = next(model.parameters()).device
-    ids, mask, positions = left_pad(prompts, pad_id, device)
-    cache = reserve(make_cache(), ids.shape[1] + params.max_tokens)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                **{cache_key: cache}, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1]
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-        mask = mask.repeat_interleave(n, dim=0)
-        logits = logits.repeat_interleave(n, dim=0)
+    cache, mask, logits = _prefill(model, prompts, n, params.max_tokens, pad_id, make_cache,
+                                   cache_key)
     total = len(prompts) * n
     rows = _Rows([[] for _ in range(total)], [[] for _ in range(total)], [False] * total,
                  [[] for _ in range(total)] if params.top_logprobs > 0 else None)
@@ -250,6 +243,21 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
             **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     return _completions(rows, n, len(prompts))
+
+
+def _prefill(model, prompts: list[TokenIds], n: int, max_tokens: int, pad_id: int, make_cache,
+             cache_key: str):
+    """Each distinct prompt once, its cache and last logits repeated for its `n` rows."""
+    ids, mask, positions = left_pad(prompts, pad_id, next(model.parameters()).device)
+    cache = reserve(make_cache(), ids.shape[1] + max_tokens)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                **{cache_key: cache}, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1]
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, dim=0)
+        logits = logits.repeat_interleave(n, dim=0)
+    return cache, mask, logits
 
 
 def _completions(rows: _Rows, n: int, n_prompts: int) -> list[list[Completion]]:
