@@ -200,3 +200,61 @@ def test_unknown_loss_is_a_clear_error():
     with pytest.raises(ValueError, match="stable_reinforce.*not published"):
         token_losses(torch.zeros(1), torch.zeros(1), torch.zeros(1),
                      LossConfig("stable_reinforce"))
+
+
+# ------------------------------------------------------------------ the TOML
+
+
+BAD = {
+    "stable_reinforce": ({"algorithm": {"loss": "stable_reinforce"}}, "algorithm.loss",
+                         "not published"),
+    "custom": ({"algorithm": {"loss": "custom"}}, "algorithm.loss", "create_custom_loss"),
+    "dual clip off ppo": ({"algorithm": {"loss": "cispo", "clip_ratio_c": 3.0}},
+                          "algorithm.clip_ratio_c", "ppo's dual clip"),
+    "dual clip <= 1": ({"algorithm": {"loss": "ppo", "clip_ratio_c": 0.5}},
+                       "algorithm.clip_ratio_c", "> 1"),
+    "dual clip on tinker": ({"algorithm": {"loss": "ppo", "clip_ratio_c": 3.0},
+                             "backend": {"backend": "tinker"}}, "algorithm.clip_ratio_c",
+                            "Tinker"),
+    "dro sequence_mean on tinker": ({"algorithm": {"loss": "dro",
+                                                   "loss_aggregation": "sequence_mean"},
+                                     "backend": {"backend": "tinker"}},
+                                    "algorithm.loss_aggregation", "beta"),
+    "aggregation typo": ({"algorithm": {"loss_aggregation": "token-mean"}},
+                         "algorithm.loss_aggregation", "did you mean 'token_mean'"),
+    "clip word typo": ({"algorithm": {"clip_eps": "atuo"}}, "algorithm.clip_eps",
+                       "did you mean 'auto'"),
+    "clip bound": ({"algorithm": {"clip_eps": 1.5}}, "algorithm.clip_eps", "<= 1"),
+    "beta bound": ({"algorithm": {"dro_beta": -1}}, "algorithm.dro_beta", ">= 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_loss_settings_are_refused_in_one_line_naming_the_key(case, tmp_path, capsys):
+    from retrain.cli.app import run_app
+    from retrain.config import toml_io
+
+    raw, key, words = BAD[case]
+    path = tmp_path / "run.toml"
+    path.write_text(toml_io.dumps(raw), encoding="utf-8")
+    for args in (["explain", str(path)], [str(path)]):
+        assert run_app(args) != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and key in err and words in err, err
+
+
+def test_every_loss_name_is_a_toml_choice_and_explain_shows_its_knobs(tmp_path):
+    from retrain.cli import explain
+    from retrain.config import sections
+
+    assert sections.section_fields("algorithm")["loss"].metadata["choices"] == \
+        losses.TINKER_LOSS_FN_TYPES
+    path = tmp_path / "run.toml"
+    path.write_text('[algorithm]\nloss = "cispo"\nloss_aggregation = "constant"\n'
+                    '[training]\nmax_tokens = 64\n', encoding="utf-8")
+    line = explain.build_report(path).settings["loss"]
+    assert line.startswith("cispo:") and "clip [0, 4]" in line and "constant" in line
+    path.write_text('[algorithm]\nloss = "ppo"\nclip_eps_high = 0.28\nclip_ratio_c = 3\n',
+                    encoding="utf-8")
+    line = explain.build_report(path).settings["loss"]
+    assert "clip [0.8, 1.28], dual clip 3; token_mean" in line

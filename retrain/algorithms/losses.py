@@ -111,16 +111,38 @@ def config_problems(algorithm, backend: str) -> list[tuple[str, str]]:
     elif c and backend == "tinker":
         out.append(("algorithm.clip_ratio_c", "Tinker's ppo has no dual clip: set it to 0 "
                     "with backend = 'tinker'"))
-    if a.loss in CLIPPED:
-        lo, hi = thresholds(a.loss, eps_of(a.clip_eps), eps_of(a.clip_eps_high))
-        if lo > hi:
-            out.append(("algorithm.clip_eps", f"and clip_eps_high give an empty clip range "
-                        f"[{lo:g}, {hi:g}]"))
     if a.loss == "dro" and a.loss_aggregation == "sequence_mean" and backend == "tinker":
         out.append(("algorithm.loss_aggregation", "= 'sequence_mean' with loss = 'dro' cannot "
                     "be sent to Tinker (its beta term does not scale with the advantages); "
                     "use token_mean or constant"))
     return out
+
+
+_SHAPES = {
+    "importance_sampling": "-ratio x A",
+    "ppo": "-min(ratio x A, clip(ratio) x A)",
+    "cispo": "-sg(clip(ratio)) x log p x A",
+    "gspo": "-min(s x A, clip(s) x A), s = the sequence's ratio",
+    "dro": "-(log p x A - beta/2 x (log p - log q)^2)",
+    "cross_entropy": "-A x log p (REINFORCE, no ratio)",
+}
+
+
+def describe(algorithm) -> str:
+    """One line for `explain`: the loss, its formula and knobs, and the aggregation."""
+    a = algorithm
+    if a.loss not in _SHAPES:
+        return f"{a.loss} (not supported)"
+    knobs = []
+    if a.loss in CLIPPED:
+        lo, hi = thresholds(a.loss, eps_of(a.clip_eps), eps_of(a.clip_eps_high))
+        knobs.append(f"clip [{lo:g}, {hi:g}]")
+    if a.loss == "ppo" and a.clip_ratio_c:
+        knobs.append(f"dual clip {a.clip_ratio_c:g}")
+    if a.loss == "dro":
+        knobs.append(f"beta {a.dro_beta:g}")
+    return (f"{a.loss}: {_SHAPES[a.loss]}" + (f", {', '.join(knobs)}" if knobs else "")
+            + f"; {a.loss_aggregation}")
 
 
 def eps_of(value: float | str) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from retrain.algorithms.losses import config_problems
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 
 
@@ -60,6 +61,7 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   "must be <= backend.max_concurrent_max "
                                   f"({be.max_concurrent_max})"))
     issues += _environment_conflicts(cfg)
+    issues += [ConfigIssue(k, m) for k, m in config_problems(cfg.algorithm, cfg.backend.backend)]
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "
