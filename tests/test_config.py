@@ -424,7 +424,7 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     if a.loss != "ppo" or cfg.backend.backend == "tinker" or a.clip_ratio_c <= 1:
         a.clip_ratio_c = 0.0
     if cfg.backend.backend == "tinker" and a.loss == "dro":
-        a.loss_aggregation = "token_mean"
+        a.loss = "importance_sampling"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

@@ -37,6 +37,11 @@ UNSUPPORTED = {
               "(create_custom_loss), not a built-in loss; pick a built-in one",
 }
 
+# Why the tinker backend does not send dro: the local update cannot be expressed in its inputs.
+DRO_ON_TINKER = ("Tinker's dro penalises every position of a datum, the prompt's too (it "
+                 "reads no mask), so it cannot make the local update; use the local backend "
+                 "or another loss")
+
 CLIPPED = ("ppo", "cispo", "gspo")
 # Each clipped loss's documented default bounds (lo, hi); Tinker's cispo clips only above.
 DEFAULT_THRESHOLDS = {"ppo": (0.8, 1.2), "gspo": (0.8, 1.2), "cispo": (0.0, 4.0)}
@@ -111,10 +116,8 @@ def config_problems(algorithm, backend: str) -> list[tuple[str, str]]:
     elif c and backend == "tinker":
         out.append(("algorithm.clip_ratio_c", "Tinker's ppo has no dual clip: set it to 0 "
                     "with backend = 'tinker'"))
-    if a.loss == "dro" and a.loss_aggregation == "sequence_mean" and backend == "tinker":
-        out.append(("algorithm.loss_aggregation", "= 'sequence_mean' with loss = 'dro' cannot "
-                    "be sent to Tinker (its beta term does not scale with the advantages); "
-                    "use token_mean or constant"))
+    if a.loss == "dro" and backend == "tinker":
+        out.append(("algorithm.loss", f"= 'dro' on backend = 'tinker': {DRO_ON_TINKER}"))
     return out
 
 
