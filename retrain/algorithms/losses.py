@@ -25,7 +25,7 @@ from __future__ import annotations
 TINKER_LOSS_FN_TYPES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo",
                         "stable_reinforce", "custom")
 
-# Losses both backends and `retrain serve` compute.
+# Losses the local backend and `retrain serve` compute (the tinker backend sends all but dro).
 LOSSES = ("importance_sampling", "ppo", "cispo", "gspo", "dro", "cross_entropy")
 
 # Tinker names retrain cannot compute, and why (one line each).
@@ -43,7 +43,8 @@ DRO_ON_TINKER = ("Tinker's dro penalises every position of a datum, the prompt's
                  "or another loss")
 
 CLIPPED = ("ppo", "cispo", "gspo")
-# Each clipped loss's documented default bounds (lo, hi); Tinker's cispo clips only above.
+# Each clipped loss's default bounds (lo, hi): ppo's and cispo's from their Tinker pages (cispo
+# clips only above); the gspo page's default could not be read, so gspo takes ppo's.
 DEFAULT_THRESHOLDS = {"ppo": (0.8, 1.2), "gspo": (0.8, 1.2), "cispo": (0.0, 4.0)}
 # dro's beta when none is given: the value of the Tinker page's example (it names no default).
 DEFAULT_DRO_BETA = 0.05

@@ -288,13 +288,13 @@ def _forward_only(backend: LocalBackend, data: list[Datum], loss: LossConfig) ->
 
     from retrain.backends.policy_losses import token_losses
 
+    def tensor(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32)
+
     local = [_local_datum(d, loss.name) for d in data]
     logprobs = backend.logprobs(local, loss.temperature)
     total = 0.0
     for d, lp in zip(local, logprobs, strict=True):
-        def tensor(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32)
-
         in_ratio = torch.tensor([m != 0 for m in d.ratio_mask or d.mask])
         total += float(token_losses(tensor(lp), tensor(d.logprobs), tensor(d.advantages), loss,
                                     in_ratio=in_ratio).loss.sum())
