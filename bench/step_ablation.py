@@ -46,7 +46,7 @@ def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
     """The unoptimised training pass: full sequences, full LM head, the same per-token loss."""
     import torch
 
-    from retrain.backends import local_loss
+    from retrain.backends import policy_losses
     from retrain.backends.local_sampling import token_logprobs
 
     net = backend.model.net
@@ -66,7 +66,7 @@ def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
     logits = net(input_ids=ids, attention_mask=attention.long()).logits
     lp = token_logprobs(logits, loss.temperature).gather(-1, tgt[..., None]).squeeze(-1)
     keep = mask > 0
-    per_tok = local_loss.per_token_loss(lp[keep], old[keep], adv[keep], loss)
+    per_tok = policy_losses.token_losses(lp[keep], old[keep], adv[keep], loss).loss
     total = per_tok.sum() / keep.sum()
     total.backward()
     backend._zero_grad()

@@ -16,8 +16,9 @@ from retrain.backends.base import (  # noqa: E402
     make_datum,
 )
 from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_loss import per_token_loss, plan  # noqa: E402
+from retrain.backends.local_loss import plan  # noqa: E402
 from retrain.backends.local_model import LocalModel  # noqa: E402
+from retrain.backends.policy_losses import token_losses  # noqa: E402
 
 EOS = 2
 
@@ -213,9 +214,9 @@ def test_policy_losses():
     old = torch.zeros(3)
     adv = torch.tensor([1.0, 1.0, -1.0])
     ratio = torch.exp(new)
-    is_loss = per_token_loss(new, old, adv, LossConfig("importance_sampling"))
+    is_loss = token_losses(new, old, adv, LossConfig("importance_sampling")).loss
     assert torch.allclose(is_loss, -ratio * adv)
-    ppo = per_token_loss(new, old, adv, LossConfig("ppo", clip_eps=0.1, clip_eps_high=0.2))
+    ppo = token_losses(new, old, adv, LossConfig("ppo", clip_eps=0.1, clip_eps_high=0.2)).loss
     # ratio e^0.5 with A>0 is clipped at 1.2; ratio e^-0.5 with A<0 is clipped at 0.9
     assert torch.allclose(ppo, torch.tensor([-1.0, -1.2, 0.9]))
 

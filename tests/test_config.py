@@ -365,6 +365,8 @@ def _field_strategy(section: str, f: dataclasses.Field):
         return st.one_of(st.integers(int(lo), int(hi)), st.sampled_from(meta["words"]))
     if tp == bool | str:
         return st.one_of(st.booleans(), st.sampled_from(meta["words"]))
+    if tp == float | str:
+        return st.one_of(st.floats(lo, hi), st.sampled_from(meta["words"]))
     if tp is float:
         lo_v = lo if lo is not None else -1e9
         return st.floats(lo_v, hi if hi is not None else 1e9, exclude_min=bool(meta["lo_open"]),
@@ -458,6 +460,13 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         cfg.model.name = "tiny-random"
     if cfg.logging.run_name and run_name_problem(cfg.logging.run_name):
         cfg.logging.run_name = "run"
+    a = cfg.algorithm
+    if a.loss in ("stable_reinforce", "custom"):
+        a.loss = "ppo"
+    if a.loss != "ppo" or cfg.backend.backend == "tinker" or a.clip_ratio_c <= 1:
+        a.clip_ratio_c = 0.0
+    if cfg.backend.backend == "tinker" and a.loss == "dro":
+        a.loss = "importance_sampling"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

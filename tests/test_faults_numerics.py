@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from retrain.backends import local_loss  # noqa: E402
+from retrain.backends import policy_losses  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
@@ -101,13 +101,15 @@ def test_nonfinite_rewards_are_failures_and_huge_ones_train(tmp_path, monkeypatc
 
 def _poison_loss_from(monkeypatch, calls_before: int) -> None:
     """The real loss, made NaN after `calls_before` forward_backward micro-batches."""
-    real, seen = local_loss.per_token_loss, {"n": 0}
+    real, seen = policy_losses.token_losses, {"n": 0}
 
-    def poisoned(new_lp, old_lp, adv, loss):
+    def poisoned(*args):
         seen["n"] += 1
-        out = real(new_lp, old_lp, adv, loss)
-        return out * float("nan") if seen["n"] > calls_before else out
-    monkeypatch.setattr(local_loss, "per_token_loss", poisoned)
+        out = real(*args)
+        if seen["n"] > calls_before:
+            out.loss = out.loss * float("nan")
+        return out
+    monkeypatch.setattr(policy_losses, "token_losses", poisoned)
 
 
 def test_nonfinite_steps_are_skipped_shown_and_stop_the_run(tmp_path, monkeypatch, capsys,

@@ -152,7 +152,7 @@ def test_unknown_route_and_key_check(tmp_path, sdk_env):
     import httpx
 
     with Served(BigramEngine(), tmp_path, api_key=KEY) as served:
-        r = httpx.post(f"{served.url}/api/v1/create_custom_loss", json={},
+        r = httpx.post(f"{served.url}/api/v1/no_such_route", json={},
                        headers={"X-API-Key": KEY})
         assert r.status_code == 404 and "does not implement POST" in r.json()["error"]
         r = httpx.get(f"{served.url}/api/v1/healthz", headers={"X-API-Key": "tml-wrong"})

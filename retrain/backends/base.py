@@ -11,6 +11,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from retrain.algorithms import losses
+from retrain.algorithms.losses import DEFAULT_DRO_BETA
 from retrain.control.stepcost import ModelCost
 
 T = TypeVar("T")
@@ -58,6 +60,8 @@ class Datum:
     aligned to the targets. Prompt positions have mask 0 and advantage 0. `weights` (aligned
     too) are the per-token weights of a supervised `cross_entropy` loss; None otherwise.
     `ref_logprobs` (aligned too): the reference model's log-probs, for a KL term in the loss.
+    `ratio_mask` marks the targets whose log-ratios make gspo's sequence ratio (Tinker's
+    `sequence_ratio_mask`); None: the targets `mask` marks.
     """
 
     input_tokens: TokenIds
@@ -67,6 +71,7 @@ class Datum:
     mask: list[float]
     weights: list[float] | None = None
     ref_logprobs: list[float] | None = None
+    ratio_mask: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.input_tokens)
@@ -89,14 +94,24 @@ def make_datum(prompt: TokenIds, completion: Completion, advantage: float) -> Da
 
 @dataclass
 class LossConfig:
-    """Which policy loss and its knobs."""
+    """Which policy loss (algorithms/losses.py defines each), its knobs, and how the call's
+    token losses are normalised (algorithms/aggregation.py)."""
 
-    name: str = "importance_sampling"   # "importance_sampling" | "ppo"
-    clip_eps: float = 0.2
-    clip_eps_high: float = 0.2
+    name: str = "importance_sampling"
+    clip_eps: float | None = None       # clip: ratio >= 1 - clip_eps (None: the loss's default)
+    clip_eps_high: float | None = None  # ... and ratio <= 1 + clip_eps_high
+    clip_ratio_c: float = 0.0           # ppo's dual clip for negative advantages (0 = off)
+    dro_beta: float = DEFAULT_DRO_BETA
+    aggregation: str = "token_mean"     # token_mean | sequence_mean | constant | sum
+    max_tokens: int = 0                 # the per-sequence budget `constant` divides by
     temperature: float = 1.0            # sampling temperature; log-probs are recomputed under it
     kl_coef: float = 0.0                # > 0: + kl_coef x KL(policy || reference) per token
     kl_estimator: str = "k1"            # retrain.algorithms.kl (needs Datum.ref_logprobs)
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """The clip bounds (lo, hi) on the ratio, as Tinker's clip_low/high_threshold."""
+        return losses.thresholds(self.name, self.clip_eps, self.clip_eps_high)
 
 
 @dataclass

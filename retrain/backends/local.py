@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from retrain.algorithms import aggregation
 from retrain.algorithms.kl import token_kl
-from retrain.backends import local_checkpoint, local_compile, local_lora, local_loss
+from retrain.backends import local_checkpoint, local_compile, local_lora, local_loss, policy_losses
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -231,7 +232,8 @@ class LocalBackend:
     # ------------------------------------------------------------------ training
 
     def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput:
-        """Accumulate the policy-loss gradient over `datums` (token mean over the call).
+        """Accumulate the policy-loss gradient over `datums`, normalised as `loss.aggregation`
+        says (algorithms/aggregation.py) over the whole call.
 
         With `micro_batch_size = 0` an out-of-memory error halves the micro-batch and retries;
         only a single sequence that does not fit raises BackendOOMError.
@@ -257,40 +259,39 @@ class LocalBackend:
         self.model.activate(self.adapter)
         net = self.model.net
         net.train()
-        total_tokens = sum(sum(1 for m in d.mask if m > 0) for d in datums)
+        tokens = [sum(1 for m in d.mask if m > 0) for d in datums]
+        total_tokens = sum(tokens)
         out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
         if total_tokens == 0:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
-        loss_sum, clipped, kl_sum = 0.0, 0.0, 0.0
+        norm = aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
+        loss_sum, ratios, kl_sum = 0.0, policy_losses.RatioStats(), 0.0
         grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens)
         diagnostics_s = 0.0
         with _seeded_dropout(self.generator, self.model.device):
             for unit in self._plan(datums, size):
-                batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device)
+                batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device,
+                                        norm.weights)
                 lp = self._target_logprobs(net, batch, loss.temperature)
-                per_tok = local_loss.per_token_loss(lp, batch.old_logprobs, batch.advantages,
-                                                    loss)
+                terms = policy_losses.token_losses(lp, batch.old_logprobs, batch.advantages,
+                                                   loss, batch.seq, batch.in_ratio)
+                per_tok = terms.loss
                 if loss.kl_coef:
                     kl = token_kl(lp, self._ref(datums, batch), loss.kl_estimator)
                     per_tok = per_tok + loss.kl_coef * kl
                     kl_sum += float(kl.detach().sum())
-                chunk_loss = per_tok.sum() / total_tokens
+                chunk_loss = (per_tok * batch.weights).sum() / norm.denominator
                 chunk_loss.backward()
                 t0 = time.perf_counter()
                 grads.after_micro_batch(int(batch.targets.numel()))
                 diagnostics_s += time.perf_counter() - t0
                 loss_sum += float(chunk_loss.detach())
-                if loss.name == "ppo":
-                    ratio = torch.exp(lp.detach() - batch.old_logprobs)
-                    outside = (ratio < 1 - loss.clip_eps) | (ratio > 1 + loss.clip_eps_high)
-                    clipped += float(outside.sum())
+                ratios.add(terms)
                 for (i, pos), value in zip(batch.where, lp.detach().cpu().tolist(),
                                            strict=True):
                     out_lp[i][pos] = value
         metrics = {"tokens": float(total_tokens), **grads.metrics(),
-                   "grad_diagnostics_s": diagnostics_s}
-        if loss.name == "ppo":
-            metrics["clip_fraction"] = clipped / total_tokens
+                   "grad_diagnostics_s": diagnostics_s, **ratios.metrics()}
         if loss.kl_coef:
             metrics["kl"] = kl_sum / total_tokens
         return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)

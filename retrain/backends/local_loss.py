@@ -1,9 +1,9 @@
-"""Policy losses and micro-batch planning for the local backend.
+"""Micro-batch planning and packing for the local backend's training pass.
 
-Token aggregation: every completion token of the whole `forward_backward` call weighs the
-same. Each micro-batch adds `sum(per-token loss) / total completion tokens of the call` to
-the gradient, so splitting into micro-batches never changes the result (up to float
-rounding) and long completions weigh more than short ones, as in DAPO / Dr. GRPO.
+Aggregation: the call's normaliser (algorithms/aggregation.py, `loss.aggregation`) is decided
+once over the whole `forward_backward` call; each micro-batch adds its share, the sum of its
+weighted per-token losses (backends/policy_losses.py) / the call's denominator, so splitting
+into micro-batches never changes the result (up to float rounding).
 
 Shared prompts: the completions of one group share their prompt, so a micro-batch runs
 each distinct prompt *prefix* once (left-padded together, with gradients), repeats its KV
@@ -19,31 +19,16 @@ the prefix cache, so padding costs a few tokens per bucket instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from retrain.backends.base import Datum, LossConfig
+from retrain.backends.base import Datum
 
-LOSSES = ("importance_sampling", "ppo", "cross_entropy")
 AUTO_TOKENS = 8192        # automatic micro-batches: padded suffix tokens per chunk
 AUTO_LOGITS = 2**26       # ... and logit entries (loss-carrying targets x vocab) per chunk
 BUCKET_OVERHEAD = 16      # padded token-rows that one more suffix forward (its fixed cost) is worth
-
-
-def per_token_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, adv: torch.Tensor,
-                   loss: LossConfig) -> torch.Tensor:
-    """Loss of each target token; ratio = exp(new - old) with the sampler's log-probs as old.
-    `cross_entropy` (supervised, for `retrain serve`) reads the advantages as token weights."""
-    if loss.name == "cross_entropy":
-        return -adv * new_lp
-    ratio = torch.exp(new_lp - old_lp)
-    if loss.name == "importance_sampling":
-        return -ratio * adv
-    if loss.name == "ppo":
-        clipped = ratio.clamp(1.0 - loss.clip_eps, 1.0 + loss.clip_eps_high)
-        return -torch.minimum(ratio * adv, clipped * adv)
-    raise ValueError(f"unknown loss {loss.name!r}; expected one of {LOSSES}")
 
 
 def split_point(d: Datum) -> int:
@@ -132,10 +117,15 @@ class Packed:
     old_logprobs: torch.Tensor        # (n_keep,)
     advantages: torch.Tensor          # (n_keep,)
     where: list[tuple[int, int]]      # (datum index, target position) of each kept entry
+    weights: torch.Tensor             # (n_keep,) the aggregation weight of each entry's datum
+    seq: torch.Tensor                 # (n_keep,) the row (sequence) of each entry
+    in_ratio: torch.Tensor            # (n_keep,) bool: counts in its sequence's gspo ratio
 
 
-def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device) -> Packed:
-    """Tensors for one micro-batch (see `Packed`); the prefix layout matches the sampler's."""
+def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device,
+         weights: Sequence[float] | None = None) -> Packed:
+    """Tensors for one micro-batch (see `Packed`); the prefix layout matches the sampler's.
+    `weights[i]` is datum i's aggregation weight (1 where None)."""
     splits = [split_point(datums[i]) for i in unit.index]
     prefixes: dict[tuple[int, ...], int] = {}
     row_prefix = [prefixes.setdefault(tuple(datums[i].input_tokens[:s]), len(prefixes))
@@ -145,11 +135,12 @@ def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device) -> 
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     suffix_mask = torch.zeros((b, width), dtype=torch.long)
     keep = torch.zeros((b, width), dtype=torch.bool)
-    targets, old, adv, where = [], [], [], []
+    targets, old, adv, where, seq, in_ratio = [], [], [], [], [], []
     for row, (i, s) in enumerate(zip(unit.index, splits, strict=True)):
         d = datums[i]
         ids[row, :len(d) - s] = torch.tensor(d.input_tokens[s:], dtype=torch.long)
         suffix_mask[row, :len(d) - s] = 1
+        ratio_mask = d.ratio_mask or d.mask
         for pos in range(s, len(d)):
             if d.mask[pos] > 0:
                 keep[row, pos - s] = True
@@ -157,6 +148,8 @@ def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device) -> 
                 old.append(d.logprobs[pos])
                 adv.append(d.advantages[pos])
                 where.append((i, pos))
+                seq.append(row)
+                in_ratio.append(ratio_mask[pos] != 0)
     starts = torch.tensor(splits, dtype=torch.long)[:, None]
     prefix_ids = prefix_mask = None
     if any(splits):
@@ -171,7 +164,11 @@ def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device) -> 
                   targets=torch.tensor(targets, dtype=torch.long, device=device),
                   old_logprobs=torch.tensor(old, dtype=torch.float32, device=device),
                   advantages=torch.tensor(adv, dtype=torch.float32, device=device),
-                  where=where)
+                  where=where,
+                  weights=torch.tensor([1.0 if weights is None else weights[i] for i, _ in where],
+                                       dtype=torch.float32, device=device),
+                  seq=torch.tensor(seq, dtype=torch.long, device=device),
+                  in_ratio=torch.tensor(in_ratio, dtype=torch.bool, device=device))
 
 
 class GradDiagnostics:

@@ -37,7 +37,13 @@ from retrain.backends.tinker_checkpoints import ServiceCheckpoints
 from retrain.backends.tinker_pending import PendingLoss, SampleJob
 from retrain.backends.tinker_sampler import CurrentSampler
 from retrain.backends.tinker_sdk import api_key, check_sdk
-from retrain.backends.tinker_wire import advantage_scale, completion_of, stop_ids, wire_datum
+from retrain.backends.tinker_wire import (
+    completion_of,
+    loss_normaliser,
+    stop_ids,
+    wire_datum,
+    wire_loss_config,
+)
 from retrain.slots.file_slots import ApiSlots, NoSlots
 
 if TYPE_CHECKING:  # the contract's datatypes this backend only names in signatures
@@ -168,14 +174,10 @@ class TinkerBackend:
         self._settle()
         if not datums:
             raise BackendError("forward_backward needs at least one datum")
-        scale = advantage_scale(datums)
-        data = [wire_datum(self._tinker.types, d, scale) for d in datums]
-        config = None
-        if loss.name == "ppo":
-            config = {"clip_low_threshold": 1.0 - loss.clip_eps,
-                      "clip_high_threshold": 1.0 + loss.clip_eps_high}
-        elif loss.name != "importance_sampling":
-            raise BackendError(f"loss {loss.name!r} is not supported by the tinker backend")
+        norm = loss_normaliser(datums, loss)
+        config = wire_loss_config(loss)
+        data = [wire_datum(self._tinker.types, d, norm.scale(i), loss.name)
+                for i, d in enumerate(datums)]
         tc = self.training
         self._calls.check_usable()
         self._sampler.wait_sent()  # keep its save ahead of this call in the SDK's order
@@ -196,7 +198,7 @@ class TinkerBackend:
             logprobs = [np.asarray(o["logprobs"].data, dtype=np.float64).tolist()
                         for o in out.loss_fn_outputs]
             metrics = {k: float(v) for k, v in out.metrics.items()}
-            # the advantages were scaled, so Tinker's sum already is the local backend's mean
+            # the advantages were scaled, so Tinker's sum already is the local backend's loss
             return LossOutput(loss=metrics.get("loss:sum", float("nan")),
                               logprobs=logprobs, metrics=metrics)
 

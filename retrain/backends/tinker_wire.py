@@ -1,4 +1,5 @@
-"""Backend datatypes <-> the tinker SDK's: datums, completions, stop tokens, loss scale.
+"""Backend datatypes <-> the tinker SDK's: datums, completions, stop tokens, the loss's config
+and normaliser.
 
 Pure conversions (numpy only); `types` is the SDK's `tinker.types`, passed in so that this
 module does not import the SDK.
@@ -10,26 +11,47 @@ from typing import Any
 
 import numpy as np
 
-from retrain.backends.base import BackendError, Completion, Datum
+from retrain.algorithms import aggregation, losses
+from retrain.algorithms.aggregation import Normaliser
+from retrain.backends.base import BackendError, Completion, Datum, LossConfig
 
 
-def advantage_scale(datums: list[Datum]) -> float:
-    """Tinker's losses are sums over tokens, the local backend's a mean over the call's
-    completion tokens: scaling the advantages by 1 / that count makes them the same loss."""
-    tokens = sum(1 for d in datums for m in d.mask if m > 0)
-    return 1.0 / tokens if tokens else 0.0
+def loss_normaliser(datums: list[Datum], loss: LossConfig) -> Normaliser:
+    """The call's normaliser (algorithms/aggregation.py): Tinker sums token losses, so each
+    datum's advantages carry its factor, as tinker-cookbook folds normalisation in."""
+    tokens = [sum(1 for m in d.mask if m > 0) for d in datums]
+    return aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
 
 
-def wire_datum(types: Any, d: Datum, scale: float) -> Any:
-    """The shifted datum on the wire: model_input = input tokens, inputs aligned to targets."""
+def wire_loss_config(loss: LossConfig) -> dict[str, float] | None:
+    """Tinker's loss_fn_config for `loss` (its clip bounds), or a BackendError for a loss whose
+    local update Tinker's inputs cannot express."""
+    if loss.name not in losses.LOSSES:
+        raise BackendError(losses.unknown_loss(loss.name))
+    if loss.name == "dro":
+        raise BackendError(f"loss 'dro': {losses.DRO_ON_TINKER}")
+    if loss.name == "ppo" and loss.clip_ratio_c:
+        raise BackendError("Tinker's ppo has no dual clip: set algorithm.clip_ratio_c = 0")
+    if loss.name in losses.CLIPPED:
+        lo, hi = loss.thresholds
+        return {"clip_low_threshold": lo, "clip_high_threshold": hi}
+    return None
+
+
+def wire_datum(types: Any, d: Datum, scale: float, loss: str = "importance_sampling") -> Any:
+    """The shifted datum on the wire: model_input = input tokens, inputs aligned to targets;
+    the masked advantages times the datum's normaliser `scale` (cross_entropy: as weights)."""
     adv = np.asarray(d.advantages, dtype=np.float32) * np.asarray(d.mask, dtype=np.float32)
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(list(d.input_tokens)),
-        loss_fn_inputs={
-            "target_tokens": np.asarray(d.target_tokens, dtype=np.int64),
-            "logprobs": np.asarray(d.logprobs, dtype=np.float32),
-            "advantages": adv * np.float32(scale),
-        })
+    adv = adv * np.float32(scale)
+    inputs = {"target_tokens": np.asarray(d.target_tokens, dtype=np.int64)}
+    if loss == "cross_entropy":
+        inputs["weights"] = adv
+    else:
+        inputs |= {"logprobs": np.asarray(d.logprobs, dtype=np.float32), "advantages": adv}
+    if loss == "gspo":
+        inputs["sequence_ratio_mask"] = np.asarray(d.ratio_mask or d.mask, dtype=np.float32)
+    return types.Datum(model_input=types.ModelInput.from_ints(list(d.input_tokens)),
+                       loss_fn_inputs=inputs)
 
 
 def stop_ids(tokenizer: Any) -> set[int]:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrain.algorithms import losses
 from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
 from retrain.cli.explain_warnings import warnings
@@ -178,6 +179,8 @@ def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
     settings["environment.max_turns"] = default_max_turns(env)
     settings["environment.max_episode_tokens"] = env.max_episode_tokens
     settings["episode_tokens_worst_case"] = episode_token_bound(env, cfg.training.max_tokens)
+    settings["algorithm.loss_aggregation"] = cfg.algorithm.loss_aggregation
+    settings["loss"] = losses.describe(cfg.algorithm)
     if camp.is_campaign:
         settings |= {f"campaign.{k}": getattr(camp, k)
                      for k in ("parallel", "max_workers", "stagger_seconds")}
@@ -284,6 +287,7 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
                         f"{s['training.batch_size']} groups x {s['training.group_size']} "
                         f"episodes = {r.completions_per_step} episodes, up to "
                         f"{s['training.max_tokens']} tokens per reply"),
+           ("loss", s["loss"]),
            ("training", f"{s['training.max_steps']} steps, lr {s['training.lr']}, "
                         f"seed {s['training.seed']}"),
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]

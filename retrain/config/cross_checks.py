@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from retrain.algorithms.losses import config_problems
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 
 
@@ -66,6 +67,7 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   f"({be.max_concurrent_max})"))
     issues += _environment_conflicts(cfg)
     issues += _recipe_conflicts(cfg)
+    issues += [ConfigIssue(k, m) for k, m in config_problems(cfg.algorithm, cfg.backend.backend)]
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
         issues.append(ConfigIssue("backpressure.min_batch_size", f"({bp.min_batch_size}) must be "

@@ -153,7 +153,8 @@ def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
         tp = typing.get_args(tp)[0]
         expected = f"expected {_type_name(tp)} or {' or '.join(show(w) for w in words)}"
         if isinstance(value, str):
-            return value, None if value in words else f"{expected}, got {shown}"
+            hint = did_you_mean(value, words)
+            return value, None if value in words else f"{expected}, got {shown}{hint}"
         if not _is_type(value, tp):
             return value, f"{expected}, got {shown}"
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
@@ -176,10 +177,10 @@ def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
 
 
 def is_value_or_word(tp: Any) -> bool:
-    """An `int | str` or `bool | str` field: a number (true or false), or one of the words
-    its metadata names."""
-    return typing.get_origin(tp) is types.UnionType and typing.get_args(tp) in ((int, str),
-                                                                                (bool, str))
+    """An `int | str`, `float | str` or `bool | str` field: a number (true or false), or one
+    of the words its metadata names."""
+    return typing.get_origin(tp) is types.UnionType and typing.get_args(tp) in (
+        (int, str), (float, str), (bool, str))
 
 
 def _bounds_problem(meta: Mapping[str, Any], value: Any, shown: str) -> str | None:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrain.algorithms.aggregation import AGGREGATIONS
+from retrain.algorithms.losses import DEFAULT_DRO_BETA, TINKER_LOSS_FN_TYPES
 from retrain.config.cross_checks import cross_checks
 from retrain.config.schema import (
     MAX_BATCH,
@@ -156,10 +158,24 @@ class AlgorithmConfig:
                          choices=("grpo", "dr_grpo", "rloo", "maxrl", "reinforce_pp"))
     std_scale: str = opt("group", "grpo: divide by the std of the group, the batch, or not at all",
                          choices=("group", "batch", "none"))
-    loss: str = opt("importance_sampling", "policy loss",
-                    choices=("importance_sampling", "ppo"))
-    clip_eps: float = opt(0.2, "ppo: lower clip range (ratio >= 1 - clip_eps)", lo=0, hi=1)
-    clip_eps_high: float = opt(0.2, "ppo: upper clip range (ratio <= 1 + clip_eps_high)", lo=0)
+    loss: str = opt("importance_sampling", "policy loss, as Tinker defines each (see "
+                    "docs/algorithms.md); stable_reinforce and custom are Tinker names retrain "
+                    "cannot compute", choices=TINKER_LOSS_FN_TYPES)
+    loss_aggregation: str = opt("token_mean", "how the step's token losses are normalised: "
+                                "token_mean (over all tokens), sequence_mean (mean of each "
+                                "sequence's mean), constant (/ training.max_tokens x sequences, "
+                                "Dr. GRPO)", choices=AGGREGATIONS)
+    clip_eps: float | str = opt("auto", "ppo, cispo, gspo: the ratio's lower clip, ratio >= "
+                                "1 - clip_eps; auto = the loss's default (0.2; cispo 1 = none)",
+                                lo=0, hi=1, words=("auto",))
+    clip_eps_high: float | str = opt("auto", "ppo, cispo, gspo: the ratio's upper clip, ratio <= "
+                                     "1 + clip_eps_high; auto = the loss's default (0.2; cispo "
+                                     "3)", lo=0, hi=100, words=("auto",))
+    clip_ratio_c: float = opt(0.0, "ppo: dual clip, a negative-advantage token loses at most "
+                              "clip_ratio_c x |advantage| (> 1, e.g. 3; 0 = off; local backend)",
+                              lo=0, hi=100)
+    dro_beta: float = opt(DEFAULT_DRO_BETA, "dro: weight of the penalty beta / 2 x (log p - "
+                          "log q)^2 (Tinker's loss_fn_config beta)", lo=0, hi=1000)
     kl_coef: float = opt(0.0, "weight of the KL to the base model (the adapter disabled); "
                          "0 = no KL term", lo=0, hi=1e3)
     kl_estimator: str = opt("k1", "KL estimate per sampled token: k1 = log(p / p_base), k3 = "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from retrain.algorithms.losses import eps_of
 from retrain.backends.base import (
     AdamParams,
     Backend,
@@ -45,11 +46,20 @@ class Update:
         return skipped_nonfinite(self.optim.metrics)
 
 
+def loss_config(algorithm, training) -> LossConfig:
+    """The [algorithm] section's loss, as the backends take it."""
+    return LossConfig(name=algorithm.loss, clip_eps=eps_of(algorithm.clip_eps),
+                      clip_eps_high=eps_of(algorithm.clip_eps_high),
+                      clip_ratio_c=algorithm.clip_ratio_c, dro_beta=algorithm.dro_beta,
+                      aggregation=algorithm.loss_aggregation, max_tokens=training.max_tokens,
+                      temperature=training.temperature,
+                      kl_coef=algorithm.kl_coef if algorithm.kl_in == "loss" else 0.0,
+                      kl_estimator=algorithm.kl_estimator)
+
+
 def update(backend: Backend, datums: list[Datum], algorithm, training, lr: float) -> Update:
     """forward_backward with the configured loss, then optim_step at `lr`."""
-    loss = LossConfig(name=algorithm.loss, clip_eps=algorithm.clip_eps,
-                      clip_eps_high=algorithm.clip_eps_high, temperature=training.temperature)
-    out = backend.forward_backward(datums, loss)
+    out = backend.forward_backward(datums, loss_config(algorithm, training))
     adam = AdamParams(learning_rate=lr, beta1=training.beta1, beta2=training.beta2,
                       eps=training.adam_eps, weight_decay=training.weight_decay,
                       grad_clip_norm=training.grad_clip_norm)

@@ -27,7 +27,7 @@ from tinker import types
 
 from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER
 from retrain.serve import wire
-from retrain.serve.engine import Engine
+from retrain.serve.engine import LOSS_INPUTS, Engine
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
 from retrain.serve.guard import MAX_BODY_BYTES, FaultPlan, Guard, LoadModel, Traffic
@@ -42,7 +42,13 @@ log = logging.getLogger("retrain.serve")
 PROTO = "application/x-protobuf"
 
 # Flags for the SDK (ClientConfigResponse): API keys without a JWT exchange.
-CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key"}
+CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key",
+                 "custom_loss_server_side": False}  # the SDK runs custom losses client-side
+CUSTOM_LOSS_REFUSED = (
+    "retrain serve does not run uploaded loss graphs (it never executes what a client sends); "
+    f"it computes {', '.join(LOSS_INPUTS)}. ServiceClient.create_custom_loss and "
+    "forward_backward_custom work against it: the SDK runs the loss on the client "
+    "(custom_loss_server_side is false)")
 
 
 class ReplyJSON(JSONResponse):
@@ -174,8 +180,12 @@ def _training_routes(s: TinkerService, max_body_bytes: int) -> list[RouteSpec]:
     def refused(model_id: object, seq_id: object) -> None:
         s.refused(model_id, seq_id)
 
+    async def create_custom_loss(request: Request):  # the graph is never even read
+        raise ApiError(400, CUSTOM_LOSS_REFUSED)
+
     return [
         ("POST", "forward_backward", forward_backward),
+        ("POST", "create_custom_loss", create_custom_loss),
         ("POST", "optim_step",
          _body(types.OptimStepRequest, lambda req: s.optim_step(req), refused)),
         ("POST", "save_weights",

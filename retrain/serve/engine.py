@@ -15,17 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from retrain.algorithms import losses
 from retrain.backends.base import AdamParams, Completion, Datum, LossOutput, SamplingParams
 
-# Loss functions the server accepts (Tinker names) and the per-token inputs each reads.
-# All are sums over all positions: -sum(r * A), -sum(min(r * A, clip(r) * A)) and
-# -sum(w * logprob), with r = exp(logprob - sampler logprob), the clip range from
-# `clip_low_threshold` / `clip_high_threshold` (ratios, default 0.8 / 1.2), w = `weights`.
-LOSS_INPUTS: dict[str, tuple[str, ...]] = {
-    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
-    "ppo": ("target_tokens", "logprobs", "advantages"),
-    "cross_entropy": ("target_tokens", "weights"),
-}
+# Loss functions the server computes (Tinker names) and the per-token inputs each reads: the
+# shared definitions of algorithms/losses.py, summed over all positions as Tinker returns them.
+LOSS_INPUTS: dict[str, tuple[str, ...]] = losses.INPUTS
 
 
 class EngineError(Exception):

@@ -2,10 +2,9 @@
 training model, sampler snapshots as frozen adapters on the same model.
 
 Tinker semantics on top of the local backend's: Tinker losses are sums over every position
-of every datum, the local backend takes the token mean over the positions it is asked to
-train. So each datum is trained on all of its positions (mask 1; positions the client does
-not want trained carry advantage 0) and the advantages are multiplied by that position
-count, which makes the local mean exactly the Tinker sum.
+of every datum. So each datum is trained on all of its positions (mask 1; positions the
+client does not want trained carry advantage 0) with the `sum` aggregation, and the losses
+are the shared definitions of backends/policy_losses.py.
 
 LoRA hyper-parameters other than the rank (alpha, dropout, target modules) are the local
 backend's defaults (`[model]` in the config), so a run against `retrain serve` trains the
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from retrain.algorithms import aggregation, losses
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -111,18 +111,13 @@ class LocalEngine:
     def forward_backward(self, model_id: str, data: list[Datum], loss_fn: str,
                          config: dict[str, float], forward_only: bool) -> LossOutput:
         backend = self._backend(model_id)
-        loss = LossConfig(name=loss_fn,
-                          clip_eps=1.0 - config.get("clip_low_threshold", 0.8),
-                          clip_eps_high=config.get("clip_high_threshold", 1.2) - 1.0,
-                          temperature=config.get("temperature", 1.0))
+        loss = _loss_config(loss_fn, config)
         if forward_only:
             return _forward_only(backend, data, loss)
-        positions = sum(len(d) for d in data)
-        datums = [_local_datum(d, positions, loss_fn) for d in data]
-        out = backend.forward_backward(datums, loss)
-        metrics = {}
-        if "clip_fraction" in out.metrics:
-            metrics["clip_fraction:mean"] = out.metrics["clip_fraction"]
+        out = backend.forward_backward([_local_datum(d, loss_fn) for d in data], loss)
+        metrics = {f"{k}:{how}": out.metrics[k] for k, how in
+                   (("clip_fraction", "mean"), ("ratio_mean", "mean"), ("ratio_max", "max"))
+                   if k in out.metrics}
         return LossOutput(out.loss, [np.asarray(lp, dtype=np.float32) for lp in out.logprobs],
                           metrics)
 
@@ -307,29 +302,38 @@ def _by_length(batch: list[_Queued]) -> list[list[_Queued]]:
     return list(parts.values())
 
 
-def _local_datum(d: Datum, positions: int, loss_fn: str) -> Datum:
-    """Every position trained (mask 1), advantages scaled so the local mean is the Tinker sum;
-    for `cross_entropy` the advantages are the client's token weights."""
+def _loss_config(loss_fn: str, config: dict[str, float]) -> LossConfig:
+    """A request's loss: Tinker's absolute clip bounds (each loss's documented default where
+    absent) as the local backend's clip_eps, Tinker's sum as the aggregation."""
+    lo, hi = losses.DEFAULT_THRESHOLDS.get(loss_fn, (0.8, 1.2))
+    return LossConfig(name=loss_fn, clip_eps=1.0 - config.get("clip_low_threshold", lo),
+                      clip_eps_high=config.get("clip_high_threshold", hi) - 1.0,
+                      dro_beta=config.get("beta", losses.DEFAULT_DRO_BETA),
+                      aggregation=aggregation.SUM, temperature=config.get("temperature", 1.0))
+
+
+def _local_datum(d: Datum, loss_fn: str) -> Datum:
+    """Every position trained (mask 1); for `cross_entropy` the advantages are the client's
+    token weights."""
     weights = d.weights if loss_fn == "cross_entropy" else d.advantages
-    return dataclasses.replace(d, advantages=[a * positions for a in weights or [0.0] * len(d)],
+    return dataclasses.replace(d, advantages=list(weights or [0.0] * len(d)),
                                mask=[1.0] * len(d))
 
 
 def _forward_only(backend: LocalBackend, data: list[Datum], loss: LossConfig) -> LossOutput:
     """A forward pass without gradient: target log-probs and the Tinker loss (a sum)."""
-    logprobs = backend.logprobs([dataclasses.replace(d, mask=[1.0] * len(d)) for d in data],
-                                loss.temperature)
+    import torch
+
+    from retrain.backends.policy_losses import token_losses
+
+    def tensor(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32)
+
+    local = [_local_datum(d, loss.name) for d in data]
+    logprobs = backend.logprobs(local, loss.temperature)
     total = 0.0
-    for d, lp in zip(data, logprobs, strict=True):
-        new = np.asarray(lp)
-        if loss.name == "cross_entropy":
-            total -= float(np.dot(np.asarray(d.weights or [0.0] * len(d)), new))
-        else:  # the ratio is exp(new - sampler); PPO's clip only changes the gradient's
-            ratio = np.exp(new - np.asarray(d.logprobs))
-            adv = np.asarray(d.advantages)
-            if loss.name == "ppo":
-                clipped = np.clip(ratio, 1 - loss.clip_eps, 1 + loss.clip_eps_high)
-                total -= float(np.minimum(ratio * adv, clipped * adv).sum())
-            else:
-                total -= float((ratio * adv).sum())
+    for d, lp in zip(local, logprobs, strict=True):
+        in_ratio = torch.tensor([m != 0 for m in d.ratio_mask or d.mask])
+        total += float(token_losses(tensor(lp), tensor(d.logprobs), tensor(d.advantages), loss,
+                                    in_ratio=in_ratio).loss.sum())
     return LossOutput(total, [np.asarray(lp, dtype=np.float32) for lp in logprobs])

@@ -14,11 +14,14 @@ import numpy as np
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
+from retrain.algorithms import losses
 from retrain.backends.base import Datum, LossOutput, SamplingParams
 from retrain.serve.engine import LOSS_INPUTS, EngineError, SampleResult
 from retrain.serve.errors import ApiError
 
-READ_INPUTS = ("target_tokens", "logprobs", "advantages", "weights")  # what a Datum holds
+# what a Datum holds
+READ_INPUTS = ("target_tokens", "logprobs", "advantages", "weights", "sequence_ratio_mask")
+PER_DATUM_CONFIG = ("clip_low_threshold", "clip_high_threshold")  # the SDK's dtype map has them
 _DTYPES = {
     pb.DTYPE_FLOAT32: np.float32,
     pb.DTYPE_INT64: np.int64,
@@ -63,12 +66,18 @@ def decode_forward_backward(body: bytes) -> FwdBwdCall:
 
 def _call(msg: pb.ForwardBackwardRequest) -> FwdBwdCall:
     if msg.loss_fn not in LOSS_INPUTS:
-        raise EngineError(f"loss_fn {msg.loss_fn!r} is not supported by retrain serve; "
-                          f"use one of {', '.join(LOSS_INPUTS)}")
+        raise EngineError(f"retrain serve: {losses.unknown_loss(msg.loss_fn)} (it computes "
+                          f"{', '.join(LOSS_INPUTS)}; forward_backward_custom with a Python "
+                          "function runs on the client and works)")
     config = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():  # servers prefer v2 (SDK note)
-        if value.WhichOneof("value") == "number":
-            config[key] = float(value.number)
+        if value.WhichOneof("value") != "number":
+            raise EngineError(f"loss_fn_config[{key!r}]: only numbers are read by loss "
+                              f"{msg.loss_fn!r}")
+        config[key] = float(value.number)
+    problem = losses.wire_config_problem(msg.loss_fn, config)
+    if problem:
+        raise EngineError(problem)
     data = [_decode_datum(d, i, msg.loss_fn, msg.forward_only) for i, d in enumerate(msg.data)]
     return FwdBwdCall(msg.model_id, int(msg.seq_id), msg.loss_fn, config,
                       bool(msg.forward_only), data)
@@ -90,6 +99,11 @@ def _decode_datum(d: pb.Datum, index: int, loss_fn: str, forward_only: bool) -> 
     for name in needed:
         if name not in inputs:
             raise EngineError(f"datum {index}: loss_fn {loss_fn!r} needs loss_fn_inputs[{name!r}]")
+    for name in PER_DATUM_CONFIG:
+        if name in inputs:
+            raise EngineError(f"datum {index}: loss_fn_inputs[{name!r}]: per-datum clip "
+                              "thresholds are not supported by retrain serve; pass them in "
+                              "loss_fn_config")
     for name in READ_INPUTS:
         if name in inputs and len(inputs[name]) != len(tokens):
             raise EngineError(f"datum {index}: {name} has {len(inputs[name])} entries for "
@@ -103,9 +117,12 @@ def _datum(tokens: list[int], inputs: dict[str, np.ndarray]) -> Datum:
         return inputs[name].astype(float).tolist() if name in inputs else [0.0] * len(tokens)
 
     targets = inputs["target_tokens"].astype(int).tolist()  # every loss needs them
-    weights = inputs["weights"].astype(float).tolist() if "weights" in inputs else None
+    def optional(name: str) -> list[float] | None:
+        return inputs[name].astype(float).tolist() if name in inputs else None
+
     return Datum(input_tokens=tokens, target_tokens=targets, logprobs=floats("logprobs"),
-                 advantages=floats("advantages"), mask=[1.0] * len(tokens), weights=weights)
+                 advantages=floats("advantages"), mask=[1.0] * len(tokens),
+                 weights=optional("weights"), ratio_mask=optional("sequence_ratio_mask"))
 
 
 def _decode_tensor(t: pb.Tensor, where: str) -> np.ndarray:

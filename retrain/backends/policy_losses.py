@@ -1,0 +1,96 @@
+"""The policy losses as tensor math, one definition each, shared by the local backend and
+`retrain serve` (algorithms/losses.py gives the formulas; algorithms/aggregation.py the
+normaliser the caller applies to the per-token losses returned here).
+
+Tensors are aligned over a batch's loss tokens: the trainer's log-probs `new` (with their
+gradient), the sampler's `old`, the advantages (for cross_entropy: the token weights), and for
+gspo `seq` (which sequence each token belongs to, 0..n-1) and `in_ratio` (whether its log-ratio
+counts in that sequence's ratio).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from retrain.algorithms.losses import CLIPPED, unknown_loss
+from retrain.backends.base import LossConfig
+
+
+@dataclass
+class TokenTerms:
+    """Per-token losses, and the ratio they used (detached; None for cross_entropy) with
+    whether it fell outside the clip range."""
+
+    loss: torch.Tensor
+    ratio: torch.Tensor | None = None
+    clipped: torch.Tensor | None = None
+
+
+def token_losses(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, loss: LossConfig,
+                 seq: torch.Tensor | None = None,
+                 in_ratio: torch.Tensor | None = None) -> TokenTerms:
+    """Each token's loss under `loss` (Tinker's definitions; a datum's loss is their sum)."""
+    name = loss.name
+    if name == "cross_entropy":
+        return TokenTerms(-adv * new)
+    ratio = sequence_ratio(new, old, seq, in_ratio) if name == "gspo" else torch.exp(new - old)
+    lo, hi = loss.thresholds
+    if name == "importance_sampling":
+        out = -ratio * adv
+    elif name in ("ppo", "gspo"):
+        out = -torch.minimum(ratio * adv, ratio.clamp(lo, hi) * adv)
+        if name == "ppo" and loss.clip_ratio_c:
+            # dual clip: a negative-advantage token loses at most c |A|
+            out = torch.where(adv < 0, torch.minimum(out, -loss.clip_ratio_c * adv), out)
+    elif name == "cispo":
+        out = -ratio.clamp(lo, hi).detach() * new * adv
+    elif name == "dro":
+        out = -(new * adv - 0.5 * loss.dro_beta * (new - old) ** 2)
+    else:
+        raise ValueError(unknown_loss(name))
+    r = ratio.detach()
+    clipped = (r < lo) | (r > hi) if name in CLIPPED else torch.zeros_like(r, dtype=torch.bool)
+    return TokenTerms(out, r, clipped)
+
+
+def sequence_ratio(new: torch.Tensor, old: torch.Tensor, seq: torch.Tensor | None,
+                   in_ratio: torch.Tensor | None) -> torch.Tensor:
+    """GSPO-token: each token's ratio has its sequence's value, exp(mean of new - old over the
+    sequence's `in_ratio` tokens), and its own log-prob's gradient. A sequence with no such
+    token has ratio 1."""
+    seq = torch.zeros_like(new, dtype=torch.long) if seq is None else seq
+    in_ratio = torch.ones_like(new, dtype=torch.bool) if in_ratio is None else in_ratio
+    n = int(seq.max()) + 1 if seq.numel() else 0
+    delta = torch.where(in_ratio, new.detach() - old, torch.zeros_like(new))
+    sums = torch.zeros(n, dtype=new.dtype, device=new.device).index_add_(0, seq, delta)
+    counts = torch.zeros(n, dtype=new.dtype, device=new.device).index_add_(
+        0, seq, in_ratio.to(new.dtype))
+    log_s = sums / counts.clamp(min=1)
+    return torch.exp(log_s[seq] + new - new.detach())
+
+
+class RatioStats:
+    """The ratio metrics of one forward_backward call, over its loss tokens: `clip_fraction`
+    (ratio outside the clip range), `ratio_mean`, `ratio_max`."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.clipped = 0.0
+        self.total = 0.0
+        self.max = float("-inf")
+
+    def add(self, terms: TokenTerms) -> None:
+        if terms.ratio is None or terms.ratio.numel() == 0:
+            return
+        self.tokens += terms.ratio.numel()
+        self.clipped += float(terms.clipped.sum())
+        self.total += float(terms.ratio.sum())
+        self.max = max(self.max, float(terms.ratio.max()))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"clip_fraction": self.clipped / self.tokens,
+                "ratio_mean": self.total / self.tokens, "ratio_max": self.max}
