@@ -123,6 +123,7 @@ BAD_CONFIGS = [
     ("[backend]\nmax_concurrent_min = 8\nmax_concurrent_max = 4\n",
      ["backend.max_concurrent_min", "backend.max_concurrent_max"]),
     ("[data]\nsource = 'jsonl'\n", ["data.path", "data.source = 'jsonl' needs"]),
+    ("[data]\nsource = 'hf'\n", ["data.path", "data.source = 'hf' needs"]),
     ("[data]\noperations = ['+', '/']\n", ["data.operations", "'+', '-', '*'"]),
     ("[data]\noperations = '+'\n", ["data.operations", "expected a list of strings"]),
     ("[reward]\ntype = 'custom'\n", ["reward.function", "module:function"]),
@@ -393,7 +394,7 @@ def configs(draw) -> tuple[Config, CampaignPlan]:
 
 
 def _satisfy_cross_checks(cfg: Config) -> None:
-    if cfg.data.source == "jsonl" and not cfg.data.path:
+    if cfg.data.source in ("jsonl", "hf") and not cfg.data.path:
         cfg.data.path = "data.jsonl"
     ops = [o for o in cfg.data.operations if o in ("+", "-", "*")]
     cfg.data.operations = ops or ["+"]

@@ -62,10 +62,18 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = opt("arithmetic", "prompt source: built-in task or a JSONL file",
-                      choices=("arithmetic", "countdown", "jsonl"))
-    path: str = opt("", "JSONL file ({\"prompt\", \"answer\"} per line), relative to the "
+    source: str = opt("arithmetic", "prompt source: built-in task, a JSONL file or a "
+                      "Hugging Face dataset on this machine (hf)",
+                      choices=("arithmetic", "countdown", "jsonl", "hf"))
+    path: str = opt("", "jsonl: a file of {\"prompt\", \"answer\"} or {\"messages\", "
+                    "\"answer\"} lines; hf: a dataset folder, a parquet/arrow/json/csv file or "
+                    "a name in the local Hugging Face cache (never downloaded); relative to the "
                     "config file")
+    split: str = opt("train", "hf: the dataset split the problems come from")
+    prompt_field: str = opt("prompt", "hf: the column holding the prompt text")
+    answer_field: str = opt("answer", "hf: the column holding the reference answer")
+    messages_field: str = opt("", "hf: a column of chat messages ([{role, content}, ...]) "
+                              "used as the prompt instead of prompt_field")
     digits: int = opt(1, "arithmetic: digits per operand", lo=1, hi=9)
     operations: list[str] = opt(["+"], "arithmetic: operations drawn from + - *", factory=True)
     countdown_numbers: int = opt(3, "countdown: how many numbers are given", lo=2, hi=6)

@@ -26,11 +26,11 @@ from typing import Any, Protocol
 from retrain.backends.base import BackendError
 from retrain.config.sections import DataConfig, EnvironmentConfig, RewardConfig
 from retrain.environments.answers import Problem
+from retrain.environments.chat_problems import opening_messages
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.environments.protocol import Message, Step
 from retrain.environments.rewards import clip_message
 from retrain.environments.scorer import StartupError, WorkerProcess
-from retrain.environments.tasks import prompt_text
 from retrain.errors import UserError
 
 MAX_WORKER_DEATHS = 3        # per step; one more fails the run
@@ -88,7 +88,7 @@ class TaskHost:
         out: list[Opened | EnvError] = []
         for ep, seed in episodes:
             self._open[ep] = problem = self.problems[seed]
-            out.append(Opened([{"role": "user", "content": prompt_text(problem, self.data)}]))
+            out.append(Opened(opening_messages(problem, self.data)))
         return out
 
     def step(self, replies: list[tuple[int, str]]) -> list[Step | EnvError]:
