@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retrain.config.cross_checks import cross_checks
+from retrain.config.judge_section import judge_issues
 from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
@@ -90,13 +91,16 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    type: str = opt("match", "how completions are scored",
-                    choices=("match", "math", "format", "custom"))
+    type: str = opt("match", "how completions are scored (judge: an LLM behind an "
+                    "OpenAI-compatible URL, set in [reward.judge])",
+                    choices=("match", "math", "format", "custom", "judge"))
     pattern: str = opt("", "format: a regex a completion must contain to score 1")
     function: str = opt("", "custom: 'module:function' or 'path/to/file.py:function'")
     timeout_s: float = opt(5.0, "per-completion limit; a slow or failing scorer gives 0",
                            lo=0, lo_open=True, hi=MAX_WAIT_S)
     params: dict = opt({}, "free-form keyword arguments passed to a custom reward", factory=True)
+    judge: dict = opt({}, "judge: the [reward.judge] table (base_url, model, rubric, mode, "
+                      "...; docs/judges.md)", factory=True)
 
 
 ENVIRONMENT_KINDS = ("task", "python", "guess_number", "lookup", "reasoning_gym", "verifiers",
@@ -310,6 +314,8 @@ def from_dict(raw: dict, source: str = "<config>") -> Config:
         else:
             set_section(cfg, name, body, issues)
     issues += cross_checks(cfg)
+    if not any(i.key.startswith("reward.") for i in issues):
+        issues += judge_issues(cfg.reward)
     if issues:
         raise ConfigError(source, issues)
     return cfg

@@ -80,9 +80,10 @@ class TaskHost:
         self.problems, self.data, self.scorer = problems, data, scorer
         self._open: dict[int, Problem] = {}
         self.failures, self.errors = 0, []
+        self.metrics: dict[str, float] = {}
 
     def new_step(self) -> None:
-        self.failures, self.errors = 0, []
+        self.failures, self.errors, self.metrics = 0, [], {}
 
     def reset(self, episodes: list[tuple[int, int]]) -> list[Opened | EnvError]:
         out: list[Opened | EnvError] = []
@@ -95,6 +96,8 @@ class TaskHost:
         scores = self.scorer.score([r for _, r in replies], [self._open[e] for e, _ in replies])
         self.failures += scores.failures
         self.errors += getattr(scores, "errors", [])
+        for k, v in getattr(scores, "metrics", {}).items():  # a judge's calls, errors, ...
+            self.metrics[k] = self.metrics.get(k, 0) + v
         return [Step(reward=r, done=True, metrics={"correct": float(c)})
                 for r, c in zip(scores.rewards, scores.correct, strict=True)]
 
