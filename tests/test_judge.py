@@ -5,6 +5,7 @@ that cannot be reached failing the run at start, and tiny-model runs trained on 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -230,3 +231,20 @@ def test_resume_after_sigkill_does_not_ask_the_judge_again(tmp_path, cli_env, py
     step2 = [r for r in rows(run_dir) if r["step"] == 2][-1]
     assert step2["judge_cache_hits"] == 3 and step2["judge_calls"] == 5
     assert server.requests - before == 5 + 8  # the rest of step 2, then step 3
+
+
+def test_campaign_runs_share_the_judge_budget(tmp_path, cli_env, python, tiny_model, server):
+    """4 runs at once, judge.max_concurrent = 2: never more than 2 requests at the judge."""
+    from bench.tiny_campaign import tiny_campaign_toml
+
+    server.delay_s = 1.0  # the runs' judging overlaps: 16 requests take >= 8 s at 2 at once
+    judge = (f'[reward]\ntype = "judge"\n[reward.judge]\nbase_url = "{server.base_url}"\n'
+             f'model = "judge"\nrubric = {json.dumps(RUBRIC)}\nmax_concurrent = 2\n')
+    path = tmp_path / "camp.toml"
+    path.write_text(tiny_campaign_toml(tmp_path / "logs", [1, 2, 3, 4], max_steps=1,
+                                       max_workers=4, tables=judge))
+    done = subprocess.run([python, "-m", "retrain", "run", str(path)], cwd=tmp_path,
+                          env=cli_env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert server.requests == 4 * 4  # 4 runs x batch 2 x group 2
+    assert server.max_in_flight == 2
