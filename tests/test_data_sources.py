@@ -143,3 +143,23 @@ def test_tiny_run_trains_two_steps_on_an_hf_source(tmp_path, cli_env, python, ti
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [r["step"] for r in rows(tmp_path / "logs" / "hfrun")] == [1, 2]
+
+
+def test_reward_process_imports_this_checkout(tmp_path, monkeypatch):
+    """The scorer's child process imports the same `retrain` as its parent (not another
+    install), from any working folder: a reward sees this checkout's code."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    import retrain
+    from retrain.config.sections import RewardConfig
+    from retrain.environments.answers import Problem
+    from retrain.environments.scorer import build_scorer
+
+    (tmp_path / "where.py").write_text(
+        "import retrain\n\ndef reward(completion, answer):\n"
+        f"    return 1.0 if retrain.__file__ == {retrain.__file__!r} else 0.5\n")
+    scorer = build_scorer(RewardConfig(type="custom", function="where.py:reward"), tmp_path)
+    try:
+        assert scorer.score(["x"], [Problem(prompt="p", answer="a")]).rewards == [1.0]
+    finally:
+        scorer.close()

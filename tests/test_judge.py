@@ -248,3 +248,19 @@ def test_campaign_runs_share_the_judge_budget(tmp_path, cli_env, python, tiny_mo
     assert done.returncode == 0, done.stdout + done.stderr
     assert server.requests == 4 * 4  # 4 runs x batch 2 x group 2
     assert server.max_in_flight == 2
+
+
+@pytest.mark.parametrize(("mode", "per_step"), [("pointwise", "32 requests, 96 at worst"),
+                                                ("group", "4 requests, 12 at worst")])
+def test_explain_shows_the_judge_and_its_worst_case(tmp_path, monkeypatch, mode, per_step):
+    from retrain.cli import explain
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "j.toml"
+    path.write_text('[training]\nbatch_size = 4\ngroup_size = 8\n[reward]\ntype = "judge"\n'
+                    '[reward.judge]\nbase_url = "http://judge:8000/v1"\nmodel = "qwen"\n'
+                    f'mode = "{mode}"\nretries = 2\nmax_concurrent = 3\n')
+    lines = "\n".join(explain.plain_lines(explain.build_report(path)))
+    assert f"qwen at http://judge:8000/v1, {mode}; at most 3 requests in flight (per run)" \
+        in lines
+    assert f"per step {per_step} with retries" in lines
