@@ -80,10 +80,16 @@ def test_hf_saved_dataset_with_messages_keeps_the_system_prompt(tmp_path):
                              answer_field="target"), seed=0, config_dir=tmp_path)
 
 
-def test_hf_unknown_name_is_not_downloaded(tmp_path):
+def test_hf_unknown_name_is_not_downloaded(tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as if imported online
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
     cfg = DataConfig(source="hf", path="someone/not-in-the-cache", eval_size=0)
     with pytest.raises(UserError, match="not a dataset in the local Hugging Face cache"):
         load_task(cfg, seed=0, config_dir=tmp_path)
+    assert datasets.config.HF_HUB_OFFLINE and hub.HF_HUB_OFFLINE
 
 
 def write_chat_jsonl(path, n=6):

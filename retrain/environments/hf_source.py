@@ -42,7 +42,9 @@ def _offline_datasets() -> Any:
     except ImportError:
         raise UserError("data.source = 'hf' needs the datasets library: pip install "
                         "'retrain[data]'") from None
-    datasets.config.HF_HUB_OFFLINE = True
+    import huggingface_hub.constants as hub  # read at import: set it too, if imported before
+
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
     datasets.disable_progress_bars()
     return datasets
 
