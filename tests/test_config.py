@@ -402,6 +402,9 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         cfg.reward.function = "rewards:score"
     if cfg.reward.type == "format":
         cfg.reward.pattern = "\\\\boxed"
+    # [reward.judge] is a checked table, not free-form: a valid one for the judge, else none
+    cfg.reward.judge = {"base_url": "http://127.0.0.1:1/v1", "model": "m"} \
+        if cfg.reward.type == "judge" else {}
     t = cfg.training
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
