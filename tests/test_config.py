@@ -123,6 +123,7 @@ BAD_CONFIGS = [
     ("[backend]\nmax_concurrent_min = 8\nmax_concurrent_max = 4\n",
      ["backend.max_concurrent_min", "backend.max_concurrent_max"]),
     ("[data]\nsource = 'jsonl'\n", ["data.path", "data.source = 'jsonl' needs"]),
+    ("[data]\nsource = 'hf'\n", ["data.path", "data.source = 'hf' needs"]),
     ("[data]\noperations = ['+', '/']\n", ["data.operations", "'+', '-', '*'"]),
     ("[data]\noperations = '+'\n", ["data.operations", "expected a list of strings"]),
     ("[reward]\ntype = 'custom'\n", ["reward.function", "module:function"]),
@@ -418,7 +419,7 @@ def configs(draw) -> tuple[Config, CampaignPlan]:
 
 
 def _satisfy_cross_checks(cfg: Config) -> None:
-    if cfg.data.source == "jsonl" and not cfg.data.path:
+    if cfg.data.source in ("jsonl", "hf") and not cfg.data.path:
         cfg.data.path = "data.jsonl"
     ops = [o for o in cfg.data.operations if o in ("+", "-", "*")]
     cfg.data.operations = ops or ["+"]
@@ -426,6 +427,9 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         cfg.reward.function = "rewards:score"
     if cfg.reward.type == "format":
         cfg.reward.pattern = "\\\\boxed"
+    # [reward.judge] is a checked table, not free-form: a valid one for the judge, else none
+    cfg.reward.judge = {"base_url": "http://127.0.0.1:1/v1", "model": "m"} \
+        if cfg.reward.type == "judge" else {}
     t = cfg.training
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":

@@ -120,3 +120,17 @@ def test_tinker_reference_is_the_base_models_compute_logprobs(tiny_server, sdk_e
     assert sum((c.logprobs for c in moved), []) != \
         pytest.approx(sum((c.logprobs for c in group), []), abs=1e-3)  # the policy did move
     backend.close()
+
+
+def test_kl_in_the_loss_reaches_the_backends_loss_config():
+    """kl_in = "loss" hands kl_coef to the backend's loss; "reward" leaves the loss alone."""
+    from retrain.config.sections import Config
+    from retrain.run.update import loss_config
+
+    cfg = Config()
+    cfg.algorithm.kl_coef, cfg.algorithm.kl_estimator = 0.1, "k3"
+    cfg.algorithm.kl_in = "loss"
+    loss = loss_config(cfg.algorithm, cfg.training)
+    assert (loss.kl_coef, loss.kl_estimator) == (0.1, "k3")
+    cfg.algorithm.kl_in = "reward"
+    assert loss_config(cfg.algorithm, cfg.training).kl_coef == 0.0

@@ -22,6 +22,7 @@ from retrain.cli.explain_warnings import warnings
 from retrain.config import loader as config_file
 from retrain.config import sections as config
 from retrain.config import toml_io
+from retrain.config.judge_section import judge_config
 from retrain.config.sections import Config
 from retrain.control import capacity
 from retrain.environments.kinds import default_max_turns, episode_token_bound
@@ -181,10 +182,22 @@ def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
     settings["episode_tokens_worst_case"] = episode_token_bound(env, cfg.training.max_tokens)
     settings["algorithm.loss_aggregation"] = cfg.algorithm.loss_aggregation
     settings["loss"] = losses.describe(cfg.algorithm)
+    if cfg.reward.type == "judge" and env.kind == "task":
+        settings["judge"] = judge_line(cfg, camp.is_campaign)
     if camp.is_campaign:
         settings |= {f"campaign.{k}": getattr(camp, k)
                      for k in ("parallel", "max_workers", "stagger_seconds")}
     return settings
+
+
+def judge_line(cfg: Config, campaign: bool) -> str:
+    """The judge, its budget and the most requests one step may send (every retry taken)."""
+    judge = judge_config(cfg.reward)
+    per_try = cfg.training.batch_size * (1 if judge.mode == "group" else cfg.training.group_size)
+    budget = "shared by the campaign's runs" if campaign else "per run"
+    return (f"{judge.model} at {judge.base_url}, {judge.mode}; at most {judge.max_concurrent} "
+            f"requests in flight ({budget}); per step {per_try} requests, "
+            f"{per_try * (judge.retries + 1)} at worst with retries")
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -293,6 +306,8 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
     if "backend.sampler" in s:
         out.append(("sampler", sampler_line(s["backend.sampler"], s["model.device"])))
+    if "judge" in s:
+        out.append(("judge", s["judge"]))
     if "backend.max_concurrent" in s:
         cap = s["backend.max_concurrent"]
         out.append(("API calls", f"at most {cap} in flight" if cap != "auto" else

@@ -22,6 +22,9 @@ def cross_checks(cfg) -> list[ConfigIssue]:
     if cfg.data.source == "jsonl" and not cfg.data.path:
         issues.append(ConfigIssue("data.path", "data.source = 'jsonl' needs data.path = "
                                   "'file.jsonl'"))
+    if cfg.data.source == "hf" and not cfg.data.path:
+        issues.append(ConfigIssue("data.path", "data.source = 'hf' needs data.path = a "
+                                  "dataset folder, a parquet file or a cached dataset name"))
     bad_ops = [o for o in cfg.data.operations if o not in ("+", "-", "*")]
     if bad_ops or not cfg.data.operations:
         issues.append(ConfigIssue("data.operations", "expected a non-empty list drawn from "
@@ -122,7 +125,8 @@ def _kl_conflicts(cfg) -> list[ConfigIssue]:
 
 # [data] keys that describe the task kind's problems (eval_size also counts held-out episodes)
 _TASK_DATA_KEYS = ("source", "path", "digits", "operations", "countdown_numbers", "size",
-                   "shuffle", "instruction", "chat_template")
+                   "shuffle", "instruction", "chat_template", "split", "prompt_field",
+                   "answer_field", "messages_field")
 
 
 def _environment_conflicts(cfg) -> list[ConfigIssue]:

@@ -20,6 +20,7 @@ from typing import Any
 from retrain.algorithms.aggregation import AGGREGATIONS
 from retrain.algorithms.losses import DEFAULT_DRO_BETA, TINKER_LOSS_FN_TYPES
 from retrain.config.cross_checks import cross_checks
+from retrain.config.judge_section import judge_issues
 from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
@@ -65,10 +66,18 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = opt("arithmetic", "prompt source: built-in task or a JSONL file",
-                      choices=("arithmetic", "countdown", "jsonl"))
-    path: str = opt("", "JSONL file ({\"prompt\", \"answer\"} per line), relative to the "
+    source: str = opt("arithmetic", "prompt source: built-in task, a JSONL file or a "
+                      "Hugging Face dataset on this machine (hf)",
+                      choices=("arithmetic", "countdown", "jsonl", "hf"))
+    path: str = opt("", "jsonl: a file of {\"prompt\", \"answer\"} or {\"messages\", "
+                    "\"answer\"} lines; hf: a dataset folder, a parquet/arrow/json/csv file or "
+                    "a name in the local Hugging Face cache (never downloaded); relative to the "
                     "config file")
+    split: str = opt("train", "hf: the dataset split the problems come from")
+    prompt_field: str = opt("prompt", "hf: the column holding the prompt text")
+    answer_field: str = opt("answer", "hf: the column holding the reference answer")
+    messages_field: str = opt("", "hf: a column of chat messages ([{role, content}, ...]) "
+                              "used as the prompt instead of prompt_field")
     digits: int = opt(1, "arithmetic: digits per operand", lo=1, hi=9)
     operations: list[str] = opt(["+"], "arithmetic: operations drawn from + - *", factory=True)
     countdown_numbers: int = opt(3, "countdown: how many numbers are given", lo=2, hi=6)
@@ -85,8 +94,9 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    type: str = opt("match", "how completions are scored",
-                    choices=("match", "math", "format", "custom"))
+    type: str = opt("match", "how completions are scored (judge: an LLM behind an "
+                    "OpenAI-compatible URL, set in [reward.judge])",
+                    choices=("match", "math", "format", "custom", "judge"))
     pattern: str = opt("", "format: a regex a completion must contain to score 1")
     function: str = opt("", "custom: 'module:function' or 'path/to/file.py:function'")
     timeout_s: float = opt(5.0, "per-completion limit; a slow or failing scorer gives 0",
@@ -97,6 +107,8 @@ class RewardConfig:
                                "overlong_penalty at the limit (0 = off)", lo=0, hi=MAX_TOKENS)
     overlong_penalty: float = opt(1.0, "the reward a completion at training.max_tokens loses "
                                   "(with overlong_buffer)", lo=0, hi=1e6)
+    judge: dict = opt({}, "judge: the [reward.judge] table (base_url, model, rubric, mode, "
+                      "...; docs/judges.md)", factory=True)
 
 
 ENVIRONMENT_KINDS = ("task", "python", "guess_number", "lookup", "reasoning_gym", "verifiers",
@@ -354,6 +366,8 @@ def from_dict(raw: dict, source: str = "<config>") -> Config:
         else:
             set_section(cfg, name, body, issues)
     issues += cross_checks(cfg)
+    if not any(i.key.startswith("reward.") for i in issues):
+        issues += judge_issues(cfg.reward)
     if issues:
         raise ConfigError(source, issues)
     return cfg

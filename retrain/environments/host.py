@@ -25,11 +25,11 @@ from typing import Any, Protocol
 from retrain.backends.base import BackendError
 from retrain.config.sections import DataConfig, EnvironmentConfig, RewardConfig
 from retrain.environments.answers import Problem
+from retrain.environments.chat_problems import opening_messages
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.environments.protocol import Message, Step
 from retrain.environments.rewards import clip_message
 from retrain.environments.scorer import StartupError, WorkerProcess, ignore_stop_signals
-from retrain.environments.tasks import prompt_text
 from retrain.errors import UserError
 
 MAX_WORKER_DEATHS = 3        # per step; one more fails the run
@@ -79,21 +79,24 @@ class TaskHost:
         self.problems, self.data, self.scorer = problems, data, scorer
         self._open: dict[int, Problem] = {}
         self.failures, self.errors = 0, []
+        self.metrics: dict[str, float] = {}
 
     def new_step(self) -> None:
-        self.failures, self.errors = 0, []
+        self.failures, self.errors, self.metrics = 0, [], {}
 
     def reset(self, episodes: list[tuple[int, int]]) -> list[Opened | EnvError]:
         out: list[Opened | EnvError] = []
         for ep, seed in episodes:
             self._open[ep] = problem = self.problems[seed]
-            out.append(Opened([{"role": "user", "content": prompt_text(problem, self.data)}]))
+            out.append(Opened(opening_messages(problem, self.data)))
         return out
 
     def step(self, replies: list[tuple[int, str]]) -> list[Step | EnvError]:
         scores = self.scorer.score([r for _, r in replies], [self._open[e] for e, _ in replies])
         self.failures += scores.failures
         self.errors += getattr(scores, "errors", [])
+        for k, v in getattr(scores, "metrics", {}).items():  # a judge's calls, errors, ...
+            self.metrics[k] = self.metrics.get(k, 0) + v
         return [Step(reward=r, done=True, metrics={"correct": float(c)})
                 for r, c in zip(scores.rewards, scores.correct, strict=True)]
 

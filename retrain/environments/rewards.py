@@ -16,6 +16,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,19 @@ from retrain.environments.answers import (
     task_reward,
 )
 from retrain.errors import UserError
+
+MAX_ERRORS_KEPT = 5  # failure messages a Scores keeps
+
+
+@dataclass
+class Scores:
+    """What a scorer (the reward process, or the judge) says about a batch of completions."""
+
+    rewards: list[float]
+    correct: list[bool]
+    failures: int
+    errors: list[str] = field(default_factory=list)  # the first few failure messages
+    metrics: dict[str, float] = field(default_factory=dict)  # the scorer's own (judge_*)
 
 # ---------------------------------------------------------------------------- custom rewards
 
@@ -145,6 +159,9 @@ def reward_function(reward: RewardConfig, config_dir: Path
         params = dict(reward.params)
         _check_signature(fn, params, reward.function)
         return (lambda t, p: fn(t, p.answer, **params)), False
+    if kind == "judge":  # the judge scores in the trainer's process (judge.py), per batch
+        raise UserError("reward.type = 'judge' scores the task kind without tools; remove "
+                        "environment.tools or use another reward")
     raise UserError(f"reward.type = {kind!r}; use 'match', 'math', 'format' or 'custom'")
 
 

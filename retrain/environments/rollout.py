@@ -80,6 +80,7 @@ class RolloutResult:
     dropped: list[bool]          # on_env_error = "drop_group": this group is not trained
     env_seconds: float
     bridges: int
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # the scorer's (judge_*)
 
     def rewards(self) -> list[list[float]]:
         return [[e.reward for e in g] for g in self.groups]
@@ -181,7 +182,8 @@ class Rollout:
             if e.ended == "error":
                 e.reward = 0.0
         dropped = [drop and any(e.ended == "error" for e in g) for g in groups]
-        return RolloutResult(groups, dropped, env_seconds, self.bridges)
+        return RolloutResult(groups, dropped, env_seconds, self.bridges,
+                             dict(getattr(self.host, "metrics", {})))
 
     def _open(self, groups: list[list[Episode]], opened: list[Opened | EnvError]
               ) -> list[list[int] | None]:

@@ -20,26 +20,22 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from retrain.config.sections import RewardConfig
 from retrain.environments.answers import Problem
-from retrain.environments.rewards import clip_message, reward_function, score_one
+from retrain.environments.rewards import (
+    MAX_ERRORS_KEPT,
+    Scores,
+    clip_message,
+    reward_function,
+    score_one,
+)
 from retrain.errors import UserError
 
-MAX_ERRORS_KEPT = 5
 STARTUP_TIMEOUT_S = 120.0  # importing math-verify or a custom module on a busy machine
 _CHILD = "from retrain.environments.scorer import main; main()"
-
-
-@dataclass
-class Scores:
-    rewards: list[float]
-    correct: list[bool]
-    failures: int
-    errors: list[str] = field(default_factory=list)  # the first few failure messages
 
 
 class Scorer:
@@ -115,8 +111,15 @@ class Scorer:
     __del__ = close
 
 
-def build_scorer(reward: RewardConfig, config_dir: Path) -> Scorer:
-    """A Scorer for `[reward]`; UserError when a custom function cannot be imported."""
+def build_scorer(reward: RewardConfig, config_dir: Path, run_dir: Path | None = None,
+                 slot: Any = None) -> Any:
+    """A Scorer for `[reward]` (a JudgeScorer for the judge, its cache in `run_dir`, its
+    requests under `slot` when given); UserError when a custom function cannot be imported
+    or the judge cannot be reached."""
+    if reward.type == "judge":
+        from retrain.environments.judge import JudgeScorer
+
+        return JudgeScorer(reward, Path(config_dir).resolve(), run_dir, slot)
     return Scorer(reward, Path(config_dir).resolve())
 
 

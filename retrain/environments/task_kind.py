@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from retrain.config.sections import DataConfig, EnvironmentConfig
 from retrain.environments.answers import Problem
+from retrain.environments.chat_problems import opening_messages
 from retrain.environments.kinds import Factory, KindContext
 from retrain.environments.protocol import Environment, Message, Step
 from retrain.environments.rewards import reward_function, score_one
-from retrain.environments.tasks import load_task, prompt_text
+from retrain.environments.tasks import load_task
 from retrain.errors import UserError
 
 
@@ -29,7 +30,7 @@ class TaskEnvironment(Environment):
 
     def reset(self, seed: int) -> list[Message]:
         self.problem = self.problems[seed % len(self.problems)]
-        return [{"role": "user", "content": prompt_text(self.problem, self.data)}]
+        return opening_messages(self.problem, self.data)
 
     def step(self, reply: str) -> Step:
         assert self.problem is not None, "step() before reset()"

@@ -1,4 +1,5 @@
-"""Prompt sources: built-in procedural tasks with verifiable answers, and JSONL files.
+"""Prompt sources: built-in procedural tasks with verifiable answers, JSONL files (plain or
+chat form) and Hugging Face datasets on this machine (hf_source.py).
 
 `load_task` builds a train split and a held-out eval split (disjoint, deterministic per seed),
 `DataCursor` walks the train split in a seeded order that resumes exactly, and `render_prompt`
@@ -15,6 +16,13 @@ from typing import Any
 
 from retrain.config.sections import DataConfig
 from retrain.environments.answers import CHECKERS, Problem
+from retrain.environments.chat_problems import (
+    CHAT_EXAMPLE,
+    chat_problem,
+    opening_messages,
+    problem_key,
+    prompt_text,  # noqa: F401  (re-exported: importers of tasks.prompt_text)
+)
 from retrain.errors import UserError
 from retrain.runfiles import safejson
 
@@ -37,9 +45,15 @@ def load_task(data: DataConfig, seed: int, config_dir: Path) -> TaskSplits:
     if data.source == "countdown":
         return _countdown_splits(data, seed)
     if data.source == "jsonl":
-        return _jsonl_splits(data, seed, Path(config_dir))
+        path = data_path(data, Path(config_dir))
+        return hold_out(read_jsonl(path), data, seed, str(path))
+    if data.source == "hf":
+        from retrain.environments.hf_source import load_hf_problems
+
+        problems, where = load_hf_problems(data, Path(config_dir))
+        return hold_out(problems, data, seed, where)
     raise UserError(f"data.source = {data.source!r} is not a task; use 'arithmetic', "
-                    "'countdown' or 'jsonl'")
+                    "'countdown', 'jsonl' or 'hf'")
 
 
 # ---------------------------------------------------------------------------- arithmetic
@@ -167,23 +181,27 @@ def _distinct_draws(rng: random.Random, draw: Callable[[random.Random], tuple[Ha
 _EXAMPLE = '{"prompt": "What is 2 + 3?", "answer": "5"}'
 
 
-def _jsonl_splits(data: DataConfig, seed: int, config_dir: Path) -> TaskSplits:
+def data_path(data: DataConfig, config_dir: Path) -> Path:
+    """data.path, relative to the config file's folder."""
     path = Path(data.path).expanduser()
-    if not path.is_absolute():
-        path = config_dir / path
-    problems = read_jsonl(path)
+    return path if path.is_absolute() else config_dir / path
+
+
+def hold_out(problems: list[Problem], data: DataConfig, seed: int, where: str) -> TaskSplits:
+    """A seeded eval split of `data.eval_size` problems; the rest (minus repeats of held-out
+    questions) train."""
     if data.eval_size >= len(problems):
-        raise UserError(f"data.eval_size = {data.eval_size} but {path} has only "
+        raise UserError(f"data.eval_size = {data.eval_size} but {where} has only "
                         f"{len(problems)} problems, which leaves none for training; lower "
                         "data.eval_size (0 = no eval split)")
     order = list(range(len(problems)))
     _rng("jsonl", seed).shuffle(order)
     held = sorted(order[: data.eval_size])
-    held_prompts = {problems[i].prompt for i in held}
+    held_prompts = {problem_key(problems[i]) for i in held}
     # A prompt repeated in the file must not sit on both sides of the split.
-    train = [p for p in problems if p.prompt not in held_prompts]
+    train = [p for p in problems if problem_key(p) not in held_prompts]
     if not train:
-        raise UserError(f"{path}: every training prompt also appears in the eval split; "
+        raise UserError(f"{where}: every training prompt also appears in the eval split; "
                         "lower data.eval_size")
     return TaskSplits(train=train, eval=[problems[i] for i in held])
 
@@ -208,13 +226,17 @@ def read_jsonl(path: Path) -> list[Problem]:
 
 
 def _parse_line(line: bytes, where: str) -> Problem:
-    fix = f"each line must be one JSON object like {_EXAMPLE}"
+    fix = f"each line must be one JSON object like {_EXAMPLE} or {CHAT_EXAMPLE}"
     try:
         obj = safejson.loads(line)  # limits: deep nesting and huge integers are bad lines
     except safejson.BadJSON as exc:
         raise UserError(f"{where}: {exc}; {fix}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {fix}")
+    if "messages" in obj and "prompt" not in obj:
+        messages, answer = obj.pop("messages"), obj.pop("answer", None)
+        _check_checker(obj, where)
+        return chat_problem(messages, answer, where, meta=obj)
     missing = [k for k in ("prompt", "answer") if k not in obj]
     if missing:
         raise UserError(f"{where}: missing {' and '.join(repr(k) for k in missing)}; {fix}")
@@ -305,18 +327,13 @@ class DataCursor:
         self._order = None
 
 
-def prompt_text(problem: Problem, data: DataConfig) -> str:
-    """The user message: the problem, then the answer-format instruction."""
-    return f"{problem.prompt}\n{data.instruction}" if data.instruction else problem.prompt
-
-
 def render_prompt(tokenizer: Any, problem: Problem, data: DataConfig) -> list[int]:
     """Token ids of the prompt (chat template when asked for and the tokenizer has one)."""
-    text = prompt_text(problem, data)
+    messages = opening_messages(problem, data)
     if data.chat_template and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                            add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            tokenize=True)
         ids = ids if isinstance(ids, list) else ids["input_ids"]
-    else:
-        ids = tokenizer(text)["input_ids"]
+    else:  # the same plain join as the rollout's Renderer
+        ids = tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
     return [int(t) for t in ids]

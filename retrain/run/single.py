@@ -44,8 +44,9 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     checkpoint.ensure_writable(run_dir)
     config_dir = config_path.resolve().parent
     splits = load_task(cfg.data, cfg.training.seed, config_dir)
-    scorer = build_scorer(cfg.reward, config_dir) if uses_scorer(cfg.environment) else None
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
+    scorer = build_scorer(cfg.reward, config_dir, run_dir) \
+        if uses_scorer(cfg.environment) else None
     backend = create_backend(cfg, slots, config_dir=config_dir,
                              checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
     rollouts = None

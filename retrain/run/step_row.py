@@ -106,4 +106,5 @@ def rollout_row(result: Any, rewards: list[list[float]], batch_size: int, group_
         "max_token_hit_rate": sum(e.cut_replies for e in episodes) / max(1, replies),
         "mean_completion_tokens": sum(e.ledger.sampled_tokens for e in episodes) / n,
         **train, "reward_uniform_group_rate": uniform_group_rate(rewards),
+        **getattr(result, "reward_metrics", {}),
     }

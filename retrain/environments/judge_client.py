@@ -1,0 +1,144 @@
+"""One judge request over the official `openai` SDK: retries with backoff on 429, 5xx and no
+answer, the concurrency slot held only while a request is in flight (never while backing
+off; in a local campaign, a slot of the budget every run shares), and the start-up probe
+that fails a run whose judge cannot be reached.
+
+The API key is read from the variable `api_key_env` names, only here, and never stored
+anywhere but the SDK client in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrain.config.judge_section import JudgeConfig
+from retrain.environments.rewards import clip_message
+from retrain.errors import UserError
+
+BACKOFF_CAP_S = 8.0
+PROBE_TIMEOUT_S = 10.0
+JUDGE_SLOTS_DIR = "judge_slots"  # beside the campaign's API slots folder
+
+
+@dataclass
+class Answer:
+    text: str | None      # None: no usable answer after the retries
+    error: str = ""
+    calls: int = 0        # HTTP requests sent for it, retries included
+
+
+def _openai() -> Any:
+    try:
+        import openai
+    except ImportError:
+        raise UserError("reward.type = 'judge' needs the openai SDK: pip install "
+                        "'retrain[judge]'") from None
+    return openai
+
+
+def api_key(cfg: JudgeConfig) -> str:
+    """The key from $api_key_env; a placeholder for a judge that takes none."""
+    if not cfg.api_key_env:
+        return "no-key"  # the SDK insists on a key; keyless servers ignore it
+    key = os.environ.get(cfg.api_key_env, "")
+    if not key:
+        raise UserError(f"reward.judge.api_key_env = {cfg.api_key_env!r}: the variable is not "
+                        "set; export it with the judge's API key")
+    return key
+
+
+def campaign_slot(max_concurrent: int) -> Any:
+    """The judge budget shared by every run of a local campaign: a file semaphore of
+    `max_concurrent` slots beside the campaign's API slots (None for a standalone run, or a
+    Ray campaign: there the cap holds per run)."""
+    from retrain.slots.file_slots import ENV_VAR, RAY_PREFIX, CountingSemaphore
+
+    where = os.environ.get(ENV_VAR, "").strip().rpartition(":")[0]
+    if not where or where.startswith(RAY_PREFIX):
+        return None
+    return CountingSemaphore(Path(where).parent / JUDGE_SLOTS_DIR, max_concurrent)
+
+
+class JudgeClient:
+    """Sends one prompt to the judge and returns its reply text (never raises)."""
+
+    def __init__(self, cfg: JudgeConfig, slot: AbstractContextManager | None = None):
+        self.cfg = cfg
+        self._openai = _openai()
+        self.client = self._openai.OpenAI(base_url=cfg.base_url, api_key=api_key(cfg),
+                                          max_retries=0, timeout=cfg.timeout_s)
+        if slot is None:
+            slot = campaign_slot(cfg.max_concurrent)
+        self._slot = slot if slot is not None else threading.BoundedSemaphore(
+            cfg.max_concurrent)
+
+    def probe(self) -> None:
+        """UserError naming the URL when nothing answers there (or it refuses the key)."""
+        o, url = self._openai, self.cfg.base_url
+        try:
+            self.client.with_options(timeout=min(PROBE_TIMEOUT_S, self.cfg.timeout_s)) \
+                .models.list()
+        except o.AuthenticationError:
+            raise UserError(f"reward.judge.base_url = {url}: the judge refused the API key "
+                            f"(from ${self.cfg.api_key_env or '<none>'})") from None
+        except o.APIConnectionError as exc:  # timeouts included
+            raise UserError(f"reward.judge.base_url = {url}: the judge cannot be reached "
+                            f"({type(exc).__name__}); start it or fix the URL") from None
+        except o.APIStatusError:
+            pass  # it answered: a server without /models is still a judge
+
+    def ask(self, prompt: str) -> Answer:
+        o, out = self._openai, Answer(text=None)
+        for attempt in range(self.cfg.retries + 1):
+            wait = 0.0
+            try:
+                with self._slot:
+                    out.calls += 1
+                    reply = self.client.chat.completions.create(
+                        model=self.cfg.model, messages=[{"role": "user", "content": prompt}],
+                        temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
+                out.text, out.error = _content(reply), ""
+                return out
+            except o.APIStatusError as exc:
+                out.error = f"HTTP {exc.status_code}: {clip_message(str(exc), 160)}"
+                if exc.status_code != 429 and exc.status_code < 500:
+                    return out  # a request the judge will never take
+                wait = _retry_after(exc)
+            except o.APIConnectionError as exc:
+                out.error = f"{type(exc).__name__}: {clip_message(str(exc), 160)}"
+            except Exception as exc:  # a reply the SDK cannot read: not worth retrying
+                out.error = f"{type(exc).__name__}: {clip_message(str(exc), 160)}"
+                return out
+            if attempt < self.cfg.retries:
+                time.sleep(wait or backoff(attempt))
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _content(reply: Any) -> str:
+    """The reply's text; '' when it has none (counted as unparseable, not as an error)."""
+    try:
+        return reply.choices[0].message.content or ""
+    except (AttributeError, IndexError, TypeError):
+        return ""
+
+
+def backoff(attempt: int) -> float:
+    """Exponential backoff with jitter: about 0.25 s, 0.5 s, 1 s, ... up to BACKOFF_CAP_S."""
+    return min(BACKOFF_CAP_S, 0.25 * 2 ** attempt) * random.uniform(0.5, 1.0)
+
+
+def _retry_after(exc: Any) -> float:
+    try:
+        return min(BACKOFF_CAP_S, max(0.0, float(exc.response.headers.get("retry-after", 0))))
+    except (AttributeError, TypeError, ValueError):
+        return 0.0
