@@ -108,3 +108,32 @@ def wait_for(predicate, proc, timeout=120.0):
             raise AssertionError(f"the run exited early ({proc.returncode}): {out}")
         time.sleep(0.05)
     raise AssertionError("timed out waiting for the run")
+
+
+def kill_after_step_3_and_resume(path: Path, cli_env: dict, python: str, calls: int,
+                                 log_dir: str = "killed") -> list[dict]:
+    """Run `path` with `python -m retrain run` into `log_dir`, blocked in the reward call after
+    `calls` calls (step 4's first), SIGKILL it there (state at step 3), run the same command
+    again to resume, and return the resumed run's rows."""
+    import os
+    import signal
+    import subprocess
+
+    counter = Path(path).parent / "calls"
+    env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter), RETRAIN_TEST_BLOCK_AFTER=str(calls))
+    cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", log_dir]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    run_dir = Path(path).parent / log_dir / "run"
+    try:
+        wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > calls, proc,
+                 timeout=300)
+        assert state(run_dir)["step"] == 3
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return rows(run_dir)

@@ -4,9 +4,6 @@ resume, composed with several updates per step."""
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
 
 import pytest
 from hypothesis import given
@@ -60,7 +57,7 @@ def test_the_lr_is_the_closed_form_across_a_sigkill_and_resume(tmp_path, monkeyp
     pytest.importorskip("torch")
     from retrain.config.loader import load_config
     from retrain.run.single import run_single
-    from tests.run_helpers import rows, state, wait_for, write_config
+    from tests.run_helpers import kill_after_step_3_and_resume, rows, write_config
 
     monkeypatch.chdir(tmp_path)
     training = {"max_steps": 6, "batch_size": 2, "group_size": 4, "max_tokens": 8, "lr": 2e-2,
@@ -71,24 +68,8 @@ def test_the_lr_is_the_closed_form_across_a_sigkill_and_resume(tmp_path, monkeyp
     assert run_single(load_config(path, {"logging.log_dir": "straight"}), path) == 0
     straight = rows(tmp_path / "straight" / "run")
 
-    counter = tmp_path / "calls"
-    env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter),
-               RETRAIN_TEST_BLOCK_AFTER=str(3 * 2 * 4))  # blocks in step 4's first reward call
-    cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", "killed"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    run_dir = tmp_path / "killed" / "run"
-    try:
-        wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 24, proc)
-        assert state(run_dir)["step"] == 3
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    resumed = rows(run_dir)
+    # blocks in step 4's first reward call: 3 steps x 2 prompts x 4 completions before it
+    resumed = kill_after_step_3_and_resume(path, cli_env, python, calls=3 * 2 * 4)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(straight, resumed, strict=True):
         assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}, a["step"]

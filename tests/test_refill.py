@@ -4,10 +4,6 @@ uninterrupted run."""
 
 from __future__ import annotations
 
-import os
-import signal as signals
-import subprocess
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,7 +62,7 @@ def test_refill_trains_full_batches_and_resumes_exactly(tmp_path, monkeypatch, c
     pytest.importorskip("torch")
     from retrain.config.loader import load_config
     from retrain.run.single import run_single
-    from tests.run_helpers import rows, state, wait_for
+    from tests.run_helpers import kill_after_step_3_and_resume, rows, state
 
     monkeypatch.chdir(tmp_path)
     path = _config(tmp_path)
@@ -82,24 +78,7 @@ def test_refill_trains_full_batches_and_resumes_exactly(tmp_path, monkeypatch, c
 
     # kill in step 4's first reward call, after exactly the calls of the first eval and steps 1-3
     calls = 4 + sum(r["num_completions"] for r in straight[:3])
-    counter = tmp_path / "calls"
-    env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter), RETRAIN_TEST_BLOCK_AFTER=str(calls))
-    cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", "killed"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    run_dir = tmp_path / "killed" / "run"
-    try:
-        wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > calls, proc,
-                 timeout=300)
-        assert state(run_dir)["step"] == 3
-        os.kill(proc.pid, signals.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    resumed = rows(run_dir)
+    resumed = kill_after_step_3_and_resume(path, cli_env, python, calls)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     for a, b in zip(straight, resumed, strict=True):
         assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}, a["step"]
