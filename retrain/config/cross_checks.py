@@ -18,29 +18,7 @@ from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 
 def cross_checks(cfg) -> list[ConfigIssue]:
     """Problems that involve more than one key."""
-    issues = []
-    if cfg.data.source == "jsonl" and not cfg.data.path:
-        issues.append(ConfigIssue("data.path", "data.source = 'jsonl' needs data.path = "
-                                  "'file.jsonl'"))
-    if cfg.data.source == "hf" and not cfg.data.path:
-        issues.append(ConfigIssue("data.path", "data.source = 'hf' needs data.path = a "
-                                  "dataset folder, a parquet file or a cached dataset name"))
-    bad_ops = [o for o in cfg.data.operations if o not in ("+", "-", "*")]
-    if bad_ops or not cfg.data.operations:
-        issues.append(ConfigIssue("data.operations", "expected a non-empty list drawn from "
-                                  f"'+', '-', '*', got {show(cfg.data.operations)}"))
-    if cfg.reward.type == "custom" and not cfg.reward.function:
-        issues.append(ConfigIssue("reward.function", "reward.type = 'custom' needs "
-                                  "reward.function = 'module:function' or 'file.py:function'"))
-    if cfg.reward.type == "format":
-        if not cfg.reward.pattern:
-            issues.append(ConfigIssue("reward.pattern", "reward.type = 'format' needs "
-                                      "reward.pattern = a regex"))
-        else:
-            try:
-                re.compile(cfg.reward.pattern)
-            except re.error as exc:
-                issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
+    issues = _task_conflicts(cfg)
     if not cfg.model.name.strip():  # "" would resolve to the config's own folder
         issues.append(ConfigIssue("model.name", "is empty; give a built-in name ("
                                   "smollm2-135m-instruct, tiny-random), a Hugging Face id or a "
@@ -77,6 +55,34 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   f"<= backpressure.max_batch_size ({bp.max_batch_size})"))
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
+    return issues
+
+
+def _task_conflicts(cfg) -> list[ConfigIssue]:
+    """[data] and [reward] keys that need each other."""
+    issues = []
+    if cfg.data.source == "jsonl" and not cfg.data.path:
+        issues.append(ConfigIssue("data.path", "data.source = 'jsonl' needs data.path = "
+                                  "'file.jsonl'"))
+    if cfg.data.source == "hf" and not cfg.data.path:
+        issues.append(ConfigIssue("data.path", "data.source = 'hf' needs data.path = a "
+                                  "dataset folder, a parquet file or a cached dataset name"))
+    bad_ops = [o for o in cfg.data.operations if o not in ("+", "-", "*")]
+    if bad_ops or not cfg.data.operations:
+        issues.append(ConfigIssue("data.operations", "expected a non-empty list drawn from "
+                                  f"'+', '-', '*', got {show(cfg.data.operations)}"))
+    if cfg.reward.type == "custom" and not cfg.reward.function:
+        issues.append(ConfigIssue("reward.function", "reward.type = 'custom' needs "
+                                  "reward.function = 'module:function' or 'file.py:function'"))
+    if cfg.reward.type == "format":
+        if not cfg.reward.pattern:
+            issues.append(ConfigIssue("reward.pattern", "reward.type = 'format' needs "
+                                      "reward.pattern = a regex"))
+        else:
+            try:
+                re.compile(cfg.reward.pattern)
+            except re.error as exc:
+                issues.append(ConfigIssue("reward.pattern", f"is not a valid regex: {exc}"))
     return issues
 
 
