@@ -39,7 +39,8 @@ from retrain.errors import UserError  # noqa: E402
 
 def _backend(tiny_model, sampler: str) -> LocalBackend:
     cfg = from_dict({"model": {"name": tiny_model, "dtype": "float32", "device": "cpu",
-                               "threads": 1}, "backend": {"sampler": sampler}})
+                               "threads": 1}, "backend": {"sampler": sampler},
+                     "training": {"max_tokens": 64}})  # within the tiny model's context
     return LocalBackend.from_config(cfg)
 
 

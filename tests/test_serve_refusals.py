@@ -43,8 +43,8 @@ def _refuse_forward_backward(tc):
     tc.forward_backward([_datum(math.nan)], "importance_sampling").result(WAIT_S)
 
 
-def _refuse_forward(tc):  # a loss the SDK knows and retrain serve does not
-    tc.forward([_datum()], "cispo").result(WAIT_S)
+def _refuse_forward(tc):  # a loss the SDK knows and retrain serve does not (no formula)
+    tc.forward([_datum()], "stable_reinforce").result(WAIT_S)
 
 
 def _refuse_optim_step(tc):
@@ -63,7 +63,7 @@ def _refuse_sample(tc):
 
 @pytest.mark.parametrize("refuse,status", [
     (_refuse_forward_backward, "advantages"),
-    (_refuse_forward, "cispo"),
+    (_refuse_forward, "stable_reinforce"),
     (_refuse_optim_step, "beta1"),
     (_refuse_too_large, "20000 bytes"),
     (_refuse_sample, "top_k"),
