@@ -124,8 +124,12 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     lengths = [len(c["tokens"]) for g in saved["groups"] for c in g]
     assert resumed[3]["mean_completion_tokens"] == pytest.approx(sum(lengths) / len(lengths))
+    # The loss is -mean(ratio x advantage) with advantages that sum to 0 in each group and
+    # ratios near 1: a cancellation whose value (~1e-8) is float32 rounding of terms of order 1,
+    # which a resumed process may round differently (seen: 3.3e-8 vs 6.8e-8). abs=1e-6 is
+    # float32's resolution at that scale; tokens, rewards and staleness still match to 1e-6.
     for a, b in zip(straight, resumed, strict=True):
         assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED},
-                                                            rel=1e-6, abs=1e-9), a["step"]
+                                                            rel=1e-6, abs=1e-6), a["step"]
     assert state(run_dir)["status"] == "completed"
     assert len(list((run_dir / "prefetch").glob("*.json"))) <= 2
