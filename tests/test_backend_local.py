@@ -17,15 +17,9 @@ from retrain.backends.base import (  # noqa: E402
 )
 from retrain.backends.local import LocalBackend  # noqa: E402
 from retrain.backends.local_loss import plan  # noqa: E402
-from retrain.backends.local_model import LocalModel  # noqa: E402
 from retrain.backends.policy_losses import token_losses  # noqa: E402
 
 EOS = 2
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model) -> LocalModel:
-    return LocalModel.load(tiny_model, "float32", "cpu", 1)
 
 
 @pytest.fixture

@@ -11,12 +11,6 @@ from retrain.backends import local_sampling  # noqa: E402
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.backends.local import LocalBackend  # noqa: E402
 from retrain.backends.local_cache import ReservedLayer, reserve  # noqa: E402
-from retrain.backends.local_model import LocalModel  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model) -> LocalModel:
-    return LocalModel.load(tiny_model, "float32", "cpu", 1)
 
 
 def _sample(model, backend, params, monkeypatch=None, capacity=None):

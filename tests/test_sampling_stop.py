@@ -49,12 +49,6 @@ pytest.importorskip("peft")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_model import LocalModel  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model) -> LocalModel:
-    return LocalModel.load(tiny_model, "float32", "cpu", 1)
 
 
 @pytest.fixture

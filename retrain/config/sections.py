@@ -217,7 +217,7 @@ class TrainingConfig:
     temperature: float = opt(1.0, "sampling temperature (also used for the trainer's log-probs); "
                              "at least 0.01: below, sampling is greedy in all but name",
                              lo=0.01)
-    top_p: float = opt(1.0, "nucleus sampling; < 1 biases the importance ratio (see README)",
+    top_p: float = opt(1.0, "nucleus sampling; < 1 biases the importance ratio (docs/training.md)",
                        lo=0, hi=1, lo_open=True)
     stop: list[str] = opt([], "stop strings: a completion ends with the token that completes "
                           "one (the text stays in it, as tinker's SamplingParams.stop); "
