@@ -104,8 +104,8 @@ def summary(done: list[Update]) -> tuple[dict, dict]:
 
 def ratio_metrics(done: list[Update]) -> dict:
     """clip_fraction (as the backend reports it, token-weighted over the updates; None where
-    it does not), ratio_mean and ratio_max of p_trainer / p_sampler over the completion tokens.
-    TODO(merge with algo-losses): prefer the loss module's own ratio metrics where present."""
+    it does not), ratio_mean and ratio_max of p_trainer / p_sampler over the completion tokens,
+    read from the log-probs every backend returns (Tinker reports no ratio metrics)."""
     clipped, clip_tokens, total, count, peak = 0.0, 0.0, 0.0, 0, -math.inf
     for u in done:
         tokens = float(u.loss.metrics.get("tokens", 0.0))
