@@ -89,3 +89,6 @@ def test_one_by_one_is_one_update_with_ratio_one(tmp_path, monkeypatch, tiny_mod
         assert row["ratio_max"] == pytest.approx(_ratio_max(datums, out), rel=1e-12)
         assert row["ratio_max"] == pytest.approx(1.0, abs=1e-4)
         assert row["clip_fraction"] == 0.0
+        # the same weights sampled and trained: no gap beyond float32's rounding
+        assert row["sampler_trainer_logprob_diff_p95"] < 1e-4
+        assert 0.0 <= row["sampler_trainer_mismatch_kl"] < 1e-8

@@ -22,10 +22,11 @@ from retrain.backends.base import (
     OptimOutput,
     skipped_nonfinite,
 )
-from retrain.run.step_row import logprob_diff
+from retrain.run.step_row import logprob_diff, mismatch
 
 NO_UPDATE = {"loss": 0.0, "grad_norm": 0.0, "skipped_nonfinite": False,
-             "sampler_trainer_logprob_diff": None, "grad_noise_scale": None,
+             "sampler_trainer_logprob_diff": None, "sampler_trainer_logprob_diff_p95": None,
+             "sampler_trainer_mismatch_kl": None, "grad_noise_scale": None,
              "grad_coherence": None, "updates": 0, "clip_fraction": None, "ratio_mean": None,
              "ratio_max": None}
 # Summed over a step's updates for the cost estimates (every update runs its tokens again).
@@ -94,6 +95,7 @@ def summary(done: list[Update]) -> tuple[dict, dict]:
            "grad_norm": _mean([u.optim.grad_norm for u in done]),
            "skipped_nonfinite": len(applied) < len(done),
            "sampler_trainer_logprob_diff": logprob_diff(first.datums, first.loss.logprobs),
+           **mismatch(first.datums, first.loss.logprobs),
            "updates": len(applied), **ratio_metrics(done)}
     metrics = dict(first.loss.metrics)
     for key in SUMMED:
