@@ -9,6 +9,7 @@ and two 1-CPU worker nodes, so runs land on the workers and a removed worker can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -200,7 +201,8 @@ def test_folder_not_shared_with_a_node_stops_before_launching(tmp_path, env, clu
         assert "NFS" in failed.stderr and 'executor = "local"' in failed.stderr
         assert not (folder / "seed1").exists() or not any((folder / "seed1").iterdir())
     finally:
-        os.killpg(node.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a node that failed to start is gone
+            os.killpg(node.pid, signal.SIGTERM)
         node.wait(timeout=60)
 
 
