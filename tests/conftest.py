@@ -103,3 +103,20 @@ def tiny_server(tiny_engine, tmp_path):
 def tinker_cli_env(cli_env, sdk_key) -> dict:
     """`cli_env` for a subprocess that talks to a test server with the tinker SDK."""
     return {**cli_env, "TINKER_API_KEY": sdk_key, "TINKER_TELEMETRY": "0"}
+
+
+# ---------------------------------------------------------------- `retrain serve` as a process
+
+SERVE_KEY = "sk-served-tiny-8c1e"  # the key clients of `tiny_serve` send
+
+
+@pytest.fixture(scope="module")
+def tiny_serve(model_cache, tmp_path_factory):
+    """`retrain serve --model tiny-random --api-key SERVE_KEY` as users start it, one process
+    per module, for clients of its OpenAI routes (a judge, an eval harness): a
+    `run_helpers.ServeProcess` (`url`; `url + "/v1"` is the openai base_url)."""
+    from tests.run_helpers import serve_process
+
+    with serve_process(model_cache, tmp_path_factory.mktemp("serve-state"),
+                       "--api-key", SERVE_KEY) as served:
+        yield served

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 DIGITS_REWARD = '''
 import os, time
@@ -84,6 +93,40 @@ def read_serve_url(proc, timeout_s: float) -> str:
         line = proc.stderr.readline()
         assert line or proc.poll() is None, "retrain serve exited"
     return line.split("retrain serve: ")[1].split()[0]
+
+
+@dataclass
+class ServeProcess:
+    """A running `retrain serve`: its base URL and what it printed on stderr so far."""
+
+    url: str
+    lines: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+@contextmanager
+def serve_process(cache: Path, state: Path, *args: str,
+                  timeout_s: float = 120) -> Iterator[ServeProcess]:
+    """`retrain serve --model tiny-random` as users start it, on a free port, with `args`
+    added (e.g. --adapter); stopped with SIGTERM at the end. Its stderr is read on in a thread,
+    so a chatty server never blocks on a full pipe."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RETRAIN_CACHE": str(cache),
+           "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
+    env.pop("RETRAIN_SERVE_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
+                             "--port", "0", "--dtype", "float32", *args],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        served = ServeProcess(read_serve_url(proc, timeout_s))
+        reader = threading.Thread(target=lambda: served.lines.extend(proc.stderr),
+                                  daemon=True)
+        reader.start()
+        yield served
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def wait_until(predicate, timeout: float, what: str):

@@ -1,7 +1,8 @@
 """Judge rewards: `[reward] type = "judge"` against a real HTTP judge (tests/judge_server.py,
 a stand-in for a remote LLM judge): pointwise and group scores, retries and counted zeros on
 429 / garbage / no answer, the cache that spares a resumed run, the concurrency cap, a judge
-that cannot be reached failing the run at start, and tiny-model runs trained on its scores."""
+that cannot be reached failing the run at start, and tiny-model runs trained on its scores;
+also a real `retrain serve` process (on the tiny model) as the judge of a tiny run."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from retrain.environments.answers import Problem
 from retrain.environments.judge import CACHE_FILE, JudgeScorer
 from retrain.environments.judge_prompt import parse_group, parse_score
 from retrain.errors import UserError
+from tests.conftest import SERVE_KEY
 from tests.judge_server import RUBRIC, JudgeServer, group_scores, pointwise_score
 from tests.run_helpers import rows, state, wait_for, write_config
 
@@ -184,6 +186,49 @@ def test_judge_rewarded_tiny_run_trains_three_steps(tmp_path, cli_env, python, t
                and r["judge_parse_errors"] == 0 and r["judge_seconds"] > 0 for r in got)
     assert server.requests == 3 * per_step
     assert any(r["reward_std"] > 0 for r in got) and any(r["grad_norm"] > 0 for r in got)
+
+
+def served_judge_run(tmp_path, served, mode: str = "pointwise"):
+    """A 3-step tiny run judged by `retrain serve` on the tiny model (key: $SERVE_JUDGE_KEY)."""
+    table = {"base_url": f"{served.url}/v1", "model": "tiny-random", "mode": mode,
+             "api_key_env": "SERVE_JUDGE_KEY", "max_tokens": 8, "retries": 0,
+             "timeout_s": 60.0}
+    return write_config(tmp_path, "served", reward={"type": "judge", "judge": table},
+                        data={"source": "arithmetic", "eval_size": 0},
+                        training={"max_steps": 3, "save_every": 1})
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "group"])
+def test_retrain_serve_as_the_judge_of_a_tiny_run(tmp_path, cli_env, python, tiny_serve, mode):
+    """The random tiny model's greedy replies are bytes with no score in them: each is
+    counted (judge_parse_errors) and scores 0. What must hold: serve answered every request
+    (no judge_errors: a refused key, a 4xx or a dropped connection would count there), the
+    rows carry the judge's metrics, and only readable answers reached the cache."""
+    path = served_judge_run(tmp_path, tiny_serve, mode)
+    done = launch(python, {**cli_env, "SERVE_JUDGE_KEY": SERVE_KEY}, tmp_path, path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "logs" / "served"
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    per_step = 2 if mode == "group" else 8  # batch 2 x group 4
+    for r in got:
+        assert r["judge_calls"] == per_step and r["judge_errors"] == 0, r
+        assert 0 <= r["judge_parse_errors"] <= per_step and r["judge_cache_hits"] == 0, r
+        assert r["judge_seconds"] > 0 and r["num_completions"] == 8, r
+    readable = sum(r["judge_calls"] - r["judge_parse_errors"] for r in got)
+    cache = run_dir / CACHE_FILE
+    assert (len(cache.read_text().splitlines()) if cache.exists() else 0) == readable
+    assert "Traceback" not in tiny_serve.log()
+
+
+def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path, cli_env, python,
+                                                               tiny_serve):
+    path = served_judge_run(tmp_path, tiny_serve)
+    done = launch(python, {**cli_env, "SERVE_JUDGE_KEY": "sk-wrong"}, tmp_path, path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"reward.judge.base_url = {tiny_serve.url}/v1: the judge refused the API key " \
+        "(from $SERVE_JUDGE_KEY)" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr and "sk-wrong" not in done.stderr + done.stdout
 
 
 def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path, cli_env, python,

@@ -1,6 +1,7 @@
 """Campaigns on a real multi-node Ray cluster (ray.cluster_utils.Cluster: several raylets on
 this machine), through the real CLI on the tiny model: placement over nodes, a node removed
-mid-run, a killed driver, the slot actor across nodes, and the shared-storage check.
+mid-run, a killed driver, the slot actor across nodes, the judge budget shared by runs on
+every node, and the shared-storage check.
 
 One cluster for the whole module: a head with no CPU (it hosts the drivers and the slot actor)
 and two 1-CPU worker nodes, so runs land on the workers and a removed worker can be replaced.
@@ -8,6 +9,7 @@ and two 1-CPU worker nodes, so runs land on the workers and a removed worker can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retr
 from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402
+from tests.judge_server import RUBRIC, JudgeServer  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,7 +201,8 @@ def test_folder_not_shared_with_a_node_stops_before_launching(tmp_path, env, clu
         assert "NFS" in failed.stderr and 'executor = "local"' in failed.stderr
         assert not (folder / "seed1").exists() or not any((folder / "seed1").iterdir())
     finally:
-        os.killpg(node.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a node that failed to start is gone
+            os.killpg(node.pid, signal.SIGTERM)
         node.wait(timeout=60)
 
 
@@ -218,3 +222,37 @@ def test_ctrl_c_checkpoints_the_runs_and_leaves_no_actor(tmp_path, env):
     again = _retrain(slow, str(path))
     assert again.returncode == 0, again.stdout + again.stderr
     assert _steps(campaign / e.name) == [1, 2, 3]
+
+
+JUDGE_TABLE = """
+[reward]
+type = "judge"
+[reward.judge]
+base_url = "{url}"
+model = "judge"
+rubric = {rubric}
+max_concurrent = 2
+api_key_env = "RAY_JUDGE_KEY"
+"""
+
+
+def test_runs_on_every_node_share_the_judge_budget(tmp_path, env):
+    """4 runs at once over 2 nodes (half a CPU each), judge.max_concurrent = 2: never more
+    than 2 requests in flight at the judge, counted there; the key's variable reaches the
+    runs on the nodes; the judge's slot actor is gone once the campaign ends."""
+    server = JudgeServer()
+    server.delay_s = 1.0  # the runs' judging overlaps: 32 requests take >= 16 s at 2 at once
+    try:
+        path = tmp_path / "exp.toml"
+        path.write_text(tiny_campaign_toml(
+            tmp_path / "logs", "[1, 2, 3, 4]", max_steps=2, max_workers=4,
+            campaign='executor = "ray"\nrun_resources = {cpu = 0.5}',
+            tables=JUDGE_TABLE.format(url=server.base_url, rubric=json.dumps(RUBRIC))))
+        done = _retrain({**env, "RAY_JUDGE_KEY": "sk-ray-judge"}, str(path), timeout=400)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert server.requests == 4 * 2 * 4  # 4 runs x 2 steps x batch 2 x group 2
+        assert server.max_in_flight == 2 and server.auth == {"Bearer sk-ray-judge"}
+    finally:
+        server.close()
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if "slots:" in n or n.startswith("run:")], names

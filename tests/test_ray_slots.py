@@ -169,6 +169,21 @@ def test_slots_from_env_names_the_ray_actor(monkeypatch):
     assert slots.max_concurrent == 3
 
 
+def test_judge_slots_from_env_name_the_judge_actor_beside_the_api_one(monkeypatch, tmp_path):
+    from retrain.slots.file_slots import CountingSemaphore, env_value
+    from retrain.slots.judge_slots import judge_slots_from_env
+
+    monkeypatch.setenv(ENV_VAR, "ray:slots:abc:3")
+    judge = judge_slots_from_env(2)
+    assert isinstance(judge, slots_ray.RaySlots) and judge.name == "judge-slots:abc"
+    assert judge.max_concurrent == 2
+    monkeypatch.setenv(ENV_VAR, env_value(tmp_path / "slots", 3))
+    local = judge_slots_from_env(2)
+    assert isinstance(local, CountingSemaphore) and local.where.endswith("judge_slots")
+    monkeypatch.delenv(ENV_VAR)
+    assert judge_slots_from_env(2) is None
+
+
 KEEPS_HANDLER = """
 import signal
 from retrain.slots.file_slots import slots_from_env

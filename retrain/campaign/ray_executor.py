@@ -33,9 +33,11 @@ from typing import Any
 from retrain.campaign import ray_address, ray_cluster
 from retrain.campaign.executor import Job
 from retrain.campaign.plan import CampaignPlan, run_resources
+from retrain.config.judge_section import JudgeConfig, judge_config
 from retrain.config.sections import Config
 from retrain.errors import UserError
 from retrain.slots import ray_slots as slots_ray
+from retrain.slots.judge_slots import judge_actor_name
 
 NAMESPACE = slots_ray.NAMESPACE
 FORWARDED_ENV = ("RETRAIN_", "TINKER_", "HF_", "WANDB_")  # the driver's settings workers need
@@ -204,9 +206,15 @@ class RayExecutor:
             self.cpu, self.gpu = self._resources(ray.cluster_resources().get("GPU", 0.0))
             check_shared_storage(self.campaign_dir)
             slots_ray.ensure_broker(self.broker_name, max_concurrent)
+            judge = self._judge()
+            if judge is not None:  # the judge's budget, shared by the runs on every node
+                slots_ray.ensure_broker(judge_actor_name(self.broker_name), judge.max_concurrent)
         except BaseException:
             self._stop_own_cluster()  # nothing was launched on it
             raise
+
+    def _judge(self) -> JudgeConfig | None:
+        return judge_config(self.cfg.reward) if self.cfg.reward.type == "judge" else None
 
     def _join(self) -> None:
         """Connect to the configured cluster; without one, to this campaign's own (started by
@@ -238,6 +246,9 @@ class RayExecutor:
         env[ENV_VAR] = f"{RAY_PREFIX}{self.broker_name}:{max_concurrent}"
         env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         env[AUTO_THREADS_ENV] = str(max(1, int(self.cpu)))  # threads = 0: the cores it asked for
+        judge = self._judge()
+        if judge is not None and judge.api_key_env in os.environ:  # as TINKER_API_KEY is
+            env[judge.api_key_env] = os.environ[judge.api_key_env]
         return env
 
     def launch(self, job: Job) -> RayWorker:
@@ -269,15 +280,17 @@ class RayExecutor:
         return RayWorker(actor, info_ref, actor_name)
 
     def close(self, finished: bool) -> None:
-        """At the end: drop the slot actor once no run of this campaign can use it, and stop
-        the campaign's own cluster unless other actors are on it."""
+        """At the end: drop the slot actors (API, judge) once no run of this campaign can use
+        them, and stop the campaign's own cluster unless other actors are on it."""
         import ray
 
-        broker = slots_ray.find_broker(self.broker_name)
-        if finished and broker is not None:
-            ray.kill(broker, no_restart=True)
-        if finished:
-            self._stop_own_cluster()
+        if not finished:
+            return
+        for name in (self.broker_name, judge_actor_name(self.broker_name)):
+            broker = slots_ray.find_broker(name)
+            if broker is not None:
+                ray.kill(broker, no_restart=True)
+        self._stop_own_cluster()
 
     def _stop_own_cluster(self) -> None:
         import ray

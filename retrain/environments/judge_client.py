@@ -1,7 +1,7 @@
 """One judge request over the official `openai` SDK: retries with backoff on 429, 5xx and no
 answer, the concurrency slot held only while a request is in flight (never while backing
-off; in a local campaign, a slot of the budget every run shares), and the start-up probe
-that fails a run whose judge cannot be reached.
+off; in a campaign, a slot of the budget every run shares: `slots.judge_slots`), and the
+start-up probe that fails a run whose judge cannot be reached.
 
 The API key is read from the variable `api_key_env` names, only here, and never stored
 anywhere but the SDK client in memory.
@@ -15,16 +15,15 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from retrain.config.judge_section import JudgeConfig
 from retrain.environments.rewards import clip_message
 from retrain.errors import UserError
+from retrain.slots.judge_slots import judge_slots_from_env
 
 BACKOFF_CAP_S = 8.0
 PROBE_TIMEOUT_S = 10.0
-JUDGE_SLOTS_DIR = "judge_slots"  # beside the campaign's API slots folder
 
 
 @dataclass
@@ -54,18 +53,6 @@ def api_key(cfg: JudgeConfig) -> str:
     return key
 
 
-def campaign_slot(max_concurrent: int) -> Any:
-    """The judge budget shared by every run of a local campaign: a file semaphore of
-    `max_concurrent` slots beside the campaign's API slots (None for a standalone run, or a
-    Ray campaign: there the cap holds per run)."""
-    from retrain.slots.file_slots import ENV_VAR, RAY_PREFIX, CountingSemaphore
-
-    where = os.environ.get(ENV_VAR, "").strip().rpartition(":")[0]
-    if not where or where.startswith(RAY_PREFIX):
-        return None
-    return CountingSemaphore(Path(where).parent / JUDGE_SLOTS_DIR, max_concurrent)
-
-
 class JudgeClient:
     """Sends one prompt to the judge and returns its reply text (never raises)."""
 
@@ -75,7 +62,7 @@ class JudgeClient:
         self.client = self._openai.OpenAI(base_url=cfg.base_url, api_key=api_key(cfg),
                                           max_retries=0, timeout=cfg.timeout_s)
         if slot is None:
-            slot = campaign_slot(cfg.max_concurrent)
+            slot = judge_slots_from_env(cfg.max_concurrent)
         self._slot = slot if slot is not None else threading.BoundedSemaphore(
             cfg.max_concurrent)
 
