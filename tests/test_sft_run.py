@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
+from retrain.results import model_card  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
 from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
 
@@ -81,6 +82,9 @@ def test_sft_then_rl_and_a_plain_sft_run_continued(tmp_path, monkeypatch, tiny_m
     run_dir = tmp_path / "split" / "run"
     assert [r["phase"] for r in rows(run_dir)] == ["sft"] * SFT_STEPS
     assert state(run_dir)["status"] == "completed" and state(run_dir)["step"] == SFT_STEPS
+    card = model_card.card(run_dir, step=SFT_STEPS, base="tiny-random", merged=False,
+                           max_steps=0)
+    assert "checkpoint of step 6 of 6." in card and "- `sft_loss`: " in card
     capsys.readouterr()
     assert run_single(load_config(path, sft_only), path) == 0
     assert "already finished 6 steps" in capsys.readouterr().out
