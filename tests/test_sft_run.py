@@ -75,7 +75,9 @@ def test_sft_then_rl_and_a_plain_sft_run_continued(tmp_path, monkeypatch, tiny_m
     assert run_single(load_config(path, {"logging.log_dir": "straight"}), path) == 0
     straight = rows(tmp_path / "straight" / "run")
     check_sft_then_rl(straight)
-    assert state(tmp_path / "straight" / "run")["max_steps"] == SFT_STEPS + RL_STEPS
+    end = state(tmp_path / "straight" / "run")
+    assert end["max_steps"] == SFT_STEPS + RL_STEPS and end["extra"]["sft_steps"] == SFT_STEPS
+    assert "phase" not in end["extra"]  # an RL step's resume point
 
     sft_only = {"logging.log_dir": "split", "training.max_steps": 0}
     assert run_single(load_config(path, sft_only), path) == 0

@@ -191,6 +191,7 @@ class SftStage:
         s.data_cursor = self.cursor.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra[PHASE] = SFT
+        s.extra["sft_steps"] = self.steps  # kept by the RL steps' states (campaigns read it)
         s.extra["nonfinite_streak"] = self.streak
         self.state = checkpoint.PendingCommit(s, saved).land(
             self.run_dir, self.training.save_every, self.last_step)
