@@ -175,3 +175,28 @@ def test_an_sft_run_may_have_no_rl_steps():
     cfg = from_dict({"sft": {"steps": 3, "data": {"path": "c.jsonl"}},
                      "training": {"max_steps": 0}}, "c.toml")
     assert cfg.sft.enabled and cfg.training.max_steps == 0
+
+
+def test_a_conversation_the_template_refuses_is_one_line(tiny_model, tmp_path):
+    """A template that refuses a system turn (as Gemma's does) stops the stage with the row."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from retrain.config.sections import Config
+    from retrain.environments.sft_data import SftData, data_config
+    from retrain.run.sft import SftStage
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception("
+                         "'System role not supported') }}{% endif %}" + tok.chat_template)
+    cfg = Config()
+    cfg.sft = sft(path="c.jsonl")
+    data = SftData([CHAT[1:], CHAT], "c.jsonl", data_config(cfg.sft))
+    stage = SftStage(cfg, data, tmp_path, SimpleNamespace(tokenizer=tok, max_context=None),
+                     tmp_path / "c.toml")
+    assert stage._example(0).trained_tokens > 0  # no system turn: rendered
+    with pytest.raises(UserError) as err:
+        stage._example(1)
+    assert str(err.value).startswith("sft.data: conversation 2 of c.jsonl cannot be rendered")
+    assert "System role not supported" in str(err.value) and "\n" not in str(err.value)

@@ -39,6 +39,7 @@ from retrain.environments.ledger import Renderer
 from retrain.environments.sft_data import SftData, sft_steps
 from retrain.environments.sft_datums import SftExample, sft_example
 from retrain.environments.tasks import DataCursor
+from retrain.errors import UserError
 from retrain.run import checkpoint, endings
 from retrain.run.progress import Progress
 from retrain.run.seeds import derive_seed
@@ -163,8 +164,7 @@ class SftStage:
         """One SFT step's update and its metrics row."""
         start = time.perf_counter()
         index = self.cursor.take(self.sft.batch_size)
-        examples = [sft_example(self.renderer, self.data.conversations[i], self.limit,
-                                self.eos) for i in index]
+        examples = [self._example(i) for i in index]
         datums = [e.datum for e in examples if e.datum is not None and e.trained_tokens]
         loss, grad_norm, skipped = None, 0.0, False
         if datums:  # every conversation cut before its reply: nothing to learn this step
@@ -182,6 +182,15 @@ class SftStage:
         return {"step": step, "phase": SFT, "sft_loss": loss, "grad_norm": grad_norm,
                 "lr": self.sft.lr, "skipped_nonfinite": skipped,
                 **sft_counts(examples, len(datums), self.cursor.epoch, seconds)}
+
+    def _example(self, i: int) -> SftExample:
+        try:
+            return sft_example(self.renderer, self.data.conversations[i], self.limit, self.eos)
+        except Exception as exc:  # the tokenizer's template refuses it (roles, order)
+            raise UserError(f"sft.data: conversation {i + 1} of {self.data.where} cannot be "
+                            f"rendered with the model's chat template ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); fix the row, or set sft.data.chat_template = "
+                            "false") from None
 
     def _commit(self, step: int) -> None:
         """Checkpoint the step and point state.json at it (at once: nothing to overlap)."""
