@@ -290,8 +290,10 @@ def test_set_and_shortcuts_change_the_plan(tmp_path, capsys):
 
 def test_bad_shortcut_names_the_flag(tmp_path, capsys):
     path = write(tmp_path, "[training]\nmax_steps = 3\n", "ok.toml")
-    code, out = cli(["explain", str(path), "--max-steps", "0"], capsys)
-    assert code == 2 and "--max-steps" in out and "must be >= 1" in out
+    code, out = cli(["explain", str(path), "--max-steps", "-1"], capsys)
+    assert code == 2 and "--max-steps" in out and "must be >= 0" in out
+    code, out = cli(["explain", str(path), "--max-steps", "0"], capsys)  # 0 needs an [sft] stage
+    assert code == 2 and "training.max_steps: is 0 and there is no [sft] stage" in out
     code, out = cli(["explain", str(path), "--seed", "-3"], capsys)
     assert code == 2 and "--seed" in out
 
@@ -431,6 +433,12 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     cfg.reward.judge = {"base_url": "http://127.0.0.1:1/v1", "model": "m"} \
         if cfg.reward.type == "judge" else {}
     t = cfg.training
+    # [sft] and its [sft.data] table: a stage with its data and steps or epochs, or none
+    s = cfg.sft
+    if s != type(s)() or t.max_steps == 0:
+        s.data = {"path": "chat.jsonl"}
+        if bool(s.steps) == bool(s.epochs):
+            s.steps, s.epochs = max(s.steps, 1), 0
     t.group_size = min(t.group_size, max(1, config.MAX_COMPLETIONS // t.batch_size))
     if t.max_steps_off_policy and cfg.backend.backend != "tinker":
         t.max_steps_off_policy = 0
@@ -541,3 +549,14 @@ def test_diff_names_each_changed_key_with_both_values():
         "training.lr": (1e-5, 2e-5),
     }
     assert config_file.diff(after, after) == {}
+
+
+def test_a_file_checks_the_tables_inside_its_sections(tmp_path):
+    """[reward.judge] and [sft.data] are checked when a file is read, not only from a dict:
+    a bad key is a ConfigError naming it, never a TypeError when the table is used."""
+    path = write(tmp_path, '[reward]\ntype = "judge"\n[reward.judge]\nbase_url = "http://x/v1"'
+                 '\nmodel = "m"\nbogus = 1\n[sft]\nsteps = 2\n[sft.data]\npth = "c.jsonl"\n')
+    with pytest.raises(ConfigError) as err:
+        config_file.load_config(path)
+    assert "reward.judge.bogus: unknown key" in str(err.value)
+    assert "sft.data.pth: unknown key (did you mean 'path'?)" in str(err.value)

@@ -519,3 +519,28 @@ def test_forced_max_steps_raise_continues_finished_runs(env):
     # The worker got the new config beside the one the run started from, to compare them.
     assert "max_steps = 5" in (run_dir / "config.next.toml").read_text()
     assert "max_steps = 3" in (run_dir / "config.toml").read_text()
+
+
+def test_a_raised_max_steps_continues_a_run_with_sft_steps(tmp_path):
+    """A completed run whose 6 [sft] steps preceded its 2 RL steps stands at step 8: raising
+    training.max_steps to 4 (--force) makes it pending again, as for a run without SFT."""
+    from retrain.campaign.manifest import Manifest, RunEntry
+    from retrain.campaign.matrix import RunSpec
+    from retrain.campaign.run_records import PlannedRun, _merge, record_progress
+    from retrain.config.sections import Config
+
+    run_dir = tmp_path / "a_s1"
+    runlog.save_state(run_dir, runlog.RunState(status="completed", step=8, max_steps=8,
+                                               extra={"sft_steps": 6}))
+    entry = RunEntry(name="a_s1", condition="a", seed=1, status="completed", max_steps=2)
+    record_progress(entry, run_dir, final=True)
+    assert (entry.last_step, entry.max_steps) == (8, 8)  # shown as 8/8, not 8/2
+    cfg = Config()
+    cfg.training.max_steps = 4
+    plan = PlannedRun(RunSpec("a_s1", "a", 1), cfg, run_dir)
+    merged = _merge(Manifest("exp", "exp.toml", "old", runs=[entry]), [plan], "new")
+    assert merged.runs[0].status == "pending"
+    cfg.training.max_steps = 2  # not raised: it stays finished
+    entry.status = "completed"
+    assert _merge(Manifest("exp", "exp.toml", "old", runs=[entry]), [plan],
+                  "new").runs[0].status == "completed"

@@ -87,13 +87,21 @@ def _merge(old: Manifest, plans: list[PlannedRun], new_hash: str) -> Manifest:
         entry.condition, entry.seed = p.spec.condition, p.spec.seed
         entry.overrides, entry.max_steps = p.spec.overrides, p.config.training.max_steps
         entry.log_dir = p.spec.name
-        if entry.status == "completed" and entry.last_step < entry.max_steps:
+        if entry.status == "completed" and entry.last_step < entry.max_steps + \
+                _sft_steps(p.run_dir):
             entry.status = "pending"  # training.max_steps was raised: continue the run
         runs.append(entry)
     old.runs = runs
     old.retired_runs = old.retired_runs + list(by_name.values())
     old.config_hash = new_hash
     return old
+
+
+def _sft_steps(run_dir: Path) -> int:
+    """The [sft] steps a run took before its RL steps (its state says; 0 without)."""
+    state = runlog.load_state(run_dir)
+    steps = state.extra.get("sft_steps", 0) if state is not None else 0
+    return steps if isinstance(steps, int) and steps > 0 else 0
 
 
 def _describe_campaign(manifest: Manifest, cfg: Config, c: CampaignPlan, config_path: Path,
@@ -218,6 +226,8 @@ def record_progress(entry: RunEntry, run_dir: Path, final: bool = False) -> bool
     changed = False
     if state is not None and state.step != entry.last_step:
         entry.last_step, changed = state.step, True
+    if state is not None and state.max_steps > entry.max_steps:  # its [sft] steps count too
+        entry.max_steps, changed = state.max_steps, True
     if final:
         rows = runlog.read_metrics(run_dir / runlog.METRICS_FILE).rows
         if rows:

@@ -31,6 +31,8 @@ SECTION_INTROS = {
                 "`batch_size` = prompts per step, `group_size` = completions per prompt.",
     "backend": "Where sampling and training run.",
     "backpressure": "The USL controller that can tune `batch_size` from measured throughput.",
+    "sft": "A supervised stage before the RL steps: conversations from [sft.data], only the "
+           "assistant tokens trained. See docs/sft.md.",
     "campaign": "Turns one file into a matrix of runs (conditions x seeds [x grid]). "
                 "A file with `seeds`, `conditions` or `grid` is a campaign.",
     "logging": "Where runs write, and optional trackers.",

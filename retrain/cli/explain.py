@@ -73,6 +73,7 @@ class Report:
     cluster: str = ""              # executor = "ray": the cluster's resources, when reachable
     runs_at_once: int | None = None  # executor = "ray": runs the cluster fits at once (capped)
     machine: str = ""              # local runs: this machine's load now, when it is busy
+    sft: str = ""                  # the [sft] stage: its data, conversations and steps
 
 
 # ---------------------------------------------------------------------------- building
@@ -113,7 +114,18 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
         warnings=warnings(cfg, camp, path, len(plans), par, overrides),
-        executor=camp.executor, cluster=cluster, runs_at_once=fits, machine=_machine_note(cfg))
+        executor=camp.executor, cluster=cluster, runs_at_once=fits, machine=_machine_note(cfg),
+        sft=sft_line(cfg, path))
+
+
+def sft_line(cfg: Config, path: Path) -> str:
+    """The SFT stage before the RL steps, its data read as the run will (bad data: the
+    run's one-line error now)."""
+    if not cfg.sft.enabled:
+        return ""
+    from retrain.environments.sft_data import describe, load_sft
+
+    return describe(cfg.sft, load_sft(cfg.sft, path.resolve().parent))
 
 
 def _machine_note(cfg: Config) -> str:
@@ -301,8 +313,9 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
                         f"episodes = {r.completions_per_step} episodes, up to "
                         f"{s['training.max_tokens']} tokens per reply"),
            ("loss", s["loss"]),
-           ("training", f"{s['training.max_steps']} steps, lr {s['training.lr']}, "
-                        f"seed {s['training.seed']}"),
+           *([("sft", r.sft)] if r.sft else []),
+           ("training", f"{s['training.max_steps']} {'RL steps after them' if r.sft else 'steps'}"
+                        f", lr {s['training.lr']}, seed {s['training.seed']}"),
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
     if "backend.sampler" in s:
         out.append(("sampler", sampler_line(s["backend.sampler"], s["model.device"])))

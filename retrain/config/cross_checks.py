@@ -1,7 +1,7 @@
 """The single run's cross-key checks: problems that involve more than one key of a `Config`
 (a source that needs a path, a reward kind that needs its pattern, bounds that must not cross,
-[data] and [reward] keys that only the task kind reads), and whether a name can name a run
-folder.
+[data] and [reward] keys that only the task kind reads), the tables inside sections
+([reward.judge], [sft.data]), and whether a name can name a run folder.
 
 Pure: no torch, no I/O. `sections.from_dict` runs them after every key was checked alone;
 `cfg` is its `Config` (not imported here: sections imports this module).
@@ -13,7 +13,9 @@ import re
 import unicodedata
 
 from retrain.algorithms.losses import config_problems
+from retrain.config.judge_section import judge_issues
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
+from retrain.config.sft_section import sft_issues
 
 
 def cross_checks(cfg) -> list[ConfigIssue]:
@@ -56,6 +58,13 @@ def cross_checks(cfg) -> list[ConfigIssue]:
     if bp.enabled and bp.increase_margin <= 0:
         issues.append(ConfigIssue("backpressure.increase_margin", "must be > 0 when enabled"))
     return issues
+
+
+def table_checks(cfg, issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    """The tables inside sections, [reward.judge] (only when [reward] itself is sound:
+    `issues` are those found so far) and [sft] with its [sft.data]."""
+    judge = [] if any(i.key.startswith("reward.") for i in issues) else judge_issues(cfg.reward)
+    return judge + sft_issues(cfg.sft, cfg.training)
 
 
 def _task_conflicts(cfg) -> list[ConfigIssue]:

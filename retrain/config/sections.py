@@ -19,8 +19,7 @@ from typing import Any
 
 from retrain.algorithms.aggregation import AGGREGATIONS
 from retrain.algorithms.losses import DEFAULT_DRO_BETA, TINKER_LOSS_FN_TYPES
-from retrain.config.cross_checks import cross_checks
-from retrain.config.judge_section import judge_issues
+from retrain.config.cross_checks import cross_checks, table_checks
 from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
@@ -44,6 +43,7 @@ from retrain.config.schema import (
     set_field,
     unknown_key,
 )
+from retrain.config.sft_section import SftConfig
 
 
 @dataclass
@@ -205,7 +205,8 @@ class TrainingConfig:
     group_size: int = opt(16, "completions per prompt", lo=1, hi=MAX_GROUP)
     max_tokens: int = opt(10240, "upper bound on new tokens per completion", lo=1,
                           hi=MAX_TOKENS)
-    max_steps: int = opt(100, "training steps per run", lo=1, hi=MAX_STEPS)
+    max_steps: int = opt(100, "RL steps per run (after the [sft] steps, if any; 0 = an SFT "
+                         "run)", lo=0, hi=MAX_STEPS)
     lr: float = opt(5e-5, "AdamW learning rate (AdamW moves every weight by about lr per "
                     "step: above 1 it diverges)", lo=0, hi=1, lo_open=True)
     beta1: float = opt(0.9, "AdamW beta1", lo=0, hi=0.999999)
@@ -330,6 +331,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -366,8 +368,7 @@ def from_dict(raw: dict, source: str = "<config>") -> Config:
         else:
             set_section(cfg, name, body, issues)
     issues += cross_checks(cfg)
-    if not any(i.key.startswith("reward.") for i in issues):
-        issues += judge_issues(cfg.reward)
+    issues += table_checks(cfg, issues)
     if issues:
         raise ConfigError(source, issues)
     return cfg

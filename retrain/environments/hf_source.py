@@ -22,25 +22,27 @@ _FILE_KINDS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".json
                ".csv": "csv"}
 
 
-def load_hf_problems(data: DataConfig, config_dir: Path) -> tuple[list[Problem], str]:
-    """(the problems of data.split, a name for messages)."""
+def load_hf_problems(data: DataConfig, config_dir: Path,
+                     key: str = "data") -> tuple[list[Problem], str]:
+    """(the problems of data.split, a name for messages). `key`: the table the settings came
+    from, as messages name them (`sft.data` reads through here too)."""
     raw = Path(data.path).expanduser()
     path = raw if raw.is_absolute() else config_dir / raw
-    where = f"data.path = {data.path!r}"
-    datasets = _offline_datasets()
-    loaded = _load(datasets, path, data.path, where)
-    table = _pick_split(loaded, data.split, where)
-    return _problems(table, data, where), f"{where} (split {data.split!r})"
+    where = f"{key}.path = {data.path!r}"
+    datasets = _offline_datasets(key)
+    loaded = _load(datasets, path, data.path, where, key)
+    table = _pick_split(loaded, data.split, where, key)
+    return _problems(table, data, where, key), f"{where} (split {data.split!r})"
 
 
-def _offline_datasets() -> Any:
+def _offline_datasets(key: str) -> Any:
     """The `datasets` module, told never to reach the network (before and after import)."""
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         import datasets
     except ImportError:
-        raise UserError("data.source = 'hf' needs the datasets library: pip install "
+        raise UserError(f"{key}.source = 'hf' needs the datasets library: pip install "
                         "'retrain[data]'") from None
     import huggingface_hub.constants as hub  # read at import: set it too, if imported before
 
@@ -49,7 +51,7 @@ def _offline_datasets() -> Any:
     return datasets
 
 
-def _load(datasets: Any, path: Path, name: str, where: str) -> Any:
+def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
     try:
         if path.is_file():
             kind = _FILE_KINDS.get(path.suffix.lower())
@@ -68,29 +70,29 @@ def _load(datasets: Any, path: Path, name: str, where: str) -> Any:
         what = (f"{path} cannot be read as a dataset" if path.exists() else
                 f"no file or folder {path}, and {name!r} is not a dataset in the local "
                 "Hugging Face cache (runs never download: load it once online, or "
-                "save_to_disk / to_parquet it and point data.path there)")
+                f"save_to_disk / to_parquet it and point {key}.path there)")
         raise UserError(f"{where}: {what}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
-def _pick_split(loaded: Any, split: str, where: str) -> Any:
+def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
     if not hasattr(loaded, "keys"):  # a single Dataset (save_to_disk of one split)
         return loaded
     if split not in loaded:
-        raise UserError(f"data.split = {split!r}: {where} has splits "
-                        f"{', '.join(repr(k) for k in loaded)}; set data.split to one of them")
+        raise UserError(f"{key}.split = {split!r}: {where} has splits "
+                        f"{', '.join(repr(k) for k in loaded)}; set {key}.split to one of them")
     return loaded[split]
 
 
-def _problems(table: Any, data: DataConfig, where: str) -> list[Problem]:
+def _problems(table: Any, data: DataConfig, where: str, key: str) -> list[Problem]:
     columns = list(table.column_names)
     prompt_key = data.messages_field or data.prompt_field
-    prompt_name = "data.messages_field" if data.messages_field else "data.prompt_field"
+    prompt_name = f"{key}.messages_field" if data.messages_field else f"{key}.prompt_field"
     _need(prompt_key, prompt_name, columns, where)
     answer_key: str | None = data.answer_field
     if answer_key not in columns:
         if not data.messages_field:  # chat rows may end with the reference assistant turn
-            _need(data.answer_field, "data.answer_field", columns, where)
+            _need(data.answer_field, f"{key}.answer_field", columns, where)
         answer_key = None
     keep = [k for k in (prompt_key, answer_key) if k]
     rows = table.select_columns(keep).to_list()

@@ -206,16 +206,17 @@ def hold_out(problems: list[Problem], data: DataConfig, seed: int, where: str) -
     return TaskSplits(train=train, eval=[problems[i] for i in held])
 
 
-def read_jsonl(path: Path) -> list[Problem]:
-    """Problems from a JSONL file; any bad line is a UserError naming file:line and the fix."""
+def read_jsonl(path: Path, key: str = "data.path") -> list[Problem]:
+    """Problems from a JSONL file; any bad line is a UserError naming file:line and the fix.
+    `key`: the config key that named the file (sft.data.path reads through here too)."""
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
-        raise UserError(f"data.path: {path} {what}; point data.path at a JSONL file "
+        raise UserError(f"{key}: {path} {what}; point {key} at a JSONL file "
                         f"(relative to the config file) with lines like {_EXAMPLE}")
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise UserError(f"data.path: {path} cannot be read: {exc.strerror}") from None
+        raise UserError(f"{key}: {path} cannot be read: {exc.strerror}") from None
     problems = []
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if line.strip():

@@ -9,7 +9,8 @@ from pathlib import Path
 from retrain.results.run_rows import number, read_rows
 from retrain.runfiles import runlog
 
-CARD_METRICS = ("mean_reward", "correct_rate", "eval_accuracy", "initial_eval_accuracy")
+CARD_METRICS = ("mean_reward", "correct_rate", "eval_accuracy", "initial_eval_accuracy",
+                "sft_loss")
 
 
 def eval_scores(run_dir: Path, step: int) -> list[tuple[str, int, int]]:
@@ -38,7 +39,10 @@ def final_metrics(run_dir: Path, step: int) -> dict[str, tuple[int, float]]:
 
 
 def card(run_dir: Path, *, step: int, base: str, merged: bool, max_steps: int) -> str:
-    """The model card's Markdown."""
+    """The model card's Markdown. `max_steps`: the configured RL steps; the run's own count
+    (with its [sft] steps) where state.json holds it."""
+    state = runlog.load_state(run_dir)
+    max_steps = state.max_steps if state is not None and state.max_steps else max_steps
     config = (Path(run_dir) / runlog.CONFIG_FILE).read_text(encoding="utf-8")
     kind = "a LoRA adapter merged into the base weights (float32)" if merged else \
         "a LoRA adapter (peft) over the base model"

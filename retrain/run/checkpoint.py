@@ -65,8 +65,10 @@ class Start:
     note: str = ""
 
 
-def prepare(run_dir: Path, cfg: Config, *, new: bool) -> Start:
-    """Decide fresh / resume / finished for `run_dir` (see the module docstring)."""
+def prepare(run_dir: Path, cfg: Config, *, new: bool, last_step: int | None = None) -> Start:
+    """Decide fresh / resume / finished for `run_dir` (see the module docstring).
+    `last_step`: the run's last step (its [sft] steps, then training.max_steps)."""
+    last = cfg.training.max_steps if last_step is None else last_step
     read = runlog.read_state(run_dir)
     points = resume_points(run_dir, read.state)
     if new and run_dir.exists() and any(run_dir.iterdir()):
@@ -83,10 +85,12 @@ def prepare(run_dir: Path, cfg: Config, *, new: bool) -> Start:
     note = "" if state is read.state else (
         f"state.json {_what_is_wrong(read)}; resuming from the resume point saved with "
         f"checkpoint {checkpoint_name(state.step)}")
-    if state.status == "completed" and state.step >= cfg.training.max_steps:
+    if state.status == "completed" and state.step >= last:
         return Start(state=state, finished=True, note=note)
-    if state.step > cfg.training.max_steps:
-        raise UserError(f"{run_dir} already ran {state.step} steps, more than "
+    if state.step > last:
+        sft = last - cfg.training.max_steps
+        what = f"{sft} [sft] steps + " if sft else ""
+        raise UserError(f"{run_dir} already ran {state.step} steps, more than {what}"
                         f"training.max_steps = {cfg.training.max_steps}; raise max_steps or "
                         "start over with --new")
     return Start(state=state, fallbacks=points[1:], note=note)

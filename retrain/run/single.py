@@ -1,5 +1,6 @@
 """One run from its config: the run folder's lock and resume point, the stages built from the
-config's sections (task, scorer, backend, rollouts), handed to the Trainer, and closed after."""
+config's sections (SFT data, task, scorer, backend, rollouts), the SFT stage when there is one
+and its resume point is not past it, then the Trainer's RL steps; closed after."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from retrain.config.cross_checks import run_name_problem
 from retrain.config.sections import Config, run_config
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
-from retrain.environments.tasks import load_task
+from retrain.environments.sft_data import load_sft, sft_steps
+from retrain.environments.tasks import TaskSplits, load_task
 from retrain.errors import UserError
 from retrain.run import checkpoint, run_lock
+from retrain.run.sft import SftStage, is_sft_point
 from retrain.run.trainer import Trainer
 from retrain.runfiles import runlog
 from retrain.slots.file_slots import slots_from_env
@@ -32,7 +35,11 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
 
 def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
                 new: bool) -> int:
-    start = checkpoint.prepare(run_dir, cfg, new=new)
+    config_dir = config_path.resolve().parent
+    sft = load_sft(cfg.sft, config_dir) if cfg.sft.enabled else None
+    sft_count = sft_steps(cfg.sft, sft.rows) if sft else 0
+    start = checkpoint.prepare(run_dir, cfg, new=new,
+                               last_step=sft_count + cfg.training.max_steps)
     if start.moved_to is not None:
         print(f"--new: moved the previous run to {start.moved_to}")
     if start.note:
@@ -42,23 +49,32 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
               "(raise training.max_steps to continue it, or use --new to start over)")
         return 0
     checkpoint.ensure_writable(run_dir)
-    config_dir = config_path.resolve().parent
-    splits = load_task(cfg.data, cfg.training.seed, config_dir)
+    rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
+    splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     scorer = build_scorer(cfg.reward, config_dir, run_dir) \
-        if uses_scorer(cfg.environment) else None
+        if rl and uses_scorer(cfg.environment) else None
     backend = create_backend(cfg, slots, config_dir=config_dir,
                              checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
     rollouts = None
     try:
-        rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
-                                  config_dir, backend, scorer, splits.train)
+        if rl:
+            rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
+                                      config_dir, backend, scorer, splits.train)
         cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
-        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts)
-        return trainer.run(start.state, start.fallbacks)
+        points = [start.state, *start.fallbacks] if start.state else []
+        rl_points, after = [p for p in points if not is_sft_point(p)], None
+        if sft is not None and not rl_points:  # the SFT steps not done yet come first
+            code, after = SftStage(cfg, sft, run_dir, backend, config_path).run(points)
+            if code or not rl:
+                return code
+        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts,
+                          sft_steps=sft_count)
+        return trainer.run(rl_points[0] if rl_points else None, rl_points[1:], after=after)
     finally:
         if rollouts is not None:
             rollouts.close()
         if scorer is not None:
             scorer.close()
         backend.close()
+

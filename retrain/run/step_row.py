@@ -23,8 +23,10 @@ ROW_ORDER = ("step", "batch_size", "group_size", "num_completions", "mean_reward
 
 
 def ordered(row: dict, bp: dict) -> dict:
-    """The promised keys first, in a fixed order; then extras, time and the bp_* metrics."""
+    """The promised keys first, in a fixed order; then the phase ("rl"; an [sft] stage's rows
+    say "sft"), extras, time and the bp_* metrics."""
     out = {k: row[k] for k in ROW_ORDER}
+    out["phase"] = "rl"
     out.update((k, v) for k, v in row.items() if k not in out)
     out["time"] = time.time()
     out.update(bp)

@@ -9,6 +9,9 @@ Exact resume: every step's randomness is derived from (training.seed, step), the
 the controller, the adapter and the optimizer are saved after every step, so a resumed run
 repeats exactly what an uninterrupted run would have done.
 
+With an [sft] stage (run/sft.py) its S steps come first: the RL steps are S+1..S+max_steps,
+starting on the stage's weights; the lr schedule and evaluation count the RL steps alone.
+
 Evaluation (greedy, held-out split): before the first step (logged as
 `initial_eval_accuracy` on the step-1 row) and after the update of every `eval_every`-th step
 and of the last step (logged as `eval_accuracy` on that step's row).
@@ -48,6 +51,7 @@ from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
 from retrain.run.progress import Progress
 from retrain.run.seeds import derive_seed
+from retrain.run.sft import PHASE
 from retrain.run.step_row import (
     SampledStep,
     max_rss_mb,
@@ -67,7 +71,8 @@ class Trainer:
     """Owns the order of the stages; the backend, scorer and controller do the work."""
 
     def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
-                 backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts):
+                 backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts,
+                 sft_steps: int = 0):
         from retrain.control.backpressure import BackpressureController
 
         self.cfg = cfg
@@ -79,6 +84,7 @@ class Trainer:
         self.backend = backend
         self.slots = slots
         self.config_path = config_path
+        self.sft_steps, self.last_step = sft_steps, sft_steps + self.training.max_steps
         self.cursor = DataCursor(len(splits.train), self.training.seed, cfg.data.shuffle)
         self.controller = BackpressureController(cfg.backpressure, self.training.group_size,
                                                  base_batch_size=self.training.batch_size)
@@ -101,17 +107,19 @@ class Trainer:
     # ------------------------------------------------------------------ the run
 
     def run(self, resume: runlog.RunState | None,
-            fallbacks: list[runlog.RunState] | None = None) -> int:
+            fallbacks: list[runlog.RunState] | None = None,
+            after: runlog.RunState | None = None) -> int:
         """Steps until max_steps, an interrupt or an error; returns the exit status.
-        `fallbacks`: older resume points, tried when `resume`'s checkpoint does not load."""
+        `fallbacks`: older resume points, tried when `resume`'s checkpoint does not load.
+        `after`: the SFT stage's last state (its weights are the backend's now)."""
         # Restore before writing anything: a resume that fails leaves the folder untouched.
-        first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh()
+        first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh(after)
         checkpoint.write_config(self.run_dir, self.cfg)
         trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
         self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
             socket.gethostname()
         self.state.started_at = self.state.started_at or time.time()
-        self.state.max_steps, self.state.error = self.training.max_steps, ""
+        self.state.max_steps, self.state.error = self.last_step, ""
         runlog.save_state(self.run_dir, self.state)
         self.stop.install()
         try:
@@ -133,11 +141,13 @@ class Trainer:
             self.progress.close()
             trackers.close()
 
-    def _fresh(self) -> int:
-        runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
-        self.state = runlog.RunState()
+    def _fresh(self, after: runlog.RunState | None = None) -> int:
+        if after is None:
+            runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
+        self.state = after or runlog.RunState()
+        self.state.extra.pop(PHASE, None)  # RL steps' states hold the RL cursor
         self.batch_size = self.controller.first_batch_size(self.training.batch_size)
-        return 1
+        return self.state.step + 1
 
     def _restore(self, points: list[runlog.RunState]) -> int:
         """Resume from the first point whose checkpoint and saved state load, newest first."""
@@ -176,13 +186,13 @@ class Trainer:
         if self.backend.summary:
             self.progress.say(f"model: {self.backend.summary}")
         initial = None
-        if first == 1 and self.heldout.available():
+        if first == self.sft_steps + 1 and self.heldout.available():
             initial = self.heldout.run()
             self.progress.say(f"eval accuracy before training: {initial.accuracy:.3f} "
                               f"({initial.n} held-out problems, {initial.seconds:.1f}s)")
-        self.progress.start(self.training.max_steps, first - 1)
+        self.progress.start(self.last_step, first - 1)
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
-            for step in range(first, self.training.max_steps + 1):
+            for step in range(first, self.last_step + 1):
                 row = self._guarded(step, self._step, step)
                 if initial is not None:
                     row["initial_eval_accuracy"] = initial.accuracy
@@ -194,18 +204,20 @@ class Trainer:
                 writer.write(row)
                 trackers.log(row)
                 self.progress.step(row)
-                self._commit(step, wait=step == self.training.max_steps
+                self._commit(step, wait=step == self.last_step
                              or self.stop.signum is not None or stop)
                 if stop:
-                    raise self._too_many_nonfinite(step)
+                    raise endings.too_many_nonfinite(step, self.nonfinite_streak,
+                                                     self.training.max_nonfinite_steps,
+                                                     self.state.checkpoint)
                 if self.progress.output_closed and self.stop.signum is None:
                     self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
-                if self.stop.signum is not None and step < self.training.max_steps:
+                if self.stop.signum is not None and step < self.last_step:
                     return self._interrupted()
         self.state.status = "completed"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
-        self.progress.say(f"finished {self.training.max_steps} steps; adapter: "
+        self.progress.say(f"finished {self.last_step} steps; adapter: "
                           f"{self.state.checkpoint}")
         return 0
 
@@ -322,8 +334,8 @@ class Trainer:
     def _lr(self, step: int, batch_size: int) -> float:
         """The schedule's rate at `step`, scaled for the batch back-pressure chose."""
         t, bp = self.training, self.cfg.backpressure
-        lr = t.lr * lr_multiplier(step, t.max_steps, t.lr_schedule, t.warmup_steps,
-                                  t.min_lr_ratio)
+        lr = t.lr * lr_multiplier(step - self.sft_steps, t.max_steps, t.lr_schedule,
+                                  t.warmup_steps, t.min_lr_ratio)
         return step_lr(lr, t.batch_size, batch_size, bp.lr_scaling, bp.enabled)
 
     def _train(self, groups: list[list[Datum]], lr: float) -> dict:
@@ -355,25 +367,22 @@ class Trainer:
     def _sample_ahead(self, step: int) -> None:
         """max_steps_off_policy = 1: start sampling `step`'s batch now, before this step's
         update, so it runs while this step trains (see retrain/run/offpolicy.py)."""
-        if not self.overlap.enabled or step > self.training.max_steps:
+        if not self.overlap.enabled or step > self.last_step:
             return
         before = self.cursor.state_dict()
         index = self._take(step, self.batch_size)
-        self.overlap.start(step, index, [self._prompt(i) for i in index], self.training.group_size,
-                           self._sampling_params(step), before, self.cursor.state_dict())
+        self.overlap.start(step, index, [self.rollouts.train.prompt(i) for i in index],
+                           self.training.group_size, self._sampling_params(step), before,
+                           self.cursor.state_dict())
 
     def _api_wait_s(self) -> float:
         """Time lost waiting for the API: for a campaign slot, or out a rate limit (429)."""
         return self.slots.wait_s + self.backend.rate_limit_wait_s
 
-    def _prompt(self, index: int) -> list[int]:
-        """The turn-0 prompt of a group: a problem index (task kind) or an episode seed."""
-        return self.rollouts.train.prompt(index)
-
     # ------------------------------------------------------------------ eval, checkpoints
 
     def _maybe_evaluate(self, step: int, row: dict) -> None:
-        if self.heldout.due(step):
+        if self.heldout.due(step - self.sft_steps):
             self.state.extra["eval_accuracy"] = self.heldout.into_row(row).accuracy
 
     def _commit(self, step: int, *, wait: bool) -> None:
@@ -396,8 +405,7 @@ class Trainer:
         """Wait for the checkpoint in flight, if any, and point state.json at it."""
         if self._in_flight is not None:
             pending, self._in_flight = self._in_flight, None
-            self.state = pending.land(self.run_dir, self.training.save_every,
-                                      self.training.max_steps)
+            self.state = pending.land(self.run_dir, self.training.save_every, self.last_step)
 
     # ------------------------------------------------------------------ endings
 
@@ -409,7 +417,7 @@ class Trainer:
         self.state.status = "interrupted"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
-        print(f"interrupted after step {self.state.step}/{self.training.max_steps}; checkpoint "
+        print(f"interrupted after step {self.state.step}/{self.last_step}; checkpoint "
               f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
               file=sys.stderr, flush=True)
         return self.stop.exit_code
@@ -428,11 +436,6 @@ class Trainer:
             self._land_commit()
         error, self.state = endings.diverged(self.run_dir, self.state, step, exc, saved)
         return error
-
-    def _too_many_nonfinite(self, step: int) -> DivergedError:
-        return endings.too_many_nonfinite(step, self.nonfinite_streak,
-                                          self.training.max_nonfinite_steps,
-                                          self.state.checkpoint)
 
     def _fail(self, exc: BaseException) -> None:
         with contextlib.suppress(BackendError):

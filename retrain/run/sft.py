@@ -1,0 +1,241 @@
+"""The SFT stage: supervised steps on the conversations of [sft.data] before the RL steps of
+the same run.
+
+The run's steps 1..S are SFT steps (S = sft.steps, or sft.epochs passes over the
+conversations); its RL steps follow as S+1..S+training.max_steps. One SFT step, in order:
+the next sft.batch_size conversations from a seeded cursor, their datums (weight 1 on the
+assistant's tokens only: environments/sft_datums.py), one `forward_backward` with the
+`cross_entropy` loss (the mean over the batch's assistant tokens) and one `optim_step` at
+sft.lr with the [training] AdamW settings, a metrics row (phase "sft", sft_loss), a
+checkpoint. Its resume points are the RL steps' (state.json, checkpoints/step-N.json), marked
+phase "sft", with the stage's cursor as data_cursor: a killed run resumes exactly. The RL
+steps start on the weights of step S, and AdamW's moments carry on into them.
+
+It deliberately has no schedule (a constant lr), no held-out loss and no packing: one
+conversation is one datum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from retrain.backends.base import (
+    AdamParams,
+    Backend,
+    BackendError,
+    DivergedError,
+    LossConfig,
+    skipped_nonfinite,
+)
+from retrain.config.sections import Config
+from retrain.environments.ledger import Renderer
+from retrain.environments.sft_data import SftData, sft_steps
+from retrain.environments.sft_datums import SftExample, sft_example
+from retrain.environments.tasks import DataCursor
+from retrain.errors import UserError
+from retrain.run import checkpoint, endings
+from retrain.run.progress import Progress
+from retrain.run.seeds import derive_seed
+from retrain.run.step_row import max_rss_mb
+from retrain.run.stop_request import StopRequest
+from retrain.run.trackers import Trackers
+from retrain.runfiles import runlog
+
+PHASE = "phase"   # the state.extra key that marks an SFT step's resume point
+SFT = "sft"
+SFT_LOSS = LossConfig(name="cross_entropy", aggregation="token_mean", temperature=1.0)
+
+
+def is_sft_point(state: runlog.RunState) -> bool:
+    """Whether `state` is the resume point of an SFT step (its data_cursor is the stage's)."""
+    return state.extra.get(PHASE) == SFT
+
+
+class SftStage:
+    """The SFT steps of one run; `run` returns the exit status and the state after them."""
+
+    def __init__(self, cfg: Config, data: SftData, run_dir: Path, backend: Backend,
+                 config_path: Path):
+        self.cfg, self.sft, self.training = cfg, cfg.sft, cfg.training
+        self.data, self.run_dir, self.backend = data, run_dir, backend
+        self.config_path = config_path
+        self.steps = sft_steps(cfg.sft, data.rows)
+        self.last_step = self.steps + cfg.training.max_steps  # the run's last step
+        seed = derive_seed(cfg.training.seed, 0, "sft-data")
+        self.cursor = DataCursor(data.rows, seed, data.data.shuffle)
+        self.renderer = Renderer(backend.tokenizer, data.data.chat_template)
+        self.limit = min(cfg.sft.max_tokens, backend.max_context or cfg.sft.max_tokens)
+        eos = getattr(backend.tokenizer, "eos_token_id", None)  # ends a reply without a template
+        self.eos = eos if isinstance(eos, int) else None
+        self.progress = Progress(cfg.logging.run_name)
+        self.stop = StopRequest()
+        self.state = runlog.RunState()
+        self.streak = 0   # steps in a row not applied for a non-finite loss or gradient
+
+    def run(self, points: list[runlog.RunState]) -> tuple[int, runlog.RunState]:
+        """The SFT steps not done yet, after the newest of `points` that loads (none: from
+        the start). Returns (exit status, the state after the last step done)."""
+        first = self._restore(points) if points else self._fresh()
+        checkpoint.write_config(self.run_dir, self.cfg)
+        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
+        s = self.state
+        s.status, s.pid, s.host = "running", os.getpid(), socket.gethostname()
+        s.started_at = s.started_at or time.time()
+        s.max_steps, s.error = self.last_step, ""
+        runlog.save_state(self.run_dir, s)
+        self.stop.install()
+        try:
+            return self._loop(first, trackers), self.state
+        except KeyboardInterrupt:
+            return self._interrupted(), self.state
+        except BackendError as exc:
+            self._fail(exc)
+            print(f"error: {exc}", file=sys.stderr)
+            return 1, self.state
+        except BaseException as exc:
+            full = runlog.disk_full_error(exc, self.run_dir)
+            self._fail(full or exc)
+            if full is not None:
+                raise full from exc  # the CLI turns it into one line
+            raise
+        finally:
+            self.stop.restore()
+            self.progress.close()
+            trackers.close()
+
+    def _fresh(self) -> int:
+        runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
+        self.state = runlog.RunState()
+        return 1
+
+    def _restore(self, points: list[runlog.RunState]) -> int:
+        saved = checkpoint.first_loadable(self.run_dir, points, self._load_point,
+                                          self.progress.say)
+        dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
+        self.state = saved
+        note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
+        if saved is not points[0]:
+            note += f" (fell back from step {points[0].step}: its checkpoint did not load)"
+        self.progress.say(f"resuming {self.run_dir} after step {saved.step} (SFT){note}")
+        return saved.step + 1
+
+    def _load_point(self, saved: runlog.RunState) -> None:
+        self.backend.load_state(saved.checkpoint)
+        self.cursor.load_state_dict(saved.data_cursor)
+        streak = saved.extra.get("nonfinite_streak", 0)
+        self.streak = streak if isinstance(streak, int) and streak > 0 else 0
+
+    def _loop(self, first: int, trackers: Trackers) -> int:
+        if first <= self.steps:
+            self.progress.say(f"SFT: steps {first}-{self.steps} on {self.data.where} "
+                              f"({self.data.rows} conversations), then "
+                              f"{self.training.max_steps} RL steps")
+        with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
+            for step in range(first, self.steps + 1):
+                row = self._step(step)
+                self.streak = self.streak + 1 if row["skipped_nonfinite"] else 0
+                writer.write(row)
+                trackers.log(row)
+                self.progress.say(step_line(row, self.steps))
+                self._commit(step)
+                if self.streak >= self.training.max_nonfinite_steps:
+                    raise endings.too_many_nonfinite(step, self.streak,
+                                                     self.training.max_nonfinite_steps,
+                                                     self.state.checkpoint)
+                if self.progress.output_closed and self.stop.signum is None:
+                    self.stop.signum = signal.SIGPIPE  # `retrain ... | head`: the reader left
+                if self.stop.signum is not None and step < self.last_step:
+                    return self._interrupted()
+        if self.last_step == self.steps:  # training.max_steps = 0: an SFT run
+            self.state.status = "completed"
+            runlog.save_state(self.run_dir, self.state)
+            self.progress.say(f"finished {self.steps} SFT steps; adapter: "
+                              f"{self.state.checkpoint}")
+        return 0
+
+    def _step(self, step: int) -> dict:
+        """One SFT step's update and its metrics row."""
+        start = time.perf_counter()
+        index = self.cursor.take(self.sft.batch_size)
+        examples = [self._example(i) for i in index]
+        datums = [e.datum for e in examples if e.datum is not None and e.trained_tokens]
+        loss, grad_norm, skipped = None, 0.0, False
+        if datums:  # every conversation cut before its reply: nothing to learn this step
+            t = self.training
+            out = self.backend.forward_backward(datums, SFT_LOSS)
+            try:
+                optim = self.backend.optim_step(AdamParams(
+                    learning_rate=self.sft.lr, beta1=t.beta1, beta2=t.beta2, eps=t.adam_eps,
+                    weight_decay=t.weight_decay, grad_clip_norm=t.grad_clip_norm))
+            except DivergedError as exc:
+                raise endings.diverged(self.run_dir, self.state, step, exc, True)[0] from None
+            loss, grad_norm = out.loss, optim.grad_norm
+            skipped = skipped_nonfinite(optim.metrics)
+        seconds = time.perf_counter() - start
+        return {"step": step, "phase": SFT, "sft_loss": loss, "grad_norm": grad_norm,
+                "lr": self.sft.lr, "skipped_nonfinite": skipped,
+                **sft_counts(examples, len(datums), self.cursor.epoch, seconds)}
+
+    def _example(self, i: int) -> SftExample:
+        try:
+            return sft_example(self.renderer, self.data.conversations[i], self.limit, self.eos)
+        except Exception as exc:  # the tokenizer's template refuses it (roles, order)
+            raise UserError(f"sft.data: conversation {i + 1} of {self.data.where} cannot be "
+                            f"rendered with the model's chat template ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); fix the row, or set sft.data.chat_template = "
+                            "false") from None
+
+    def _commit(self, step: int) -> None:
+        """Checkpoint the step and point state.json at it (at once: nothing to overlap)."""
+        saved = self.backend.save_state_async(checkpoint.checkpoint_name(step))
+        s = copy.deepcopy(self.state)
+        s.step, s.batch_size = step, self.sft.batch_size
+        s.data_cursor = self.cursor.state_dict()
+        s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
+        s.extra[PHASE] = SFT
+        s.extra["sft_steps"] = self.steps  # kept by the RL steps' states (campaigns read it)
+        s.extra["nonfinite_streak"] = self.streak
+        self.state = checkpoint.PendingCommit(s, saved).land(
+            self.run_dir, self.training.save_every, self.last_step)
+
+    def _interrupted(self) -> int:
+        if self.stop.signum == signal.SIGPIPE:
+            print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
+        self.state.status = "interrupted"
+        runlog.save_state(self.run_dir, self.state)
+        self.progress.close()
+        print(f"interrupted after step {self.state.step}/{self.last_step} (SFT); checkpoint "
+              f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
+              file=sys.stderr, flush=True)
+        return self.stop.exit_code
+
+    def _fail(self, exc: BaseException) -> None:
+        self.state.status = "failed"
+        self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
+        with contextlib.suppress(OSError):  # the original error matters more
+            runlog.save_state_even_if_full(self.run_dir, self.state)
+
+
+def sft_counts(examples: list[SftExample], sequences: int, epoch: int, seconds: float) -> dict:
+    """An SFT step's counts and times (`sequences`: the conversations trained)."""
+    tokens = sum(e.tokens for e in examples)
+    return {"sft_sequences": sequences,
+            "sft_tokens": sum(e.trained_tokens for e in examples), "sft_epoch": epoch,
+            "sft_truncated": sum(e.truncated for e in examples),
+            "sft_skipped_turns": sum(e.skipped_turns for e in examples),
+            "step_time_s": seconds, "tokens_per_second": tokens / seconds if seconds else 0.0,
+            "process_max_rss_mb": max_rss_mb(), "time": time.time()}
+
+
+def step_line(row: dict, steps: int) -> str:
+    loss = "-" if row["sft_loss"] is None else f"{row['sft_loss']:.4f}"
+    return (f"sft step {row['step']}/{steps}  loss {loss}  {row['sft_tokens']} assistant "
+            f"tokens in {row['sft_sequences']} conversations  {row['step_time_s']:.1f}s"
+            + ("  skipped_nonfinite" if row["skipped_nonfinite"] else ""))
