@@ -205,7 +205,7 @@ class Trainer:
         self.state.status = "completed"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
-        self.progress.say(f"finished {self.training.max_steps} steps; adapter: "
+        self.progress.say(f"finished {self.training.max_steps} steps; checkpoint: "
                           f"{self.state.checkpoint}")
         return 0
 
