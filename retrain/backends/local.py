@@ -258,10 +258,11 @@ class LocalBackend:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
         norm = aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
         loss_sum, ratios, kl_sum = 0.0, policy_losses.RatioStats(), 0.0
-        grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens)
+        units = self._plan(datums, size)
+        grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens, len(units))
         diagnostics_s = 0.0
         with _seeded_dropout(self.generator, self.model.device):
-            for unit in self._plan(datums, size):
+            for unit in units:
                 batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device,
                                         norm.weights)
                 lp = self._target_logprobs(net, batch, loss.temperature)
