@@ -12,11 +12,12 @@ from retrain.cli import explain_memory as mem
 from retrain.cli.app import run_app
 
 
-def test_full_keeps_four_copies_and_lora_four_of_the_adapter_only():
-    assert mem.full_estimate(1000, 4, reference=False).total == 16_000
-    assert mem.full_estimate(1000, 2, reference=True).total == 10_000  # + the base copy
+def test_full_keeps_five_copies_and_lora_five_of_the_adapter_only():
+    assert mem.full_estimate(1000, 4, reference=False).total == 20_000
+    assert mem.full_estimate(1000, 2, reference=True).total == 12_000  # + the base copy
     lora = mem.lora_estimate(1000, 10, 4)
-    assert (lora.weights, lora.grads, lora.adam, lora.reference) == (4040, 40, 80, 0)
+    assert (lora.weights, lora.grads, lora.adam, lora.undo, lora.reference) == \
+        (4040, 40, 80, 40, 0)
 
 
 def test_counts_from_the_headers_equal_torch_and_peft(tiny_model):
@@ -46,14 +47,14 @@ def test_the_line_for_full_fine_tuning_and_for_lora(tiny_model, tmp_path, capsys
     n = mem.read_shapes(mem.model_folder("tiny-random", tiny_model)).count()
     model = "[model]\nname = 'tiny-random'\ndtype = 'float32'\n"
     full = _memory(tmp_path, capsys, model + "finetune = 'full'\n")
-    assert full.startswith(f"full fine-tuning: ~{16 * n / 1024**2:.2f} MiB = weights "
+    assert full.startswith(f"full fine-tuning: ~{20 * n / 1024**2:.2f} MiB = weights "
                            f"{4 * n / 1024:.1f} KiB + gradients")
     assert f"({n:,} parameters, float32)" in full and "LoRA rank 8: ~" in full
     assert "an estimate" in full and "base copy" not in full
     kl = _memory(tmp_path, capsys, model + "finetune = 'full'\n[algorithm]\nkl_coef = 0.1\n")
-    assert f"~{20 * n / 1024**2:.2f} MiB" in kl and "base copy for the KL term" in kl
+    assert f"~{24 * n / 1024**2:.2f} MiB" in kl and "base copy for the KL term" in kl
     lora = _memory(tmp_path, capsys, model)
-    assert lora.startswith("LoRA rank 8: ~") and f"full fine-tuning: ~{16 * n / 1024**2:.2f}" \
+    assert lora.startswith("LoRA rank 8: ~") and f"full fine-tuning: ~{20 * n / 1024**2:.2f}" \
         " MiB" in lora
 
 

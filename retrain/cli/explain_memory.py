@@ -3,9 +3,10 @@ the parameter count and the weights dtype, never a measurement.
 
 The count comes from the model folder's safetensors headers (shapes only, no weights loaded,
 no torch). `model.finetune = "full"` keeps weights, gradients and AdamW's two moments for every
-parameter, all in the weights dtype (4 x weights), plus a frozen copy of the weights when the KL
-term needs the base model; LoRA keeps the frozen weights plus the same four for the adapter.
-Activations, the KV cache and work buffers come on top and are not counted.
+parameter, all in the weights dtype, and copies the weights during each update (to undo a
+diverged one): 5 x weights, plus a frozen copy of the weights when the KL term needs the base
+model; LoRA keeps the frozen weights plus the same five for the adapter. Activations, the KV
+cache and work buffers come on top and are not counted.
 """
 
 from __future__ import annotations
@@ -55,25 +56,27 @@ class Estimate:
     weights: int
     grads: int
     adam: int
+    undo: int       # the trained weights copied during each update, to undo a diverged one
     reference: int
 
     @property
     def total(self) -> int:
-        return self.weights + self.grads + self.adam + self.reference
+        return self.weights + self.grads + self.adam + self.undo + self.reference
 
 
 def full_estimate(params: int, element: int, reference: bool) -> Estimate:
-    """Every parameter trains: weights, gradients, AdamW's exp_avg and exp_avg_sq, all in the
-    weights dtype; `reference`: a frozen copy of the weights for the KL term."""
+    """Every parameter trains: weights, gradients, AdamW's exp_avg and exp_avg_sq and the
+    update's undo copy, all in the weights dtype; `reference`: a frozen copy of the weights for
+    the KL term."""
     w = params * element
-    return Estimate(weights=w, grads=w, adam=2 * w, reference=w if reference else 0)
+    return Estimate(weights=w, grads=w, adam=2 * w, undo=w, reference=w if reference else 0)
 
 
 def lora_estimate(params: int, adapter: int, element: int) -> Estimate:
-    """The frozen base weights plus the adapter's weights, gradients and AdamW states (the
-    reference is the base with the adapter disabled: no copy)."""
+    """The frozen base weights plus the adapter's weights, gradients, AdamW states and undo
+    copy (the reference is the base with the adapter disabled: no copy)."""
     a = adapter * element
-    return Estimate(weights=params * element + a, grads=a, adam=2 * a, reference=0)
+    return Estimate(weights=params * element + a, grads=a, adam=2 * a, undo=a, reference=0)
 
 
 def weights_dtype(cfg: Config) -> str:
@@ -112,13 +115,14 @@ def memory_line(cfg: Config, config_dir: Path) -> str:
     if m.finetune == "full":
         ref = f" + base copy for the KL term {_size(full.reference)}" if full.reference else ""
         head = (f"full fine-tuning: ~{_size(full.total)} = weights {_size(full.weights)} + "
-                f"gradients {_size(full.grads)} + AdamW states {_size(full.adam)}{ref} "
+                f"gradients {_size(full.grads)} + AdamW states {_size(full.adam)} + the "
+                f"update's undo copy {_size(full.undo)}{ref} "
                 f"({_count(params)} parameters, {dtype}); LoRA rank {m.lora_rank}: "
                 f"{lora_text}; each checkpoint ~{_size(full.weights + full.adam)} on disk")
     else:
         head = (f"LoRA rank {m.lora_rank}: {lora_text} for the weights ({_count(params)} "
-                f"parameters, {dtype}) and the adapter's gradients and AdamW states; full "
-                f"fine-tuning: ~{_size(full.total)}")
+                f"parameters, {dtype}) and the adapter's gradients, AdamW states and undo "
+                f"copy; full fine-tuning: ~{_size(full.total)}")
     return head + "; an estimate: activations and the KV cache come on top"
 
 
