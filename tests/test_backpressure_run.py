@@ -93,6 +93,21 @@ def test_high_bandwidth_demand_makes_it_memory_bound(workdir):
     assert all(math.isfinite(r["bp_throughput"]) for r in got if r["bp_regime"] != "warmup")
 
 
+def test_one_micro_batch_keeps_no_copy_of_the_gradient():
+    """Nothing to compare: only the count, as with the copies, and none is made (with full
+    fine-tuning each flat copy is as large as the model)."""
+    import torch
+
+    from retrain.backends.local_loss import GradDiagnostics
+
+    w = torch.nn.Parameter(torch.randn(5))
+    diag = GradDiagnostics([w], 3, micro_batches=1)
+    (torch.randn(3, 5) @ w).sum().backward()
+    diag.after_micro_batch(3)
+    assert diag.metrics() == {"grad_micro_batches": 1.0}
+    assert diag.start.numel() == 0 and diag.last is None
+
+
 def test_micro_batch_gradients_are_recovered_from_the_accumulation():
     """Each micro-batch's own token-mean gradient, as if it had been computed alone."""
     import torch

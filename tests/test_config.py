@@ -479,6 +479,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         a.clip_ratio_c = 0.0
     if cfg.backend.backend == "tinker" and a.loss == "dro":
         a.loss = "importance_sampling"
+    if be.backend == "tinker" or be.sampler == "fast":  # full fine-tuning: local, no merge
+        cfg.model.finetune = "lora"
     bp = cfg.backpressure
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:

@@ -21,6 +21,12 @@ def test_every_key_is_documented_with_its_default():
     assert "`grpo` \\| `dr_grpo`" in text
 
 
+def test_a_meaning_keeps_its_own_parentheses_only_the_appended_choices_go():
+    text = docgen.configuration_markdown()
+    assert "on this machine (hf) |" in text  # data.source's help ends "(hf)"
+    assert "what trains: lora = a LoRA adapter (the lora_* keys); full = every weight" in text
+
+
 def test_readme_links_to_the_reference_instead_of_copying_it():
     readme = (docgen.DOC_PATH.parents[1] / "README.md").read_text(encoding="utf-8")
     assert "](docs/configuration.md)" in readme

@@ -40,6 +40,12 @@ BAD = [
      ["reward.overlong_buffer", "environment.tools"]),
     ("[reward]\noverlong_buffer = 4\n[environment]\nkind = 'guess_number'\n",
      ["reward.type", "[reward] scores the task kind"]),
+    ("[model]\nfinetune = 'ful'\n", ["model.finetune", "did you mean 'full'"]),
+    ("[model]\nfine_tune = 'full'\n", ["did you mean 'model.finetune'"]),
+    ("[model]\nfinetune = 'full'\n[backend]\nsampler = 'fast'\n",
+     ["backend.sampler", "model.finetune = 'full'", "sampler = 'exact'"]),
+    ("[model]\nfinetune = 'full'\n[backend]\nbackend = 'tinker'\n",
+     ["model.finetune", "backend = 'local'", "Tinker trains LoRA"]),
 ]
 
 
@@ -61,7 +67,7 @@ def test_explain_refuses_with_one_line_naming_the_keys(tmp_path, capsys, monkeyp
         assert fragment in out, f"{fragment!r} not in {out!r}"
 
 
-@pytest.mark.parametrize("text,fragments", [BAD[3], BAD[7], BAD[12], BAD[-3]])
+@pytest.mark.parametrize("text,fragments", [BAD[3], BAD[7], BAD[12], BAD[-7], BAD[-1]])
 def test_the_run_refuses_the_same_combinations(tmp_path, capsys, monkeypatch, text, fragments):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "bad.toml"

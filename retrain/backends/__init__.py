@@ -20,6 +20,10 @@ def create_backend(cfg: Config, slots: ApiSlots | None = None,
     `checkpoint_dir` is where a local backend writes `save_state` folders.
     """
     slots = slots or NoSlots()
+    if cfg.backend.backend == "local" and cfg.model.finetune == "full":
+        from retrain.backends.local_full import FullBackend
+
+        return FullBackend.from_config(cfg, config_dir, checkpoint_dir)
     if cfg.backend.backend == "local":
         from retrain.backends.local import LocalBackend
 

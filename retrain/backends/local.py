@@ -4,7 +4,8 @@ Two objects, so that several trainers can share one base model (e.g. `retrain se
 - `LocalModel` (local_model.py): the base model and tokenizer, loaded once, wrapped by peft
   with named adapters.
 - `LocalBackend`: one LoRA adapter of a `LocalModel` with its own AdamW optimizer and RNG. It
-  activates its adapter before every operation, under the model's lock.
+  activates its adapter before every operation, under the model's lock. `local_full.FullBackend`
+  trains every weight of a model of its own instead (`model.finetune = "full"`).
 
 Log-prob semantics (sampler and trainer agree): float32 `log_softmax(logits / temperature)`;
 see `local_sampling` for top_p and `local_loss` for the token aggregation.
@@ -41,14 +42,8 @@ from retrain.backends.base import (
 )
 from retrain.backends.local_device import oom_as_backend_error
 from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import (
-    OnToken,
-    check_max_tokens,
-    sample_batch,
-    token_logprobs,
-)
+from retrain.backends.local_sampling import OnToken, sample_batch, token_logprobs
 from retrain.control.stepcost import ModelCost
-from retrain.errors import UserError
 
 if TYPE_CHECKING:
     from retrain.config.sections import Config
@@ -78,12 +73,16 @@ class LocalBackend:
         self.micro_batch_size = micro_batch_size
         self.bucket_overhead = local_loss.BUCKET_OVERHEAD
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-        self.params = model.adapter_params(adapter)
+        self.params = self._trainable()
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=1e-4)
         self.generator = torch.Generator(model.device).manual_seed(seed)
         self._snapshots = 0
         self._cost: ModelCost | None = None
         self._loss_finite = True  # the gradient waiting for optim_step came from a finite loss
+
+    def _trainable(self) -> dict[str, torch.nn.Parameter]:
+        """The weights AdamW updates, by name in a stable order: this adapter's."""
+        return self.model.adapter_params(self.adapter)
 
     @classmethod
     def new_adapter(cls, model: LocalModel, adapter_name: str, lora_rank: int = 8,
@@ -107,16 +106,9 @@ class LocalBackend:
                     checkpoint_dir: Path | None = None) -> LocalBackend:
         """A private LocalModel with one adapter, from `[model]` and `[training]` (and
         `[backend] compile`)."""
-        from retrain.backends.models import resolve_model
-
         m = cfg.model
-        path = resolve_model(m.name, config_dir)
-        try:
-            model = LocalModel.load(path, m.dtype, m.device, m.threads)
-        except BackendError as exc:  # a folder or id that is no model: the config's fault
-            raise UserError(f"model.name = {m.name!r}: {exc}") from None
+        model = LocalModel.from_config(cfg, config_dir)
         local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
-        check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
         backend = LocalBackend.new_adapter(model, "default", m.lora_rank, m.lora_alpha,
                                            m.lora_dropout, m.lora_target_modules,
                                            seed=cfg.training.seed,
@@ -266,10 +258,11 @@ class LocalBackend:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
         norm = aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
         loss_sum, ratios, kl_sum = 0.0, policy_losses.RatioStats(), 0.0
-        grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens)
+        units = self._plan(datums, size)
+        grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens, len(units))
         diagnostics_s = 0.0
         with _seeded_dropout(self.generator, self.model.device):
-            for unit in self._plan(datums, size):
+            for unit in units:
                 batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device,
                                         norm.weights)
                 lp = self._target_logprobs(net, batch, loss.temperature)
@@ -348,10 +341,14 @@ class LocalBackend:
                  adapter: str | None = None) -> list[list[float]]:
         """Target log-probs of the masked positions, no gradient (0.0 elsewhere); `adapter`
         picks a snapshot. For forward-only passes and prompt log-probs in `retrain serve`."""
+        with self.model.lock:
+            self.model.activate(adapter or self.adapter)
+            return self._forward_logprobs(self.model.net, datums, temperature)
+
+    def _forward_logprobs(self, net: Any, datums: list[Datum],
+                          temperature: float) -> list[list[float]]:
         out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
         with self.model.lock, oom_as_backend_error("forward"), torch.no_grad():
-            self.model.activate(adapter or self.adapter)
-            net = self.model.net
             net.eval()
             for unit in self._plan(datums, self.micro_batch_size):
                 batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device)
@@ -398,7 +395,7 @@ class LocalBackend:
                 with torch.no_grad():  # put the last finite weights back
                     for p, old in zip(params, before, strict=True):
                         p.copy_(old)
-                raise DivergedError("the AdamW update made the adapter weights non-finite "
+                raise DivergedError("the AdamW update made the trained weights non-finite "
                                     "(overflow); lower training.lr or training.weight_decay")
             return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0,
                                                         "skipped_nonfinite": 0.0})

@@ -1,8 +1,10 @@
-"""A local adapter's resume point on disk: a peft adapter folder plus optimizer and RNG state.
+"""A local backend's resume point on disk: its weights plus optimizer and RNG state.
 
-`<checkpoint_dir>/<name>/` holds `adapter_model.safetensors` and `adapter_config.json` (loadable
-by peft on its own), `optimizer.pt` and `rng.pt`. It is written to a temporary folder, synced,
-then renamed into place, so a crash never leaves a half-written checkpoint under its name.
+A LoRA run's `<checkpoint_dir>/<name>/` holds `adapter_model.safetensors` and
+`adapter_config.json` (loadable by peft on its own), `optimizer.pt` and `rng.pt`; a full
+fine-tuning run's holds the whole model instead (local_full). It is written to a temporary
+folder, synced, then renamed into place, so a crash never leaves a half-written checkpoint
+under its name.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +30,29 @@ def save_state(folder: Path, model: Any, adapter: str, optimizer: torch.optim.Op
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    tmp = folder.parent / f".{folder.name}.tmp"
-    with model.lock:  # the weights checked are the weights written
-        if not all_finite(model.adapter_params(adapter).values()):
-            raise DivergedError(f"refusing to save checkpoint {folder.name}: the adapter "
-                                "weights are not finite (the training diverged)")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    def write_adapter(tmp: Path) -> None:
         weights = get_peft_model_state_dict(model.peft, adapter_name=adapter)
         weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
         save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         model.lora_configs[adapter].save_pretrained(str(tmp))
         _patch_base_path(tmp, model.name_or_path)
+
+    return write(folder, model, model.adapter_params(adapter).values(), write_adapter,
+                 optimizer, generator, what="adapter")
+
+
+def write(folder: Path, model: Any, params: Any, write_weights: Callable[[Path], None],
+          optimizer: torch.optim.Optimizer, generator: torch.Generator, what: str) -> str:
+    """A checkpoint folder: `write_weights(tmp)`, then the optimizer and RNG, synced and
+    renamed into place. Refused when `params` (the trained weights) are not finite."""
+    tmp = folder.parent / f".{folder.name}.tmp"
+    with model.lock:  # the weights checked are the weights written
+        if not all_finite(params):
+            raise DivergedError(f"refusing to save checkpoint {folder.name}: the {what} "
+                                "weights are not finite (the training diverged)")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write_weights(tmp)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save({"generator": generator.get_state()}, tmp / "rng.pt")
     _fsync_dir_files(tmp)
@@ -52,13 +66,38 @@ def load_state(ref: str, checkpoint_dir: Path | None, model: Any, adapter: str,
                optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
     """Restore what `save_state` wrote at `ref` (or under `checkpoint_dir` when the run folder
     was moved); a missing or damaged one is a BackendError (the trainer then falls back)."""
+    from peft import set_peft_model_state_dict
+
+    def load_adapter(path: Path) -> None:
+        weights = finite_weights(path / ADAPTER_WEIGHTS, model.device)
+        result = set_peft_model_state_dict(model.peft, weights, adapter_name=adapter)
+        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if missing:
+            raise BackendError(f"checkpoint {path} does not match the adapter: {missing[:3]}")
+
+    read(ref, checkpoint_dir, ADAPTER_WEIGHTS, model, load_adapter, optimizer, generator)
+
+
+def read(ref: str, checkpoint_dir: Path | None, weights_file: str, model: Any,
+         load_weights: Callable[[Path], None], optimizer: torch.optim.Optimizer,
+         generator: torch.Generator) -> None:
+    """Find the checkpoint folder `ref` (by name under `checkpoint_dir` when the run folder was
+    moved), `load_weights(folder)`, then the optimizer and RNG; BackendError when it is missing
+    or damaged."""
     path = Path(ref)
     if not path.is_dir() and checkpoint_dir is not None:
         path = checkpoint_dir / path.name  # the run folder was moved
-    if not (path / ADAPTER_WEIGHTS).exists():
+    if not (path / weights_file).exists():
         raise BackendError(f"no checkpoint at {ref}")
     try:
-        _load_files(path, model, adapter, optimizer, generator)
+        with model.lock:
+            load_weights(path)
+            state = torch.load(path / "optimizer.pt", map_location=model.device,
+                               weights_only=True)
+            optimizer.load_state_dict(state)
+            rng = torch.load(path / "rng.pt", weights_only=True)
+            generator.set_state(rng["generator"])
+            optimizer.zero_grad(set_to_none=True)
     except BackendError:
         raise
     except Exception as exc:  # a torn or corrupt file: safetensors, pickle, shapes
@@ -66,25 +105,14 @@ def load_state(ref: str, checkpoint_dir: Path | None, model: Any, adapter: str,
                            f"{str(exc)[:200]}") from exc
 
 
-def _load_files(path: Path, model: Any, adapter: str, optimizer: torch.optim.Optimizer,
-                generator: torch.Generator) -> None:
-    from peft import set_peft_model_state_dict
+def finite_weights(file: Path, device: torch.device) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    with model.lock:
-        weights = load_file(str(path / ADAPTER_WEIGHTS), device=str(model.device))
-        if not all_finite(weights.values()):
-            raise BackendError(f"checkpoint {path} holds non-finite (NaN or infinite) weights; "
-                               "it cannot be resumed from")
-        result = set_peft_model_state_dict(model.peft, weights, adapter_name=adapter)
-        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-        if missing:
-            raise BackendError(f"checkpoint {path} does not match the adapter: {missing[:3]}")
-        state = torch.load(path / "optimizer.pt", map_location=model.device, weights_only=True)
-        optimizer.load_state_dict(state)
-        rng = torch.load(path / "rng.pt", weights_only=True)
-        generator.set_state(rng["generator"])
-        optimizer.zero_grad(set_to_none=True)
+    weights = load_file(str(file), device=str(device))
+    if not all_finite(weights.values()):
+        raise BackendError(f"checkpoint {file.parent} holds non-finite (NaN or infinite) "
+                           "weights; it cannot be resumed from")
+    return weights
 
 
 def all_finite(tensors: Any) -> bool:

@@ -177,9 +177,14 @@ class GradDiagnostics:
     accumulated gradient, so its own token-mean gradient is that increment x total / its tokens.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], total_tokens: int):
+    def __init__(self, params: list[torch.nn.Parameter], total_tokens: int,
+                 micro_batches: int = 2):
+        """`micro_batches` < 2: there is nothing to compare, so no flat copy of the gradient
+        is made (with full fine-tuning each is as large as the model); only the count is
+        reported, as always for one micro-batch."""
         self.params, self.total_tokens = params, total_tokens
-        self.start = self.previous = self._accumulated()
+        self.active = micro_batches >= 2
+        self.start = self.previous = self._accumulated() if self.active else torch.zeros(0)
         self.sq_norms: list[float] = []
         self.tokens: list[int] = []
         self.cosines: list[float] = []
@@ -190,6 +195,9 @@ class GradDiagnostics:
                           .detach().reshape(-1).float() for p in self.params])
 
     def after_micro_batch(self, tokens: int) -> None:
+        if not self.active:
+            self.tokens.append(tokens)
+            return
         now = self._accumulated()
         g = (now - self.previous) * (self.total_tokens / tokens)
         self.previous = now

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,10 +14,18 @@ from retrain.backends import local_lora
 from retrain.backends.base import BackendError
 from retrain.backends.local_compile import CompiledDecoder
 from retrain.backends.local_device import pick_device, resolve_dtype
-from retrain.backends.local_sampling import cache_keyword, eos_ids, model_context
+from retrain.backends.local_sampling import (
+    cache_keyword,
+    check_max_tokens,
+    eos_ids,
+    model_context,
+)
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
 from retrain.machine.cpu import auto_threads
+
+if TYPE_CHECKING:
+    from retrain.config.sections import Config
 
 
 class LocalModel:
@@ -64,6 +73,21 @@ class LocalModel:
         loaded.summary = (f"{name_or_path} on {dev.type}, {str(torch_dtype).removeprefix('torch.')}"
                           f" ({dtype_note}), {torch.get_num_threads()} torch threads")
         return loaded
+
+    @classmethod
+    def from_config(cls, cfg: Config, config_dir: Path | None = None) -> LocalModel:
+        """`[model]` loaded (model.name resolved from `config_dir`), checked against
+        training.max_tokens; a folder or id that is no model is the config's fault."""
+        from retrain.backends.models import resolve_model
+
+        m = cfg.model
+        path = resolve_model(m.name, config_dir)
+        try:
+            model = cls.load(path, m.dtype, m.device, m.threads)
+        except BackendError as exc:
+            raise UserError(f"model.name = {m.name!r}: {exc}") from None
+        check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
+        return model
 
     def cost_model(self) -> ModelCost:
         """Parameter count, weight bytes and KV-cache bytes per token (for the roofline)."""

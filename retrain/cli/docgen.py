@@ -20,7 +20,8 @@ from retrain.config.schema import fields_of, format_bound, hints_of
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 SECTION_INTROS = {
-    "model": "The base model and the LoRA adapter that training learns.",
+    "model": "The base model and what training learns: a LoRA adapter, or every weight "
+             "(`finetune = \"full\"`, docs/training.md).",
     "data": "Where prompts come from: a built-in task or a JSONL file.",
     "reward": "How each completion is scored.",
     "environment": "What the model is asked and how an episode is scored: today's one-turn "
@@ -101,7 +102,7 @@ def _default(value: object) -> str:
 
 def _meaning(help_text: str) -> str:
     # describe_keys appends the choices in parentheses; the table has its own column for them.
-    text = help_text.split(" (", 1)[0] if help_text.endswith(")") and " | " in help_text \
+    text = help_text.rsplit(" (", 1)[0] if help_text.endswith(")") and " | " in help_text \
         else help_text
     return text.replace("|", "\\|")
 

@@ -18,6 +18,7 @@ from typing import Any
 from retrain.algorithms import losses
 from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
+from retrain.cli.explain_memory import memory_line
 from retrain.cli.explain_warnings import warnings
 from retrain.config import loader as config_file
 from retrain.config import sections as config
@@ -104,9 +105,13 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
 
         cluster, fits = describe_cluster(cfg, camp, folder)
         fits = min(fits, par) if fits is not None else None
+    settings = key_settings(cfg, camp)
+    if cfg.backend.backend == "local":  # a campaign's line: its first full run's, if any
+        shown = next((c for c in run_cfgs if c.model.finetune == "full"), run_cfgs[0])
+        settings["memory"] = memory_line(shown, path.parent)
     return Report(
         config_file=str(path), kind="campaign" if camp.is_campaign else "single run", name=name,
-        settings=key_settings(cfg, camp),
+        settings=settings,
         completions_per_step=capacity.completions_per_step(cfg.training.batch_size,
                                                            cfg.training.group_size),
         runs=plans, conditions=_unique(p.condition for p in plans if p.condition),
@@ -181,7 +186,8 @@ def key_settings(cfg: Config, camp: CampaignPlan) -> dict[str, Any]:
     keys = ["model.name", "model.device", "backend.backend", "data.source", "reward.type",
             "algorithm.advantage", "algorithm.loss", "training.batch_size",
             "training.group_size", "training.max_tokens", "training.max_steps", "training.lr",
-            "training.seed", "backpressure.enabled", "logging.log_dir", "environment.kind"]
+            "training.seed", "backpressure.enabled", "logging.log_dir", "environment.kind",
+            "model.finetune"]
     if cfg.backend.backend == "tinker":
         keys += ["backend.max_concurrent", "backend.max_concurrent_min",
                  "backend.max_concurrent_max"]
@@ -319,6 +325,8 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
     if "backend.sampler" in s:
         out.append(("sampler", sampler_line(s["backend.sampler"], s["model.device"])))
+    if "memory" in s:
+        out.append(("memory", s["memory"]))
     if "judge" in s:
         out.append(("judge", s["judge"]))
     if "backend.max_concurrent" in s:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.campaign.plan import CampaignPlan
+from retrain.cli.explain_memory import finetune_warnings
 from retrain.config import toml_io
 from retrain.config.sections import Config
 from retrain.environments.kinds import default_max_turns
@@ -52,6 +53,7 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
         out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
                    "only the final checkpoint is saved")
     out += _backend_warnings(cfg)
+    out += finetune_warnings(cfg)
     out += _roofline_hints(cfg)
     out += _file_warnings(cfg, path)
     out += _campaign_warnings(cfg, camp, runs, overrides)

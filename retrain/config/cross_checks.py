@@ -50,6 +50,7 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   f"({be.max_concurrent_max})"))
     issues += _environment_conflicts(cfg)
     issues += _recipe_conflicts(cfg)
+    issues += _finetune_conflicts(cfg)
     issues += [ConfigIssue(k, m) for k, m in config_problems(cfg.algorithm, cfg.backend.backend)]
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:
@@ -121,6 +122,22 @@ def _recipe_conflicts(cfg) -> list[ConfigIssue]:
         issues.append(ConfigIssue("reward.overlong_buffer", "shapes one-turn completions; "
                                   "environment.tools makes episodes of several turns"))
     return issues
+
+
+def _finetune_conflicts(cfg) -> list[ConfigIssue]:
+    """`model.finetune = "full"` trains every weight in this process: not on Tinker (LoRA
+    only), and not through the fast sampler (it merges LoRA layers into fixed buffers)."""
+    if cfg.model.finetune != "full":
+        return []
+    if cfg.backend.backend == "tinker":
+        return [ConfigIssue("model.finetune", "= 'full' needs backend = 'local': Tinker trains "
+                            "LoRA adapters only; use finetune = 'lora' with backend.backend = "
+                            "'tinker'")]
+    if cfg.backend.sampler == "fast":
+        return [ConfigIssue("backend.sampler", "= 'fast' merges LoRA into fixed buffers; "
+                            "model.finetune = 'full' has no LoRA: use sampler = 'exact' or "
+                            "'auto'")]
+    return []
 
 
 def _kl_conflicts(cfg) -> list[ConfigIssue]:

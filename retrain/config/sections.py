@@ -56,6 +56,9 @@ class ModelConfig:
     device: str = opt("auto", "auto picks cuda, then mps, then cpu",
                       choices=("auto", "cpu", "cuda", "mps"))
     threads: int = opt(0, "torch CPU threads; 0 = all cores", lo=0, hi=MAX_THREADS)
+    finetune: str = opt("lora", "what trains: lora = a LoRA adapter (the lora_* keys); full = "
+                        "every weight, with AdamW states for all: local backend only, memory "
+                        "in retrain explain", choices=("lora", "full"))
     lora_rank: int = opt(8, "LoRA rank", lo=1, hi=MAX_LORA_RANK)
     lora_alpha: float = opt(16.0, "LoRA alpha (scale = alpha / rank)", lo=0, lo_open=True)
     lora_dropout: float = opt(0.0, "LoRA dropout", lo=0, hi=0.99)

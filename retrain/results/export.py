@@ -4,7 +4,9 @@ Without `--merged`: the peft adapter (weights + adapter_config.json naming the b
 and the tokenizer, for `peft.AutoPeftModelForCausalLM.from_pretrained(OUT)`. With `--merged`:
 the LoRA merged into the base weights in float32, with the tokenizer and generation config,
 for `transformers.AutoModelForCausalLM.from_pretrained(OUT)`. Both get a README.md model
-card. OUT is written beside itself and renamed into place; the run folder is only read.
+card. A full fine-tuning run (`model.finetune = "full"`) has no adapter: its checkpoint is the
+whole model, exported as such (in the run's dtype, with the tokenizer), with or without
+`--merged`. OUT is written beside itself and renamed into place; the run folder is only read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ExportReport:
     step: int
     base: str
     merged: bool
+    full: bool = False
 
 
 def _check_out(out: Path, run_dir: Path) -> None:
@@ -56,6 +59,7 @@ def _export(cfg, ckpt: run_checkpoint.Checkpoint, run_dir: Path, out: Path,
         raise UserError(f"--merged: step {ckpt.step} is a tinker checkpoint ({ckpt.ref}); "
                         "export the adapter (without --merged) and merge it with peft")
     base = cfg.model.name if ckpt.is_tinker else resolve_model(cfg.model.name, run_dir)
+    full = cfg.model.finetune == "full" and not ckpt.is_tinker
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -64,12 +68,14 @@ def _export(cfg, ckpt: run_checkpoint.Checkpoint, run_dir: Path, out: Path,
             from retrain.results.tinker_export import download
 
             download(cfg, ckpt, tmp)
+        elif full:
+            _write_full(ckpt, base, tmp)
         elif merged:
             _write_merged(cfg, ckpt, run_dir, tmp)
         else:
             _write_adapter(ckpt, base, tmp)
         (tmp / "README.md").write_text(card(run_dir, step=ckpt.step, base=base, merged=merged,
-                                            max_steps=cfg.training.max_steps),
+                                            max_steps=cfg.training.max_steps, full=full),
                                        encoding="utf-8")
         if out.exists():
             out.rmdir()  # an empty folder (checked above)
@@ -80,7 +86,7 @@ def _export(cfg, ckpt: run_checkpoint.Checkpoint, run_dir: Path, out: Path,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportReport(str(out), ckpt.step, base, merged)
+    return ExportReport(str(out), ckpt.step, base, merged, full)
 
 
 def _write_adapter(ckpt: run_checkpoint.Checkpoint, base: str, tmp: Path) -> None:
@@ -95,6 +101,17 @@ def _write_adapter(ckpt: run_checkpoint.Checkpoint, base: str, tmp: Path) -> Non
     AutoTokenizer.from_pretrained(base).save_pretrained(str(tmp))
 
 
+def _write_full(ckpt: run_checkpoint.Checkpoint, base: str, tmp: Path) -> None:
+    """A full fine-tuning checkpoint is already a transformers model folder: its files and
+    the base model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    for name in run_checkpoint.MODEL_FILES + run_checkpoint.OPTIONAL_FILES:
+        if (ckpt.folder / name).is_file():
+            shutil.copy2(ckpt.folder / name, tmp / name)
+    AutoTokenizer.from_pretrained(base).save_pretrained(str(tmp))
+
+
 def _write_merged(cfg, ckpt: run_checkpoint.Checkpoint, run_dir: Path, tmp: Path) -> None:
     from retrain.results.policy import LocalPolicy
 
@@ -106,5 +123,6 @@ def _write_merged(cfg, ckpt: run_checkpoint.Checkpoint, run_dir: Path, tmp: Path
 
 def show(run_dir: Path, out: Path, *, step: int | None, merged: bool) -> None:
     r = export(run_dir, out, step=step, merged=merged)
-    what = "merged model (float32)" if r.merged else "LoRA adapter"
+    what = ("fully fine-tuned model" if r.full else "merged model (float32)" if r.merged
+            else "LoRA adapter")
     print(f"wrote {r.out}: {what} of step {r.step} over {r.base}, with README.md")

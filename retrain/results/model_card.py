@@ -38,14 +38,18 @@ def final_metrics(run_dir: Path, step: int) -> dict[str, tuple[int, float]]:
     return found
 
 
-def card(run_dir: Path, *, step: int, base: str, merged: bool, max_steps: int) -> str:
+def card(run_dir: Path, *, step: int, base: str, merged: bool, max_steps: int,
+         full: bool = False) -> str:
     """The model card's Markdown. `max_steps`: the configured RL steps; the run's own count
-    (with its [sft] steps) where state.json holds it."""
+    (with its [sft] steps) where state.json holds it. `full`: a full fine-tuning run's whole
+    model, which loads like a merged one."""
     state = runlog.load_state(run_dir)
     max_steps = state.max_steps if state is not None and state.max_steps else max_steps
     config = (Path(run_dir) / runlog.CONFIG_FILE).read_text(encoding="utf-8")
-    kind = "a LoRA adapter merged into the base weights (float32)" if merged else \
+    kind = "every weight fine-tuned (full fine-tuning, in the run's dtype)" if full else \
+        "a LoRA adapter merged into the base weights (float32)" if merged else \
         "a LoRA adapter (peft) over the base model"
+    merged = merged or full  # both load in plain transformers
     load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
             "model = AutoModelForCausalLM.from_pretrained(PATH)\n"
             "tokenizer = AutoTokenizer.from_pretrained(PATH)") if merged else (
@@ -55,7 +59,8 @@ def card(run_dir: Path, *, step: int, base: str, merged: bool, max_steps: int) -
         "tokenizer = AutoTokenizer.from_pretrained(PATH)")
     lines = ["---", f"base_model: {json.dumps(base)}",
              f"library_name: {'transformers' if merged else 'peft'}",
-             "tags: [retrain, reinforcement-learning, lora]", "---", "",
+             f"tags: [retrain, reinforcement-learning, {'full-finetune' if full else 'lora'}]",
+             "---", "",
              f"# {Path(run_dir).name} (step {step})", "",
              f"Trained with retrain (RL fine-tuning) from `{base}`: {kind}, the checkpoint of "
              f"step {step} of {max_steps}.", "", "## Load it", "", "```python", load, "```",

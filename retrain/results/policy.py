@@ -1,6 +1,7 @@
 """A trained checkpoint as something to sample from, loaded without any training code:
-the base model (transformers) with the run's LoRA adapter (peft) on the run's device and
-dtype, decoded by the local backend's own sampling loop (the training distribution).
+the base model (transformers) with the run's LoRA adapter (peft), or a full fine-tuning run's
+whole model, on the run's device and dtype, decoded by the local backend's own sampling loop
+(the training distribution).
 
 `LocalPolicy` serves local checkpoints; `TinkerPolicy` samples a tinker:// checkpoint through
 the SDK (from `retrain.results.tinker_policy`).
@@ -20,7 +21,7 @@ from retrain.results.run_checkpoint import Checkpoint
 
 
 class LocalPolicy:
-    """Base model + the checkpoint's adapter, in eval mode."""
+    """Base model + the checkpoint's adapter (or the checkpoint's whole model), in eval mode."""
 
     def __init__(self, model: Any, tokenizer: Any, device: Any):
         self.model = model
@@ -39,7 +40,8 @@ class LocalPolicy:
     def load(cls, cfg: Config, ckpt: Checkpoint, config_dir: Path,
              dtype: str | None = None) -> LocalPolicy:
         """Load what the run trained on (model.name, dtype, device, threads) plus the adapter
-        at `ckpt`. `dtype` overrides the run's (export merges in float32)."""
+        at `ckpt` (or the whole model there: model.finetune = "full"). `dtype` overrides the
+        run's (export merges in float32)."""
         import torch
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -58,9 +60,13 @@ class LocalPolicy:
             device = pick_device(m.device)
             torch_dtype, _ = resolve_dtype(dtype or m.dtype, device)
             tokenizer = AutoTokenizer.from_pretrained(path)
-            base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-            base.to(device)
-            model = PeftModel.from_pretrained(base, str(ckpt.folder))
+            if m.finetune == "full":  # the checkpoint is the whole model
+                model = AutoModelForCausalLM.from_pretrained(str(ckpt.folder), dtype=torch_dtype)
+                model.to(device)
+            else:
+                base = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+                base.to(device)
+                model = PeftModel.from_pretrained(base, str(ckpt.folder))
         except Exception as exc:  # missing files, a damaged adapter, an absent device
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise UserError(f"cannot load {m.name!r} with the checkpoint {ckpt.ref}: "

@@ -8,6 +8,7 @@ only ever uses its own checkpoints (runlog.own_checkpoint). Read through runlog/
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -24,6 +25,9 @@ TINKER_SCHEME = runlog.TINKER_SCHEME
 POINT_SUFFIX = ".json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = ("adapter_model.safetensors", ADAPTER_CONFIG)  # what loading an adapter reads
+MODEL_CONFIG = "config.json"  # a full fine-tuning checkpoint is a whole transformers model
+MODEL_FILES = ("model.safetensors", MODEL_CONFIG)
+OPTIONAL_FILES = ("generation_config.json",)
 PICKS = 5     # a run still training prunes; 5 picks in a row outrun its commits
 GONE_S = 0.2  # how long a folder being pruned may still exist without its files
 
@@ -34,7 +38,7 @@ class Checkpoint:
 
     step: int
     ref: str
-    copy: Path | None = None  # the adapter files copied aside by `held`, loaded from there
+    copy: Path | None = None  # the weight files copied aside by `held`, loaded from there
 
     @property
     def is_tinker(self) -> bool:
@@ -89,13 +93,23 @@ def _survey(run_dir: Path) -> tuple[dict[int, Checkpoint], list[str]]:
         except ValueError as exc:
             problems.append(f"{source}: {exc}")
             continue
-        if not own.startswith(TINKER_SCHEME) and not (Path(own) / ADAPTER_CONFIG).is_file():
+        if not own.startswith(TINKER_SCHEME) and not weight_files(Path(own)):
             problems.append(f"{source} names checkpoint {Path(own).name}, but {run_dir}/"
                             f"{runlog.CHECKPOINT_DIR}/{Path(own).name} is missing (deleted, or "
                             "the run folder was copied without it)")
             continue
         found[step] = Checkpoint(step, own)
     return found, problems
+
+
+def weight_files(folder: Path) -> tuple[str, ...]:
+    """The files that load checkpoint `folder`: a LoRA adapter's, a whole model's (a full
+    fine-tuning run), or none."""
+    if (folder / ADAPTER_CONFIG).is_file():
+        return ADAPTER_FILES
+    if (folder / MODEL_CONFIG).is_file():
+        return MODEL_FILES
+    return ()
 
 
 def _records(run_dir: Path) -> list[tuple[str, object, object]]:
@@ -134,7 +148,7 @@ def pick(run_dir: Path, step: int | None) -> Checkpoint:
 
 @contextmanager
 def held(run_dir: Path, step: int | None) -> Iterator[Checkpoint]:
-    """`pick`, its adapter files copied aside first and loaded from the copy: a run still
+    """`pick`, its weight files copied (or linked) aside first and loaded from there: a run still
     training prunes older checkpoints, so the newest may vanish between the pick and the load.
     Then the newest is picked again; a `step` asked for by number that vanished is an error."""
     with tempfile.TemporaryDirectory(prefix="retrain-checkpoint-") as tmp:
@@ -162,9 +176,11 @@ def _copy_adapter(folder: Path, tmp: Path) -> Path | None:
     copy = tmp / folder.name
     shutil.rmtree(copy, ignore_errors=True)
     copy.mkdir()
+    names = weight_files(folder) or ADAPTER_FILES
+    names += tuple(n for n in OPTIONAL_FILES if names == MODEL_FILES and (folder / n).is_file())
     try:
-        for name in ADAPTER_FILES:
-            shutil.copyfile(folder / name, copy / name)
+        for name in names:
+            _link_or_copy(folder / name, copy / name)
         return copy
     except FileNotFoundError as exc:
         time.sleep(GONE_S)  # a prune in progress removes the files, then the folder
@@ -172,3 +188,14 @@ def _copy_adapter(folder: Path, tmp: Path) -> Path | None:
             return None
         raise UserError(f"checkpoint {folder} is damaged: {Path(exc.filename or '').name or exc}"
                         " is missing; pick another with --step") from None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where the file system allows (a checkpoint's files are never rewritten in
+    place, and a whole model is large), else a copy."""
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        shutil.copyfile(src, dst)

@@ -217,7 +217,7 @@ class Trainer:
         self.state.status = "completed"
         runlog.save_state(self.run_dir, self.state)
         self.progress.close()
-        self.progress.say(f"finished {self.last_step} steps; adapter: "
+        self.progress.say(f"finished {self.last_step} steps; checkpoint: "
                           f"{self.state.checkpoint}")
         return 0
 

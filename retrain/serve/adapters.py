@@ -94,6 +94,10 @@ def find_runs(specs: list[AdapterSpec]) -> list[AdapterRun]:
             ckpt = run_checkpoint.pick(run_dir, spec.step)
         except UserError as exc:
             raise UserError(f"{flag}: {exc}") from None
+        if cfg.model.finetune == "full":
+            raise UserError(f"{flag}: the run trained every weight (model.finetune = 'full'), "
+                            "so it has no LoRA adapter to serve; export it (retrain export "
+                            "RUN_DIR OUT) and serve that folder: retrain serve --model OUT")
         runs.append(AdapterRun(spec, run_dir, ckpt, cfg.model.name, cfg.data.chat_template))
     return runs
 
