@@ -461,6 +461,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         r.overlong_buffer, r.overlong_penalty = 0, 1.0
     be = cfg.backend
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
+    if 0 < be.fast_ratio_cap < 1:
+        be.fast_ratio_cap = 1.0 + be.fast_ratio_cap
     if t.lr * t.weight_decay >= 1:
         t.weight_decay = 0.5 / t.lr
     env = cfg.environment

@@ -31,6 +31,11 @@ CONFIGS = {
     "gspo": LossConfig("gspo", clip_eps=0.05, clip_eps_high=0.1),
     "dro": LossConfig("dro", dro_beta=0.3),
     "cross_entropy": LossConfig("cross_entropy"),
+    # truncated importance sampling (the fast sampler's cap), composed with each ratio loss
+    "importance_sampling-capped": LossConfig("importance_sampling", ratio_cap=1.3),
+    "ppo-capped": LossConfig("ppo", clip_ratio_c=1.5, ratio_cap=1.1),
+    "cispo-capped": LossConfig("cispo", ratio_cap=1.3),
+    "gspo-capped": LossConfig("gspo", clip_eps=0.05, clip_eps_high=0.1, ratio_cap=1.02),
 }
 
 # A token: (trainer log-prob, sampler log-prob, advantage, counts in its gspo sequence ratio)
@@ -47,6 +52,8 @@ def reference_token(loss: LossConfig, new: float, old: float, adv: float, s: flo
     """(loss, d loss / d new) of one token, from the formulas; `s` is gspo's sequence ratio."""
     lo, hi = loss.thresholds
     r = s if loss.name == "gspo" else math.exp(new - old)
+    if loss.ratio_cap:   # counts at most the cap, its gradient cap x d(new) where it binds
+        r = min(r, loss.ratio_cap)
     inside = lo < r < hi
     clip = min(max(r, lo), hi)
     if loss.name == "cross_entropy":
@@ -188,6 +195,20 @@ def test_dual_clip_caps_a_negative_advantage_token_and_stops_its_gradient():
     assert got == pytest.approx(3.0) and grad == [0.0]
     plain, plain_grad, _ = implementation(seqs, LossConfig("ppo"), SUM)
     assert plain == pytest.approx(4.0) and plain_grad == [pytest.approx(4.0)]
+
+
+def test_the_ratio_cap_counts_the_tokens_it_cut_and_reports_the_ratio_before():
+    seqs = [[(0.0, -math.log(3.0), 1.0, True), (-1.0, -1.0, 1.0, True)]]   # ratios 3 and 1
+    got, grad, terms = implementation(seqs, LossConfig("importance_sampling", ratio_cap=2.0),
+                                      SUM)
+    assert got == pytest.approx(-3.0) and grad == [pytest.approx(-2.0), pytest.approx(-1.0)]
+    stats = RatioStats()
+    stats.add(terms)
+    assert stats.metrics() == {"clip_fraction": 0.0, "ratio_mean": pytest.approx(2.0),
+                               "ratio_max": pytest.approx(3.0), "ratio_truncated": 0.5}
+    plain = RatioStats()
+    plain.add(implementation(seqs, CONFIGS["importance_sampling"], SUM)[2])
+    assert "ratio_truncated" not in plain.metrics()
 
 
 def test_documented_defaults():

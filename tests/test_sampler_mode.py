@@ -3,6 +3,8 @@ fast sampler cannot run is a one-line config error; the backend samples through 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from retrain.backends.sampler_mode import resolve
@@ -20,6 +22,12 @@ def test_auto_is_exact_on_cpu_and_fast_on_cuda():
         from_dict({"backend": {"samplr": "fast"}})
 
 
+def test_a_ratio_cap_below_one_is_refused_naming_the_key():
+    assert from_dict({"backend": {"fast_ratio_cap": 0}}).backend.fast_ratio_cap == 0
+    with pytest.raises(ConfigError, match="backend.fast_ratio_cap.*cut on-policy tokens"):
+        from_dict({"backend": {"fast_ratio_cap": 0.5}})
+
+
 def test_explain_names_the_resolved_sampler():
     assert sampler_line("auto", "cpu").startswith("exact (") and "auto on cpu" in \
         sampler_line("auto", "cpu")
@@ -30,7 +38,7 @@ def test_explain_names_the_resolved_sampler():
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from retrain.backends.base import SamplingParams  # noqa: E402
+from retrain.backends.base import Datum, LossConfig, SamplingParams  # noqa: E402
 from retrain.backends.counter_rng import CounterDraws  # noqa: E402
 from retrain.backends.local import LocalBackend  # noqa: E402
 from retrain.backends.local_sampling import sample_batch  # noqa: E402
@@ -76,3 +84,34 @@ def test_fast_on_a_model_it_cannot_run_is_a_config_error(tiny_model):
         model.use_sampler("fast")
     model.use_sampler("auto")
     assert model.fast is None
+
+
+def _far_from_the_sampler(backend, gap: float) -> list[Datum]:
+    """Two sampled completions whose recorded sampler log-probs sit `gap` below the trainer's:
+    every ratio is exp(gap)."""
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    done = backend.sample([[1, 5, 9]], 2, params)[0]
+    return [Datum(input_tokens=[1, 5, 9, *c.tokens[:-1]], target_tokens=[5, 9, *c.tokens],
+                  logprobs=[0.0, 0.0, *(lp - gap for lp in c.logprobs)],
+                  advantages=[0.0, 0.0, *[1.0] * len(c.tokens)],
+                  mask=[0.0, 0.0, *[1.0] * len(c.tokens)]) for c in done]
+
+
+def test_the_fast_sampler_truncates_the_ratio_at_its_cap(tiny_model):
+    """[backend] fast_ratio_cap: with the fast sampler a token's ratio counts at most the cap
+    (the loss is -cap x A per token) and the row counts the tokens cut; the exact sampler's
+    update is the plain importance-sampling one."""
+    loss = LossConfig("importance_sampling")
+    fast = _backend(tiny_model, "fast")
+    assert fast.fast_ratio_cap == 2.0   # the documented default
+    out = fast.forward_backward(_far_from_the_sampler(fast, 1.0), loss)   # ratios e ~ 2.72
+    assert out.metrics["ratio_truncated"] == 1.0
+    assert out.loss == pytest.approx(-2.0, rel=1e-4)
+    assert out.metrics["ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    exact = _backend(tiny_model, "exact")
+    plain = exact.forward_backward(_far_from_the_sampler(exact, 1.0), loss)
+    assert "ratio_truncated" not in plain.metrics
+    assert plain.loss == pytest.approx(-math.e, rel=1e-4)
+    below = fast.forward_backward(_far_from_the_sampler(fast, 0.5), loss)   # ratios ~1.65
+    assert below.metrics["ratio_truncated"] == 0.0
+    assert below.loss == pytest.approx(-math.exp(0.5), rel=1e-4)

@@ -107,6 +107,7 @@ class LossConfig:
     temperature: float = 1.0            # sampling temperature; log-probs are recomputed under it
     kl_coef: float = 0.0                # > 0: + kl_coef x KL(policy || reference) per token
     kl_estimator: str = "k1"            # retrain.algorithms.kl (needs Datum.ref_logprobs)
+    ratio_cap: float = 0.0              # > 0: truncated importance sampling (the fast sampler)
 
     @property
     def thresholds(self) -> tuple[float, float]:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,7 @@ class LocalBackend:
         self._snapshots = 0
         self._cost: ModelCost | None = None
         self._loss_finite = True  # the gradient waiting for optim_step came from a finite loss
+        self.fast_ratio_cap = 0.0  # [backend] fast_ratio_cap, applied while sampling is fast
 
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
         """The weights AdamW updates, by name in a stable order: this adapter's."""
@@ -117,6 +119,7 @@ class LocalBackend:
         if local_compile.wanted(cfg.backend.compile):
             model.compile_decoding()
         model.use_sampler(cfg.backend.sampler)
+        backend.fast_ratio_cap = cfg.backend.fast_ratio_cap
         return backend
 
     @property
@@ -253,6 +256,8 @@ class LocalBackend:
         net.train()
         tokens = [sum(1 for m in d.mask if m > 0) for d in datums]
         total_tokens = sum(tokens)
+        if self.model.fast is not None and self.fast_ratio_cap:
+            loss = replace(loss, ratio_cap=self.fast_ratio_cap)
         out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
         if total_tokens == 0:
             return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})

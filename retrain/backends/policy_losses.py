@@ -26,6 +26,7 @@ class TokenTerms:
     loss: torch.Tensor
     ratio: torch.Tensor | None = None
     clipped: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None   # the ratio was above loss.ratio_cap
 
 
 def token_losses(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, loss: LossConfig,
@@ -36,6 +37,9 @@ def token_losses(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, loss: 
     if name == "cross_entropy":
         return TokenTerms(-adv * new)
     ratio = sequence_ratio(new, old, seq, in_ratio) if name == "gspo" else torch.exp(new - old)
+    raw, truncated = ratio.detach(), None
+    if loss.ratio_cap and name != "dro":
+        ratio, truncated = truncate(ratio, loss.ratio_cap)
     lo, hi = loss.thresholds
     if name == "importance_sampling":
         out = -ratio * adv
@@ -52,7 +56,16 @@ def token_losses(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, loss: 
         raise ValueError(unknown_loss(name))
     r = ratio.detach()
     clipped = (r < lo) | (r > hi) if name in CLIPPED else torch.zeros_like(r, dtype=torch.bool)
-    return TokenTerms(out, r, clipped)
+    return TokenTerms(out, raw, clipped, truncated)
+
+
+def truncate(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling: a token's ratio counts at most `cap` (its gradient
+    scaled to match, direction kept), so a token the sampler drew far more often than the
+    trainer would does not dominate the update. Returns (the ratio, which tokens were cut)."""
+    r = ratio.detach()
+    cut = r > cap
+    return torch.where(cut, ratio * (cap / r), ratio), cut
 
 
 def sequence_ratio(new: torch.Tensor, old: torch.Tensor, seq: torch.Tensor | None,
@@ -73,11 +86,13 @@ def sequence_ratio(new: torch.Tensor, old: torch.Tensor, seq: torch.Tensor | Non
 
 class RatioStats:
     """The ratio metrics of one forward_backward call, over its loss tokens: `clip_fraction`
-    (ratio outside the clip range), `ratio_mean`, `ratio_max`."""
+    (ratio outside the clip range), `ratio_mean`, `ratio_max` (before any truncation), and
+    with a ratio cap `ratio_truncated` (the share of tokens it cut)."""
 
     def __init__(self) -> None:
         self.tokens = 0
         self.clipped = 0.0
+        self.truncated: float | None = None
         self.total = 0.0
         self.max = float("-inf")
 
@@ -86,11 +101,16 @@ class RatioStats:
             return
         self.tokens += terms.ratio.numel()
         self.clipped += float(terms.clipped.sum())
+        if terms.truncated is not None:
+            self.truncated = (self.truncated or 0.0) + float(terms.truncated.sum())
         self.total += float(terms.ratio.sum())
         self.max = max(self.max, float(terms.ratio.max()))
 
     def metrics(self) -> dict[str, float]:
         if not self.tokens:
             return {}
-        return {"clip_fraction": self.clipped / self.tokens,
-                "ratio_mean": self.total / self.tokens, "ratio_max": self.max}
+        out = {"clip_fraction": self.clipped / self.tokens,
+               "ratio_mean": self.total / self.tokens, "ratio_max": self.max}
+        if self.truncated is not None:
+            out["ratio_truncated"] = self.truncated / self.tokens
+        return out

@@ -48,6 +48,10 @@ def cross_checks(cfg) -> list[ConfigIssue]:
         issues.append(ConfigIssue("backend.max_concurrent_min", f"({be.max_concurrent_min}) "
                                   "must be <= backend.max_concurrent_max "
                                   f"({be.max_concurrent_max})"))
+    if 0 < be.fast_ratio_cap < 1:
+        issues.append(ConfigIssue("backend.fast_ratio_cap", f"({be.fast_ratio_cap}) would cut "
+                                  "on-policy tokens (ratio ~1); use 0 (off) or a cap >= 1, "
+                                  "e.g. 2.0"))
     issues += _environment_conflicts(cfg)
     issues += _recipe_conflicts(cfg)
     issues += _finetune_conflicts(cfg)

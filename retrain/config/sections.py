@@ -282,6 +282,10 @@ class BackendConfig:
         "counter-based draws (other draws than exact for a seed; Llama/Qwen2 models); "
         "auto = exact on CPU and MPS, fast on CUDA (docs/gpu.md)",
         choices=("auto", "exact", "fast"))
+    fast_ratio_cap: float = opt(
+        2.0, "local, sampler fast: truncated importance sampling, a token's ratio p_trainer / "
+        "p_sampler counts at most this much (the fast sampler's log-probs differ from the "
+        "trainer's a little; as TRL's and SkyRL's caps); 0 = off", lo=0)
     options: dict = opt({}, "free-form backend options", factory=True)
 
     @property

@@ -109,19 +109,26 @@ def ratio_metrics(done: list[Update]) -> dict:
     it does not), ratio_mean and ratio_max of p_trainer / p_sampler over the completion tokens,
     read from the log-probs every backend returns (Tinker reports no ratio metrics)."""
     clipped, clip_tokens, total, count, peak = 0.0, 0.0, 0.0, 0, -math.inf
+    cut, cut_tokens = 0.0, 0.0
     for u in done:
         tokens = float(u.loss.metrics.get("tokens", 0.0))
         if "clip_fraction" in u.loss.metrics:
             clipped += u.loss.metrics["clip_fraction"] * tokens
             clip_tokens += tokens
+        if "ratio_truncated" in u.loss.metrics:
+            cut += u.loss.metrics["ratio_truncated"] * tokens
+            cut_tokens += tokens
         for d, lps in zip(u.datums, u.loss.logprobs, strict=True):
             for old, new, m in zip(d.logprobs, lps, d.mask, strict=True):
                 if m:
                     r = math.exp(min(new - old, 700.0))
                     total, count, peak = total + r, count + 1, max(peak, r)
-    return {"clip_fraction": clipped / clip_tokens if clip_tokens else None,
-            "ratio_mean": total / count if count else None,
-            "ratio_max": peak if count else None}
+    out = {"clip_fraction": clipped / clip_tokens if clip_tokens else None,
+           "ratio_mean": total / count if count else None,
+           "ratio_max": peak if count else None}
+    if cut_tokens:  # with a ratio cap (the fast sampler): the share of tokens it cut
+        out["ratio_truncated"] = cut / cut_tokens
+    return out
 
 
 def _mean(values: list[float]) -> float:
