@@ -28,7 +28,7 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup cookbook
 	RETRAIN_COOKBOOK_PYTHON=$(abspath $(COOKBOOK_VENV))/bin/python $(PY) -m pytest \
-		-n $(TEST_WORKERS) --dist loadgroup
+		-n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # Side-by-side step time vs TRL (bench/step_time.py); TRL is a benchmark-only extra.
 BENCH_ARGS ?= --rounds 2
