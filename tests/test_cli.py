@@ -41,7 +41,8 @@ def test_init_list(capsys):
     code, out = cli(["init", "--list"], capsys)
     assert code == 0
     assert [line.split()[0] for line in out.splitlines()] == ["quickstart", "experiment",
-                                                              "campaign", "environment"]
+                                                              "campaign", "algorithms",
+                                                              "environment"]
 
 
 def test_init_writes_default_path_and_refuses_to_overwrite(tmp_path, monkeypatch, capsys):

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 NAMES = [name for name, _ in templates.list_templates()]
 
 
-def test_the_four_templates_exist():
-    assert NAMES == ["quickstart", "experiment", "campaign", "environment"]
+def test_the_five_templates_exist():
+    assert NAMES == ["quickstart", "experiment", "campaign", "algorithms", "environment"]
 
 
 @pytest.mark.parametrize("name", NAMES)

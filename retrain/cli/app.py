@@ -78,8 +78,8 @@ def init(
     path: Annotated[Path | None, typer.Argument(help="Where to write (default: "
                                                 "<template>.toml).", metavar="PATH")] = None,
     template: Annotated[str, typer.Option("--template", "-t",
-                                          help="quickstart, experiment, campaign or "
-                                               "environment.")]
+                                          help="quickstart, experiment, campaign, "
+                                               "algorithms or environment.")]
     = "quickstart",
     list_: Annotated[bool, typer.Option("--list", help="List the templates.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
