@@ -59,15 +59,21 @@ def fast(backend, prompts, n, params, seeds, prompt_ids, *, sampler=None, merged
                           prompt_ids=prompt_ids, **_kw(backend))
 
 
+LOGPROB_TOL = 1e-5
+
+
 def assert_same(a, b, tol: float) -> None:
     """Same tokens and finishes; log-probs within `tol` relative to max(1, |lp|): a float32
     log-prob near -8 has a resolution of 5e-7, and a matmul over another number of rows
-    (the reference drops finished rows at once) may round its last bit differently."""
+    (the reference drops finished rows at once) rounds differently. Measured worst gaps
+    (2026-11-27, Intel Xeon): 1.4e-6 with the default kernels, 2.8e-6 with
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (an AVX2-only machine's), so 1e-5."""
     for ga, gb in zip(a, b, strict=True):
         for ca, cb in zip(ga, gb, strict=True):
             assert ca.tokens == cb.tokens and ca.finish_reason == cb.finish_reason
-            assert all(abs(x - y) <= tol * max(1.0, abs(y))
-                       for x, y in zip(ca.logprobs, cb.logprobs, strict=True))
+            worst = max((abs(x - y) / max(1.0, abs(y))
+                         for x, y in zip(ca.logprobs, cb.logprobs, strict=True)), default=0.0)
+            assert worst <= tol, worst
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (0.7, 1.0), (1.0, 1.0),
@@ -75,7 +81,7 @@ def assert_same(a, b, tol: float) -> None:
 def test_fast_path_gives_the_reference_completions(backend, temperature, top_p):
     params = SamplingParams(max_tokens=40, temperature=temperature, top_p=top_p)
     args = (PROMPTS, 3, params, [7, 7, 7], [0, 1, 2])
-    assert_same(fast(backend, *args), reference(backend, *args), 1e-6)
+    assert_same(fast(backend, *args), reference(backend, *args), LOGPROB_TOL)
 
 
 def test_rows_ending_at_different_steps_shrink_the_bucket(backend):
@@ -87,7 +93,7 @@ def test_rows_ending_at_different_steps_shrink_the_bucket(backend):
     lengths = {len(c.tokens) for g in got for c in g}
     assert len(lengths) > 1 and any(c.finish_reason == "stop" for g in got for c in g)
     assert sampler.compactions >= 1  # 9 rows in a bucket of 16; fewer than 9 left
-    assert_same(got, reference(backend, *args), 1e-6)
+    assert_same(got, reference(backend, *args), LOGPROB_TOL)
 
 
 def test_stop_tokens_and_strings_end_rows_between_host_checks(backend):
@@ -105,7 +111,7 @@ def test_stop_tokens_and_strings_end_rows_between_host_checks(backend):
     ends = [len(c.tokens) for g in got for c in g if c.finish_reason == "stop"]
     assert any(e % 16 for e in ends)  # a stop inside a k-step chunk: later tokens dropped
     assert len(got[1][0].tokens) <= 10 and stop_text in decode(got[2][1].tokens)
-    assert_same(got, ref, 1e-6)
+    assert_same(got, ref, LOGPROB_TOL)
 
 
 def test_graph_shaped_windows_change_only_the_last_bits(backend):
