@@ -23,9 +23,10 @@ demo: setup
 
 # The suite includes tests/test_cookbook_compat.py: tinker-cookbook, a real Tinker client, against
 # `retrain serve`; it needs its own venv (make cookbook) and is skipped with the reason without one.
-# Two pytest workers (pytest-xdist): much of the suite waits on subprocesses, servers and leases,
-# so a second worker fills the waits; the Ray modules share one worker (tests/conftest.py).
-TEST_WORKERS ?= 2
+# Three pytest workers (pytest-xdist) on two cores: much of the suite waits on subprocesses,
+# servers, leases and sleeps, so a third worker fills the waits (bench/RESULTS.md); the Ray
+# modules share one worker (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: setup cookbook
 	RETRAIN_COOKBOOK_PYTHON=$(abspath $(COOKBOOK_VENV))/bin/python $(PY) -m pytest \
 		-n $(TEST_WORKERS) --dist loadgroup --durations=25
