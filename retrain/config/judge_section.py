@@ -14,9 +14,8 @@ from retrain.config.schema import (
     MAX_WAIT_S,
     MAX_WORKERS,
     ConfigIssue,
-    check_field,
-    fields_of,
     opt,
+    table_issues,
 )
 
 
@@ -53,17 +52,7 @@ def judge_issues(reward) -> list[ConfigIssue]:
     if reward.type != "judge":
         return [] if not reward.judge else [ConfigIssue(
             "reward.judge", "is for reward.type = 'judge': remove it or set the type")]
-    issues, fields = [], fields_of(JudgeConfig)
-    for key, value in reward.judge.items():
-        if key not in fields:
-            issues.append(ConfigIssue(f"reward.judge.{key}", "unknown key; [reward.judge] "
-                                      "takes " + ", ".join(fields)))
-            continue
-        value, problem = check_field(JudgeConfig, key, value)
-        if problem:
-            issues.append(ConfigIssue(f"reward.judge.{key}", problem))
-        else:
-            reward.judge[key] = value
+    issues = table_issues(JudgeConfig, reward.judge, "reward.judge")
     for key in ("base_url", "model"):
         if not reward.judge.get(key):
             issues.append(ConfigIssue(f"reward.judge.{key}", "reward.type = 'judge' needs "

@@ -144,6 +144,24 @@ def _type_name(tp: Any) -> str:
     return _TYPE_NAMES.get(tp, (str(tp), ""))[0]
 
 
+def table_issues(cls: type, table: dict, name: str) -> list[ConfigIssue]:
+    """Check a free-form TOML table (e.g. [reward.judge]) against the dataclass `cls` that
+    describes it: unknown keys with a did-you-mean, bad values; good values are coerced in
+    place. `name` is the table's dotted name."""
+    issues, known = [], fields_of(cls)
+    for key, value in table.items():
+        if key not in known:
+            issues.append(ConfigIssue(f"{name}.{key}", f"unknown key{did_you_mean(key, known)}"
+                                      f"; [{name}] takes " + ", ".join(known)))
+            continue
+        value, problem = check_field(cls, key, value)
+        if problem:
+            issues.append(ConfigIssue(f"{name}.{key}", problem))
+        else:
+            table[key] = value
+    return issues
+
+
 def check_field(cls: type, key: str, value: Any) -> tuple[Any, str | None]:
     """Coerce `value` to the field's type and check its range; return (value, problem)."""
     tp = hints_of(cls)[key]

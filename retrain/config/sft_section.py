@@ -17,10 +17,8 @@ from retrain.config.schema import (
     MAX_TOKENS,
     MAX_UPDATES,
     ConfigIssue,
-    check_field,
-    did_you_mean,
-    fields_of,
     opt,
+    table_issues,
 )
 
 
@@ -101,17 +99,7 @@ def _idle_issues(sft: SftConfig, training) -> list[ConfigIssue]:
 
 
 def _data_issues(data: dict) -> list[ConfigIssue]:
-    issues, known = [], fields_of(SftDataConfig)
-    for key, value in data.items():
-        if key not in known:
-            issues.append(ConfigIssue(f"sft.data.{key}", f"unknown key{did_you_mean(key, known)}"
-                                      "; [sft.data] takes " + ", ".join(known)))
-            continue
-        value, problem = check_field(SftDataConfig, key, value)
-        if problem:
-            issues.append(ConfigIssue(f"sft.data.{key}", problem))
-        else:
-            data[key] = value
+    issues = table_issues(SftDataConfig, data, "sft.data")
     if not issues and not data.get("path"):
         source = data.get("source", "jsonl")
         issues.append(ConfigIssue("sft.data.path", f"source {source!r} needs a path: "
