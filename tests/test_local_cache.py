@@ -59,3 +59,15 @@ def test_reserve_replaces_only_plain_layers(model):
     assert torch.equal(layer.keys[0, :, :3], k[1])
     layer.batch_repeat_interleave(3)
     assert layer.keys.shape == (3, 1, 4, 2) and torch.equal(layer.keys[2, :, :3], k[1])
+
+
+def test_a_reserved_layer_takes_back_its_last_positions():
+    layer = ReservedLayer(8)
+    k = torch.arange(1 * 1 * 3 * 2, dtype=torch.float32).reshape(1, 1, 3, 2)
+    layer.update(k, k + 100)
+    layer.crop(-1)
+    assert layer.get_seq_length() == 2 and torch.equal(layer.keys, k[:, :, :2])
+    keys, values = layer.update(-k[:, :, :1], -k[:, :, :1])  # overwrites the taken-back one
+    assert keys.shape == (1, 1, 3, 2) and torch.equal(keys[:, :, 2], -k[:, :, 0])
+    with pytest.raises(ValueError, match="negated"):
+        layer.crop(2)

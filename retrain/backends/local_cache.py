@@ -67,7 +67,13 @@ class ReservedLayer(DynamicLayer):
             self._views()
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a reserved KV cache is never cropped")
+        """Forget the last `-tokens_to_remove` positions (transformers' convention: a
+        negative count); the buffers stay reserved."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes the number of positions to remove, negated")
+        if self.length > 0:
+            self.length = max(self.length + tokens_to_remove, 0)
+            self._views()
 
     def reset(self) -> None:
         self.keys = self.values = self._k = self._v = None
