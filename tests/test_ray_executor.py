@@ -103,7 +103,7 @@ def _running_at_step(campaign: Path, step: int):
 
 
 def test_campaign_spreads_over_nodes_and_runs_every_step_once(tmp_path, env):
-    path = _campaign(tmp_path, max_steps=2)
+    path = _campaign(tmp_path, seeds="[1, 2]", max_steps=2)  # 2 at once: one per 1-CPU node
     done = _retrain(env, str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     campaign = tmp_path / "logs" / "exp"
@@ -111,7 +111,7 @@ def test_campaign_spreads_over_nodes_and_runs_every_step_once(tmp_path, env):
     assert m.executor == "ray" and m.slots_actor and m.status == "completed"
     worker_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]
                     and n["Resources"].get("CPU", 0) > 0}
-    assert {e.node for e in m.runs} == worker_nodes  # two nodes shared the four runs
+    assert len(m.runs) == 2 and {e.node for e in m.runs} == worker_nodes  # one run each
     for e in m.runs:
         assert e.status == "completed" and e.attempts == 1 and e.host
         assert [p["node"] for p in e.placements] == [e.node]

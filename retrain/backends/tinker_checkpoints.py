@@ -26,6 +26,7 @@ class ServiceCheckpoints:
         self._saved_lock = threading.Lock()      # appended to by the thread of each save
         self._deletions: list[concurrent.futures.Future] = []
         self._rest: Any = None
+        self._rest_lock = threading.Lock()  # one RestClient, not one per concurrent deletion
 
     def save_async(self, tc: Any, name: str) -> concurrent.futures.Future[str]:
         """Submit the save on training client `tc` now; the future gives its tinker:// path."""
@@ -70,8 +71,9 @@ class ServiceCheckpoints:
         calls = self._calls
 
         def submit() -> Any:  # inside the slot: creating the client sends requests too
-            if self._rest is None:
-                self._rest = calls.tinker.RestClient(base_url=calls.base_url)
+            with self._rest_lock:
+                if self._rest is None:
+                    self._rest = calls.tinker.RestClient(base_url=calls.base_url)
             return self._rest.delete_checkpoint_from_tinker_path(path)
 
         try:
