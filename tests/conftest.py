@@ -12,6 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.cpu_report"]  # CPU seconds per test beside --durations
+
 
 def pytest_collection_modifyitems(items) -> None:
     """Under `pytest -n N --dist loadgroup` (make test), the Ray modules run in one worker, one
