@@ -14,19 +14,20 @@ from collections import defaultdict
 import pytest
 
 KEY = "cpu_s"
-_totals: dict[str, float] = defaultdict(float)
+_totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (worker, subprocesses)
 
 
-def _cpu_s() -> float:
+def _cpu_s() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 def _measured(item):
-    start = _cpu_s()
+    (own, kids) = _cpu_s()
     yield
-    item.user_properties.append((KEY, _cpu_s() - start))
+    now_own, now_kids = _cpu_s()
+    item.user_properties.append((KEY, (now_own - own, now_kids - kids)))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -49,7 +50,9 @@ def pytest_runtest_logreport(report) -> None:
     a report carries the entries of the phases before it too."""
     phases = [v for k, v in report.user_properties if k == KEY]
     if phases:
-        _totals[report.nodeid] += phases[-1]
+        total = _totals[report.nodeid]
+        total[0] += phases[-1][0]
+        total[1] += phases[-1][1]
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
@@ -57,7 +60,9 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     if not n or not _totals:
         return
     tr = terminalreporter
-    tr.write_sep("=", f"most CPU: {n} tests of {len(_totals)}, "
-                      f"{sum(_totals.values()):.0f} CPU seconds in all")
-    for nodeid, cpu in sorted(_totals.items(), key=lambda kv: -kv[1])[:n]:
-        tr.write_line(f"{cpu:8.2f}s  {nodeid}")
+    own, kids = (sum(t[i] for t in _totals.values()) for i in (0, 1))
+    tr.write_sep("=", f"most CPU: {n} of {len(_totals)} tests; in all {own + kids:.0f} s "
+                      f"({own:.0f} s in pytest workers, {kids:.0f} s in their subprocesses)")
+    tr.write_line("     all   worker  subprocesses")
+    for nodeid, (o, k) in sorted(_totals.items(), key=lambda kv: -sum(kv[1]))[:n]:
+        tr.write_line(f"{o + k:7.1f}s {o:7.1f}s {k:7.1f}s  {nodeid}")
