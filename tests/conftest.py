@@ -16,11 +16,22 @@ pytest_plugins = ["tests.cpu_report"]  # CPU seconds per test beside --durations
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Under `pytest -n N --dist loadgroup` (make test), the Ray modules run in one worker, one
-    after another: each starts local clusters that must not compete for one machine's ports."""
+    """Under `pytest -n N --dist loadgroup` (make test): the Ray modules run in one worker, one
+    after another (each starts local clusters that must not compete for one machine's ports);
+    a module whose tests share a module-scoped fixture (a loaded model, a trained run, a
+    server) runs in one worker, so that the fixture is built once, not once per worker."""
     for item in items:
-        if Path(str(item.fspath)).name.startswith("test_ray_"):
+        module = Path(str(item.fspath))
+        if module.name.startswith("test_ray_"):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif _uses_a_shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(module.stem))
+
+
+def _uses_a_shared_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d and d[-1].scope in ("module", "package", "class") for d in defs)
 
 
 @pytest.fixture(scope="session")
