@@ -1,18 +1,82 @@
-"""How a run ends when it cannot go on: the one-line errors for diverged weights and for too
-many non-finite steps, and the first few reward or environment failures said aloud."""
+"""How a run starts and ends: its state marked running, the guard around its steps (Ctrl-C,
+a backend's one-line error, a full disk), the one-line errors for diverged weights and for too
+many non-finite steps, and the first few reward or environment failures said aloud. Shared by
+the RL trainer and the SFT stage."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from retrain.backends.base import DivergedError
+from retrain.backends.base import BackendError, DivergedError
 from retrain.run import checkpoint
+from retrain.run.stop_request import StopRequest
 from retrain.runfiles import runlog
 
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
 DIVERGED_FIX = ("Lower training.lr or training.weight_decay and start over with --new "
                 "(resuming as is repeats the divergence)")
+
+
+def mark_running(run_dir: Path, state: runlog.RunState, last_step: int) -> None:
+    """Save `state` as running in this process, towards `last_step`."""
+    state.status, state.pid, state.host = "running", os.getpid(), socket.gethostname()
+    state.started_at = state.started_at or time.time()
+    state.max_steps, state.error = last_step, ""
+    runlog.save_state(run_dir, state)
+
+
+def to_the_end(run_dir: Path, loop: Callable[[], int], interrupted: Callable[[], int],
+               fail: Callable[[BaseException], None]) -> int:
+    """`loop()`'s exit code; Ctrl-C (or a stop signal) gives `interrupted()`'s; a BackendError
+    is recorded by `fail`, said in one line and gives 1; anything else is recorded and raised
+    (a full disk as one line for the CLI)."""
+    try:
+        return loop()
+    except KeyboardInterrupt:
+        return interrupted()
+    except BackendError as exc:
+        fail(exc)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        full = runlog.disk_full_error(exc, run_dir)
+        fail(full or exc)
+        if full is not None:
+            raise full from exc  # the CLI turns it into one line
+        raise
+
+
+def record_failure(run_dir: Path, state: runlog.RunState, exc: BaseException) -> None:
+    """Save `state` as failed with `exc`, even on a full disk (never hiding `exc`)."""
+    state.status = "failed"
+    state.error = f"{type(exc).__name__}: {exc}"[:2000]
+    with contextlib.suppress(OSError):  # the original error matters more
+        runlog.save_state_even_if_full(run_dir, state)
+
+
+def record_interrupt(run_dir: Path, state: runlog.RunState, close_progress: Callable[[], None],
+                     last_step: int, config_path: Path | str, phase: str = "") -> None:
+    """Save `state` as interrupted, close the progress line and say how to resume (`phase`:
+    e.g. " (SFT)", after the step count)."""
+    state.status = "interrupted"
+    runlog.save_state(run_dir, state)
+    close_progress()
+    print(f"interrupted after step {state.step}/{last_step}{phase}; checkpoint saved. Resume "
+          f"with the same command (e.g. `retrain {config_path}`).", file=sys.stderr, flush=True)
+
+
+def say_broken_pipe(stop: StopRequest) -> None:
+    """One line when the stop came from a closed stdout."""
+    if stop.signum == signal.SIGPIPE:
+        print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
 
 
 def diverged(run_dir: Path, state: runlog.RunState, step: int, exc: DivergedError,

@@ -17,19 +17,14 @@ conversation is one datum.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
 import signal
-import socket
-import sys
 import time
 from pathlib import Path
 
 from retrain.backends.base import (
     AdamParams,
     Backend,
-    BackendError,
     DivergedError,
     LossConfig,
     skipped_nonfinite,
@@ -85,26 +80,12 @@ class SftStage:
         first = self._restore(points) if points else self._fresh()
         checkpoint.write_config(self.run_dir, self.cfg)
         trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
-        s = self.state
-        s.status, s.pid, s.host = "running", os.getpid(), socket.gethostname()
-        s.started_at = s.started_at or time.time()
-        s.max_steps, s.error = self.last_step, ""
-        runlog.save_state(self.run_dir, s)
+        endings.mark_running(self.run_dir, self.state, self.last_step)
         self.stop.install()
         try:
-            return self._loop(first, trackers), self.state
-        except KeyboardInterrupt:
-            return self._interrupted(), self.state
-        except BackendError as exc:
-            self._fail(exc)
-            print(f"error: {exc}", file=sys.stderr)
-            return 1, self.state
-        except BaseException as exc:
-            full = runlog.disk_full_error(exc, self.run_dir)
-            self._fail(full or exc)
-            if full is not None:
-                raise full from exc  # the CLI turns it into one line
-            raise
+            code = endings.to_the_end(self.run_dir, lambda: self._loop(first, trackers),
+                                      self._interrupted, self._fail)
+            return code, self.state
         finally:
             self.stop.restore()
             self.progress.close()
@@ -206,21 +187,13 @@ class SftStage:
             self.run_dir, self.training.save_every, self.last_step)
 
     def _interrupted(self) -> int:
-        if self.stop.signum == signal.SIGPIPE:
-            print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
-        self.state.status = "interrupted"
-        runlog.save_state(self.run_dir, self.state)
-        self.progress.close()
-        print(f"interrupted after step {self.state.step}/{self.last_step} (SFT); checkpoint "
-              f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
-              file=sys.stderr, flush=True)
+        endings.say_broken_pipe(self.stop)
+        endings.record_interrupt(self.run_dir, self.state, self.progress.close, self.last_step,
+                                 self.config_path, " (SFT)")
         return self.stop.exit_code
 
     def _fail(self, exc: BaseException) -> None:
-        self.state.status = "failed"
-        self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
-        with contextlib.suppress(OSError):  # the original error matters more
-            runlog.save_state_even_if_full(self.run_dir, self.state)
+        endings.record_failure(self.run_dir, self.state, exc)
 
 
 def sft_counts(examples: list[SftExample], sequences: int, epoch: int, seconds: float) -> dict:

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import random
 import signal
-import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -116,26 +113,11 @@ class Trainer:
         first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh(after)
         checkpoint.write_config(self.run_dir, self.cfg)
         trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
-        self.state.status, self.state.pid, self.state.host = "running", os.getpid(), \
-            socket.gethostname()
-        self.state.started_at = self.state.started_at or time.time()
-        self.state.max_steps, self.state.error = self.last_step, ""
-        runlog.save_state(self.run_dir, self.state)
+        endings.mark_running(self.run_dir, self.state, self.last_step)
         self.stop.install()
         try:
-            return self._loop(first, trackers)
-        except KeyboardInterrupt:
-            return self._interrupted()
-        except BackendError as exc:
-            self._fail(exc)
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        except BaseException as exc:
-            full = runlog.disk_full_error(exc, self.run_dir)
-            self._fail(full or exc)
-            if full is not None:
-                raise full from exc  # the CLI turns it into one line
-            raise
+            return endings.to_the_end(self.run_dir, lambda: self._loop(first, trackers),
+                                      self._interrupted, self._fail)
         finally:
             self.stop.restore()
             self.progress.close()
@@ -410,16 +392,11 @@ class Trainer:
     # ------------------------------------------------------------------ endings
 
     def _interrupted(self) -> int:
-        if self.stop.signum == signal.SIGPIPE:
-            print("stdout was closed (broken pipe): stopping.", file=sys.stderr, flush=True)
+        endings.say_broken_pipe(self.stop)
         with contextlib.suppress(BackendError):  # a save that failed leaves the step before
             self._land_commit()
-        self.state.status = "interrupted"
-        runlog.save_state(self.run_dir, self.state)
-        self.progress.close()
-        print(f"interrupted after step {self.state.step}/{self.last_step}; checkpoint "
-              f"saved. Resume with the same command (e.g. `retrain {self.config_path}`).",
-              file=sys.stderr, flush=True)
+        endings.record_interrupt(self.run_dir, self.state, self.progress.close, self.last_step,
+                                 self.config_path)
         return self.stop.exit_code
 
     def _guarded(self, step: int, call: Any, *args: Any, saved: bool = True) -> Any:
@@ -440,7 +417,4 @@ class Trainer:
     def _fail(self, exc: BaseException) -> None:
         with contextlib.suppress(BackendError):
             self._land_commit()
-        self.state.status = "failed"
-        self.state.error = f"{type(exc).__name__}: {exc}"[:2000]
-        with contextlib.suppress(OSError):  # the original error matters more
-            runlog.save_state_even_if_full(self.run_dir, self.state)
+        endings.record_failure(self.run_dir, self.state, exc)
