@@ -129,15 +129,17 @@ def serve_process(cache: Path, state: Path, *args: str,
         proc.wait(timeout=30)
 
 
-def wait_until(predicate, timeout: float, what: str):
-    """Poll `predicate` until it returns something true (returned); fail naming `what`."""
+def wait_until(predicate, timeout: float, what: str, detail=None):
+    """Poll `predicate` until it returns something true (returned); fail naming `what`, with
+    `detail()` (e.g. the logs of the processes waited on) when given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    said = f"\n{detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{said}")
 
 
 def wait_for(predicate, proc, timeout=120.0):

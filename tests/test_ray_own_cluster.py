@@ -83,6 +83,32 @@ def _progress(campaign: Path) -> dict[str, int]:
     return out
 
 
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"({exc})"
+
+
+def _what_happened(campaign: Path, out: Path) -> str:
+    """The runner's output, the manifest, Ray's log and each run's worker log: what a failed
+    wait shows, since a campaign that never got going says why only there."""
+    parts = [f"--- runner ({out.name}) ---", _tail(out),
+             "--- manifest ---", _tail(campaign / runlog.MANIFEST_FILE),
+             f"--- {ray_cluster.LOG} ---", _tail(campaign / ray_cluster.LOG)]
+    for log in sorted(campaign.glob("*/worker.log")):
+        parts += [f"--- {log.parent.name}/worker.log ---", _tail(log)]
+    return "\n".join(parts)
+
+
+def _progress_while(runner: subprocess.Popen, campaign: Path, out: Path) -> dict[str, int]:
+    """`_progress`, failing at once with what happened if the runner has exited."""
+    if runner.poll() is not None:
+        raise AssertionError(f"the runner exited ({runner.returncode}) before its runs were "
+                             f"at step 1\n{_what_happened(campaign, out)}")
+    return _progress(campaign)
+
+
 def _clean_up(runner: subprocess.Popen, campaign: Path, own) -> None:
     """Whatever a failed test left: the runner's process group and the campaign's cluster."""
     if runner.poll() is None:
@@ -118,7 +144,9 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
                                   env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.5"},
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        before = wait_until(lambda: _progress(campaign), 240, "both runs placed and at step 1")
+        before = wait_until(lambda: _progress_while(runner, campaign, tmp_path / "first.txt"),
+                            240, "both runs placed and at step 1",
+                            lambda: _what_happened(campaign, tmp_path / "first.txt"))
         own = ray_cluster._read(campaign / ray_cluster.RECORD)
         assert own is not None and own.pgid != runner.pid
         assert os.getpgid(runner.pid) != own.pgid  # the cluster is not the runner's group
@@ -164,7 +192,9 @@ def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     own = None
     try:
-        wait_until(lambda: _progress(campaign), 240, "the run placed and at step 1")
+        wait_until(lambda: _progress_while(runner, campaign, tmp_path / "out.txt"), 240,
+                   "the run placed and at step 1",
+                   lambda: _what_happened(campaign, tmp_path / "out.txt"))
         own = ray_cluster._read(campaign / ray_cluster.RECORD)
         assert own is not None
         runner.send_signal(signal.SIGINT)
