@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.cpu_report"]  # CPU seconds per test beside --durations
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items) -> None:
     """Under `pytest -n N --dist loadgroup` (make test): the Ray modules run in one worker, one
     after another (each starts local clusters that must not compete for one machine's ports);
