@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,8 +50,14 @@ def hold(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _holder(fd: int) -> str:
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(os.pread(fd, 32, 0).decode().strip())
-        return f" (pid {pid})"
-    return ""
+def _holder(fd: int, wait_s: float = 1.0) -> str:
+    """" (pid N)" of the holder. It writes its pid just after taking the lock, so a start that
+    races it may find the file still empty: read again for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(os.pread(fd, 32, 0).decode().strip())
+            return f" (pid {pid})"
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(0.02)
