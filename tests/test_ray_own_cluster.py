@@ -101,12 +101,17 @@ def _what_happened(campaign: Path, out: Path) -> str:
     return "\n".join(parts)
 
 
-def _progress_while(runner: subprocess.Popen, campaign: Path, out: Path) -> dict[str, int]:
-    """`_progress`, failing at once with what happened if the runner has exited."""
-    if runner.poll() is not None:
-        raise AssertionError(f"the runner exited ({runner.returncode}) before its runs were "
-                             f"at step 1\n{_what_happened(campaign, out)}")
-    return _progress(campaign)
+def _wait_placed(runner: subprocess.Popen, campaign: Path, out: Path,
+                 what: str) -> dict[str, int]:
+    """`_progress` once every run is placed and past step 1; failing with what happened
+    (`out` is the runner's output) if the runner exits first or 240 s pass."""
+    def placed() -> dict[str, int]:
+        if runner.poll() is not None:
+            raise AssertionError(f"the runner exited ({runner.returncode}) before {what}\n"
+                                 f"{_what_happened(campaign, out)}")
+        return _progress(campaign)
+
+    return wait_until(placed, 240, what, lambda: _what_happened(campaign, out))
 
 
 def _clean_up(runner: subprocess.Popen, campaign: Path, own) -> None:
@@ -144,9 +149,8 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
                                   env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.5"},
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        before = wait_until(lambda: _progress_while(runner, campaign, tmp_path / "first.txt"),
-                            240, "both runs placed and at step 1",
-                            lambda: _what_happened(campaign, tmp_path / "first.txt"))
+        before = _wait_placed(runner, campaign, tmp_path / "first.txt",
+                              "both runs placed and at step 1")
         own = ray_cluster._read(campaign / ray_cluster.RECORD)
         assert own is not None and own.pgid != runner.pid
         assert os.getpgid(runner.pid) != own.pgid  # the cluster is not the runner's group
@@ -192,9 +196,7 @@ def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     own = None
     try:
-        wait_until(lambda: _progress_while(runner, campaign, tmp_path / "out.txt"), 240,
-                   "the run placed and at step 1",
-                   lambda: _what_happened(campaign, tmp_path / "out.txt"))
+        _wait_placed(runner, campaign, tmp_path / "out.txt", "the run placed and at step 1")
         own = ray_cluster._read(campaign / ray_cluster.RECORD)
         assert own is not None
         runner.send_signal(signal.SIGINT)
