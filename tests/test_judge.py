@@ -21,7 +21,7 @@ from retrain.environments.judge_prompt import parse_group, parse_score
 from retrain.errors import UserError
 from tests.conftest import SERVE_KEY
 from tests.judge_server import RUBRIC, JudgeServer, group_scores, pointwise_score
-from tests.run_helpers import rows, state, wait_for, write_config
+from tests.run_helpers import rows, run_in_process, state, wait_for, write_config
 
 KEY = "sk-judge-test-4f9a"
 
@@ -168,16 +168,16 @@ def judge_run(tmp_path, server, name: str, **judge):
                         training={"max_steps": 3, "save_every": 1})
 
 
-def launch(python, env, cwd, path):
-    return subprocess.run([python, "-m", "retrain", path.name], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+def launch(cwd, path, env=None):
+    """`retrain PATH` from `cwd`, in this process: what is tested is the judge, not the
+    process boundary (the SIGKILL test below starts its first run as a process)."""
+    return run_in_process([path.name], cwd, env)
 
 
 @pytest.mark.parametrize("mode", ["pointwise", "group"])
-def test_judge_rewarded_tiny_run_trains_three_steps(tmp_path, cli_env, python, tiny_model,
-                                                    server, mode):
+def test_judge_rewarded_tiny_run_trains_three_steps(tmp_path, tiny_model, server, mode):
     path = judge_run(tmp_path, server, "judged", mode=mode)
-    done = launch(python, cli_env, tmp_path, path)
+    done = launch(tmp_path, path)
     assert done.returncode == 0, done.stdout + done.stderr
     got = rows(tmp_path / "logs" / "judged")
     assert [r["step"] for r in got] == [1, 2, 3]
@@ -199,13 +199,13 @@ def served_judge_run(tmp_path, served, mode: str = "pointwise"):
 
 
 @pytest.mark.parametrize("mode", ["pointwise", "group"])
-def test_retrain_serve_as_the_judge_of_a_tiny_run(tmp_path, cli_env, python, tiny_serve, mode):
+def test_retrain_serve_as_the_judge_of_a_tiny_run(tmp_path, tiny_serve, mode):
     """The random tiny model's greedy replies are bytes with no score in them: each is
     counted (judge_parse_errors) and scores 0. What must hold: serve answered every request
     (no judge_errors: a refused key, a 4xx or a dropped connection would count there), the
     rows carry the judge's metrics, and only readable answers reached the cache."""
     path = served_judge_run(tmp_path, tiny_serve, mode)
-    done = launch(python, {**cli_env, "SERVE_JUDGE_KEY": SERVE_KEY}, tmp_path, path)
+    done = launch(tmp_path, path, {"SERVE_JUDGE_KEY": SERVE_KEY})
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = tmp_path / "logs" / "served"
     got = rows(run_dir)
@@ -221,21 +221,21 @@ def test_retrain_serve_as_the_judge_of_a_tiny_run(tmp_path, cli_env, python, tin
     assert "Traceback" not in tiny_serve.log()
 
 
-def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path, cli_env, python,
+def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path,
                                                                tiny_serve):
     path = served_judge_run(tmp_path, tiny_serve)
-    done = launch(python, {**cli_env, "SERVE_JUDGE_KEY": "sk-wrong"}, tmp_path, path)
+    done = launch(tmp_path, path, {"SERVE_JUDGE_KEY": "sk-wrong"})
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"reward.judge.base_url = {tiny_serve.url}/v1: the judge refused the API key " \
         "(from $SERVE_JUDGE_KEY)" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr and "sk-wrong" not in done.stderr + done.stdout
 
 
-def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path, cli_env, python,
+def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path,
                                                            tiny_model, server):
     server.mode = "429"
     path = judge_run(tmp_path, server, "limited", retries=0)
-    done = launch(python, cli_env, tmp_path, path)
+    done = launch(tmp_path, path)
     assert done.returncode == 0, done.stdout + done.stderr
     got = rows(tmp_path / "logs" / "limited")
     assert [r["step"] for r in got] == [1, 2, 3]
@@ -244,10 +244,10 @@ def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path, cli_env, p
     assert "HTTP 429" in done.stdout + done.stderr
 
 
-def test_unreachable_judge_stops_the_run_at_start(tmp_path, cli_env, python, server):
+def test_unreachable_judge_stops_the_run_at_start(tmp_path, server):
     path = judge_run(tmp_path, server, "nojudge")
     server.close()
-    done = launch(python, cli_env, tmp_path, path)
+    done = launch(tmp_path, path)
     assert done.returncode == 2
     assert f"reward.judge.base_url = {server.base_url}: the judge cannot be reached" in \
         done.stderr + done.stdout
@@ -271,7 +271,7 @@ def test_resume_after_sigkill_does_not_ask_the_judge_again(tmp_path, cli_env, py
         proc.wait()
     server.block_after = None
     before = server.requests
-    done = launch(python, cli_env, tmp_path, path)
+    done = launch(tmp_path, path)
     assert done.returncode == 0, done.stdout + done.stderr
     step2 = [r for r in rows(run_dir) if r["step"] == 2][-1]
     assert step2["judge_cache_hits"] == 3 and step2["judge_calls"] == 5
@@ -279,19 +279,19 @@ def test_resume_after_sigkill_does_not_ask_the_judge_again(tmp_path, cli_env, py
 
 
 def test_campaign_runs_share_the_judge_budget(tmp_path, cli_env, python, tiny_model, server):
-    """4 runs at once, judge.max_concurrent = 2: never more than 2 requests at the judge."""
+    """3 runs at once, judge.max_concurrent = 2: never more than 2 requests at the judge."""
     from bench.tiny_campaign import tiny_campaign_toml
 
-    server.delay_s = 1.0  # the runs' judging overlaps: 16 requests take >= 8 s at 2 at once
+    server.delay_s = 1.0  # the runs' judging overlaps: 12 requests take >= 6 s at 2 at once
     judge = (f'[reward]\ntype = "judge"\n[reward.judge]\nbase_url = "{server.base_url}"\n'
              f'model = "judge"\nrubric = {json.dumps(RUBRIC)}\nmax_concurrent = 2\n')
     path = tmp_path / "camp.toml"
-    path.write_text(tiny_campaign_toml(tmp_path / "logs", [1, 2, 3, 4], max_steps=1,
-                                       max_workers=4, tables=judge))
+    path.write_text(tiny_campaign_toml(tmp_path / "logs", [1, 2, 3], max_steps=1,
+                                       max_workers=3, tables=judge))
     done = subprocess.run([python, "-m", "retrain", "run", str(path)], cwd=tmp_path,
                           env=cli_env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert server.requests == 4 * 4  # 4 runs x batch 2 x group 2
+    assert server.requests == 3 * 4  # 3 runs x batch 2 x group 2
     assert server.max_in_flight == 2
 
 
