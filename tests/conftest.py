@@ -51,8 +51,7 @@ def tiny_model(model_cache) -> str:
     return resolve_model(TINY)
 
 
-@pytest.fixture
-def cli_env(model_cache) -> dict:
+def subprocess_env(model_cache: Path) -> dict:
     """Environment for running `python -m retrain` in a subprocess against this checkout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -60,6 +59,12 @@ def cli_env(model_cache) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("TINKER_API_KEY", None)
     return env
+
+
+@pytest.fixture
+def cli_env(model_cache) -> dict:
+    """`subprocess_env`, a fresh copy for each test."""
+    return subprocess_env(model_cache)
 
 
 @pytest.fixture

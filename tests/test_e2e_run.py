@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.run_helpers import rows, state, write_config
+from tests.run_helpers import rows, run_in_process, state, write_config
 
 
 def retrain(python, env, cwd, *args, timeout=300):
@@ -72,7 +72,7 @@ def test_sigterm_checkpoints_and_the_next_launch_resumes(tmp_path, cli_env, pyth
     st = state(run_dir)
     assert st["status"] == "interrupted" and 1 <= st["step"] < 6
     assert [r["step"] for r in rows(run_dir)] == list(range(1, st["step"] + 1))
-    done = retrain(python, cli_env, tmp_path, path.name)
+    done = run_in_process([path.name], tmp_path)  # the next launch: in this process
     assert done.returncode == 0, done.stderr
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4, 5, 6]
     assert state(run_dir)["status"] == "completed"

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from retrain.config import toml_io  # noqa: E402
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
-from tests.run_helpers import BASE, rows, state  # noqa: E402
+from tests.run_helpers import BASE, rows, run_in_process, state  # noqa: E402
 
 ENVS = Path(__file__).parent / "data" / "envs"
 ENV_METRICS = ("mean_turns", "max_turns_hit", "episode_tokens", "env_seconds", "env_errors",
@@ -162,13 +162,13 @@ def test_resume_after_sigkill_reproduces_the_next_steps_episodes(workdir, cli_en
     ref = env_config(workdir, "Digits", name="ref", training={"max_steps": 3},
                      params={"turns": 2}, max_turns=2)
     cmd = [sys.executable, "-m", "retrain"]
-    assert subprocess.run([*cmd, str(ref)], env=cli_env, capture_output=True).returncode == 0
+    assert run_in_process([ref], workdir).returncode == 0
     killed = env_config(workdir, "Digits", name="killed", training={"max_steps": 3},
                         params={"turns": 2, "kill_parent_on_step": 16}, max_turns=2)
     first = subprocess.run([*cmd, str(killed)], env=cli_env, capture_output=True, text=True)
     assert first.returncode == -9, first.stderr[-2000:]
     assert len(rows(workdir / "logs" / "killed")) == 1  # 4 eval + 8 step-1 calls, then step 2
-    again = subprocess.run([*cmd, str(killed)], env=cli_env, capture_output=True, text=True)
+    again = run_in_process([killed], workdir)  # the resume: in this process
     assert again.returncode == 0, again.stderr[-2000:]
     want = [{k: r[k] for k in keys} for r in rows(workdir / "logs" / "ref")]
     assert [{k: r[k] for k in keys} for r in rows(workdir / "logs" / "killed")] == want

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.run.trainer")
+
+from tests.run_helpers import run_in_process  # noqa: E402
 
 ENVS = Path(__file__).parent / "data" / "envs"
 
@@ -58,10 +59,10 @@ log_dir = "logs"
 
 @pytest.mark.parametrize("off_policy", [0, 1])
 def test_a_multi_turn_environment_trains_through_serve(off_policy, tiny_server, tmp_path,
-                                                       tinker_cli_env, python):
+                                                       tinker_cli_env):
     path = config(tmp_path, "remote", tiny_server.url, off_policy)
-    proc = subprocess.run([python, "-m", "retrain", str(path)], env=tinker_cli_env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    sdk_env = {k: tinker_cli_env[k] for k in ("TINKER_API_KEY", "TINKER_TELEMETRY")}
+    proc = run_in_process([path], tmp_path, sdk_env)  # the run, not its process, is tested
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "logs/remote/metrics.jsonl").read_text()
             .splitlines()]

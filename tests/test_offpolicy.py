@@ -18,7 +18,7 @@ pytest.importorskip("tinker")
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
 from retrain.backends.tinker import TinkerBackend  # noqa: E402
-from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
+from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
 EOS = 2
@@ -81,8 +81,8 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
     saved with checkpoint 3, exactly as the straight run did."""
     path = _tinker_config(tmp_path, tiny_server.url)
     base = [python, "-m", "retrain", "run", str(path)]
-    done = subprocess.run([*base, "--log-dir", "straight"], env=tinker_cli_env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    sdk_env = {k: tinker_cli_env[k] for k in ("TINKER_API_KEY", "TINKER_TELEMETRY")}
+    done = run_in_process([*base[3:], "--log-dir", "straight"], tmp_path, sdk_env)
     assert done.returncode == 0, done.stderr[-3000:]
     straight = rows(tmp_path / "straight" / "run")
     assert [r["step"] for r in straight] == [1, 2, 3, 4, 5, 6]
@@ -116,8 +116,7 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
     assert saved["step"] == 4 and saved["staleness"] == straight[3]["sample_staleness"]
     assert s["data_cursor"] == saved["cursor_before"]  # state.json: committed steps only
 
-    resumed_proc = subprocess.run(cmd, env=tinker_cli_env, capture_output=True, text=True,
-                                  timeout=300, cwd=tmp_path)
+    resumed_proc = run_in_process(cmd[3:], tmp_path, sdk_env)  # the resume: in this process
     assert resumed_proc.returncode == 0, resumed_proc.stderr[-3000:]
     assert "after step 3 (dropped 1 metrics rows written after it)" in resumed_proc.stdout
     resumed = rows(run_dir)

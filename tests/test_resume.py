@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
-from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
+from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 
 COMPARED = ("batch_size", "num_completions", "mean_reward", "reward_std", "loss", "grad_norm",
             "mean_completion_tokens", "sampler_trainer_logprob_diff", "max_token_hit_rate")
@@ -43,7 +43,7 @@ def test_kill_and_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch, cl
             proc.kill()
     assert len(rows(run_dir)) == 3
 
-    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    done = run_in_process(cmd[3:], tmp_path)  # the resume: in this process
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stdout and "after step 3" in done.stdout
     resumed = rows(run_dir)

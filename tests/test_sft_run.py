@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.results import model_card  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
-from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
+from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 
 SFT_STEPS, RL_STEPS = 6, 2
 RL_COMPARED = ("batch_size", "num_completions", "mean_reward", "loss", "grad_norm",
@@ -120,7 +120,7 @@ def test_kill_during_sft_resumes_exactly(tmp_path, monkeypatch, cli_env, python,
     assert killed_at["extra"]["phase"] == "sft" and killed_at["status"] == "running"
     assert 2 <= killed_at["step"] < SFT_STEPS, killed_at["step"]
 
-    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    done = run_in_process(cmd[3:], tmp_path)  # the resume: in this process
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"after step {killed_at['step']} (SFT)" in done.stdout
     same_rows(straight, rows(run_dir))

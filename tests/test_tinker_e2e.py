@@ -145,12 +145,12 @@ def test_tinker_run_learns_like_the_local_backend(tiny_server, tmp_path, tinker_
 
 
 def test_campaign_never_exceeds_max_concurrent(tiny_server, tmp_path, tinker_cli_env, python):
-    """Test (3): 4 tinker runs, 4 workers, max_concurrent = 2: the server never has more
+    """Test (3): 3 tinker runs, 3 workers, max_concurrent = 2: the server never has more
     than 2 of the campaign's requests in flight."""
     out = Outputs()
     cfg = write_config(tmp_path, "camp", backend="tinker", url=tiny_server.url, steps=4,
-                       extra="\n[campaign]\nseeds = [1, 2, 3, 4]\nparallel = true\n"
-                             "max_workers = 4\nstagger_seconds = 0\n")
+                       extra="\n[campaign]\nseeds = [1, 2, 3]\nparallel = true\n"
+                             "max_workers = 3\nstagger_seconds = 0\n")
     text = cfg.read_text().replace("request_timeout_s", "max_concurrent = 2\nrequest_timeout_s")
     cfg.write_text(text)
     tiny_server.traffic.reset_peak()
@@ -158,8 +158,8 @@ def test_campaign_never_exceeds_max_concurrent(tiny_server, tmp_path, tinker_cli
     proc = out.run(python, [cfg.name], tinker_cli_env, tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((tmp_path / "logs/camp/manifest.json").read_text())
-    assert [r["status"] for r in manifest["runs"]] == ["completed"] * 4
-    assert tiny_server.traffic.requests - before > 4 * 4 * 5  # every run talked to the server
+    assert [r["status"] for r in manifest["runs"]] == ["completed"] * 3
+    assert tiny_server.traffic.requests - before > 3 * 4 * 5  # every run talked to the server
     assert tiny_server.traffic.peak <= 2, tiny_server.traffic.peak
     assert tiny_server.traffic.peak == 2  # and the two slots were used in parallel
     assert_key_never_leaked(tmp_path / "logs", out)
