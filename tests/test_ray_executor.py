@@ -237,20 +237,21 @@ api_key_env = "RAY_JUDGE_KEY"
 
 
 def test_runs_on_every_node_share_the_judge_budget(tmp_path, env):
-    """4 runs at once over 2 nodes (half a CPU each), judge.max_concurrent = 2: never more
-    than 2 requests in flight at the judge, counted there; the key's variable reaches the
-    runs on the nodes; the judge's slot actor is gone once the campaign ends."""
+    """3 runs at once over 2 nodes (half a CPU each: 2 fit on a node, so both nodes run
+    one), judge.max_concurrent = 2: never more than 2 requests in flight at the judge,
+    counted there; the key's variable reaches the runs on the nodes; the judge's slot actor
+    is gone once the campaign ends."""
     server = JudgeServer()
-    server.delay_s = 1.0  # the runs' judging overlaps: 32 requests take >= 16 s at 2 at once
+    server.delay_s = 1.0  # the runs' judging overlaps: 12 requests take >= 6 s at 2 at once
     try:
         path = tmp_path / "exp.toml"
         path.write_text(tiny_campaign_toml(
-            tmp_path / "logs", "[1, 2, 3, 4]", max_steps=2, max_workers=4,
+            tmp_path / "logs", "[1, 2, 3]", max_steps=1, max_workers=3,
             campaign='executor = "ray"\nrun_resources = {cpu = 0.5}',
             tables=JUDGE_TABLE.format(url=server.base_url, rubric=json.dumps(RUBRIC))))
         done = _retrain({**env, "RAY_JUDGE_KEY": "sk-ray-judge"}, str(path), timeout=400)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert server.requests == 4 * 2 * 4  # 4 runs x 2 steps x batch 2 x group 2
+        assert server.requests == 3 * 1 * 4  # 3 runs x 1 step x batch 2 x group 2
         assert server.max_in_flight == 2 and server.auth == {"Bearer sk-ray-judge"}
     finally:
         server.close()
