@@ -12,12 +12,23 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 
-def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, cli_env, python):
+def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, capsys):
+    """In this process (the command line's own process is the next test's): the smoke run
+    sets one torch thread and the global seed, which are put back after."""
+    import torch
+
+    from bench.gpu import main
+
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([python, "-m", "bench.gpu", "--smoke", "--out", str(out)],
-                          env=cli_env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "| tiny | 8 |" in proc.stdout and "speedup" in proc.stdout
+    try:
+        code = main(["--smoke", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    assert "| tiny | 8 |" in printed.out and "speedup" in printed.out
     report = json.loads(out.read_text())
     tiny = report["models"]["tiny"]
     assert [d["batch"] for d in tiny["decode"]] == [4, 8]
