@@ -18,6 +18,7 @@ pytest.importorskip("retrain.control.backpressure")
 pytest.importorskip("retrain.campaign.runner")
 
 from retrain.serve.guard import FaultPlan  # noqa: E402
+from tests.run_helpers import run_in_process  # noqa: E402
 
 KEY = f"tml-e2e-{secrets.token_hex(12)}"   # unique, so any leak is found by a plain search
 
@@ -123,10 +124,11 @@ def test_tinker_run_learns_like_the_local_backend(tiny_server, tmp_path, tinker_
     out = Outputs()
     write_config(tmp_path, "local", backend="local")
     write_config(tmp_path, "remote", backend="tinker", url=tiny_server.url)
-    procs = [out.start(python, [f"{n}.toml"], tinker_cli_env, tmp_path)
-             for n in ("local", "remote")]
-    codes = [out.finish(p) for p in procs]
-    assert codes == [0, 0], out.texts[-2:]
+    remote = out.start(python, ["remote.toml"], tinker_cli_env, tmp_path)
+    local = run_in_process(["local.toml"], tmp_path)  # meanwhile, in this process
+    out.texts += [local.stdout, local.stderr]
+    codes = [local.returncode, out.finish(remote)]
+    assert codes == [0, 0], out.texts[-4:]
     local, remote = rows(tmp_path / "logs/local"), rows(tmp_path / "logs/remote")
     assert [r["step"] for r in remote] == list(range(1, 31))
     curves = {}

@@ -1,6 +1,7 @@
 """A reward or environment worker killed from outside, and SIGTERM to the whole process group:
-real runs of `python -m retrain` (tiny model) in their own session, signalled at a known
-call of the worker (a call counter in a file next to the config)."""
+real runs of the tiny model, signalled at a known call of the worker (a call counter in a file
+next to the config). The SIGTERM run is a `python -m retrain` process in its own session (the
+process group is what it tests); a killed worker's run runs in the test's process."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.run_helpers import rows, run_in_process, state, write_config  # noqa: E402
 
 STEPS = {"max_steps": 3, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}
 CALLS_PER_STEP = 8  # batch_size x group_size, no eval
@@ -68,12 +69,17 @@ class OneTurn(Environment):
 '''
 
 
-def start(folder: Path, env: dict, action: str, on_call: int, kind: str = "task"):
+def prepare(folder: Path, action: str, on_call: int, kind: str = "task") -> dict[str, str]:
+    """The worker and run.toml in `folder`; returns the variables that arm the worker."""
     (folder / "worker.py").write_text(WORKER_CODE)
     sections = {"environment": {"kind": "python", "factory": "worker.py:OneTurn"}} \
         if kind == "python" else {"reward": {"function": "worker.py:reward"}}
     write_config(folder, training=STEPS, data={"eval_size": 0}, **sections)
-    env = {**env, "RETRAIN_TEST_ACTION": action, "RETRAIN_TEST_ON_CALL": str(on_call)}
+    return {"RETRAIN_TEST_ACTION": action, "RETRAIN_TEST_ON_CALL": str(on_call)}
+
+
+def start(folder: Path, env: dict, action: str, on_call: int):
+    env = {**env, **prepare(folder, action, on_call)}
     # Its own session: the process group is the run's, not pytest's.
     return subprocess.Popen([sys.executable, "-m", "retrain", "run.toml"], cwd=folder,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -83,9 +89,10 @@ def start(folder: Path, env: dict, action: str, on_call: int, kind: str = "task"
 @pytest.mark.parametrize("kind, failures", [("task", "reward_failures"),
                                             ("python", "env_errors")])
 def test_a_worker_killed_between_calls_is_replaced_and_the_run_completes(
-        tmp_path, cli_env, tiny_model, kind, failures):
-    proc = start(tmp_path, cli_env, "kill", CALLS_PER_STEP, kind)  # idle after step 1
-    out, err = proc.communicate(timeout=300)
+        tmp_path, tiny_model, kind, failures):
+    armed = prepare(tmp_path, "kill", CALLS_PER_STEP, kind)  # idle after step 1
+    proc = run_in_process(["run.toml"], tmp_path, armed)
+    err = proc.stderr
     assert proc.returncode == 0, err[-3000:]
     assert "died between calls (killed by SIGKILL: out of memory?)" in err
     assert "Traceback" not in err
