@@ -221,8 +221,7 @@ def test_retrain_serve_as_the_judge_of_a_tiny_run(tmp_path, tiny_serve, mode):
     assert "Traceback" not in tiny_serve.log()
 
 
-def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path,
-                                                               tiny_serve):
+def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path, tiny_serve):
     path = served_judge_run(tmp_path, tiny_serve)
     done = launch(tmp_path, path, {"SERVE_JUDGE_KEY": "sk-wrong"})
     assert done.returncode == 2, done.stdout + done.stderr
@@ -231,8 +230,7 @@ def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path,
     assert "Traceback" not in done.stderr and "sk-wrong" not in done.stderr + done.stdout
 
 
-def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path,
-                                                           tiny_model, server):
+def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path, tiny_model, server):
     server.mode = "429"
     path = judge_run(tmp_path, server, "limited", retries=0)
     done = launch(tmp_path, path)
