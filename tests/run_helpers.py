@@ -84,22 +84,14 @@ def run_in_process(argv: list, cwd: Path, env: dict[str, str] | None = None
     ~6 CPU-seconds a fresh process spends importing torch, transformers and peft."""
     import contextlib
     import io
+    from unittest import mock
 
     from retrain.cli.app import run_app
 
     out, err = io.StringIO(), io.StringIO()
-    saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    try:
-        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
-            code = run_app([str(a) for a in argv])
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with mock.patch.dict(os.environ, env or {}), contextlib.chdir(cwd), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_app([str(a) for a in argv])
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

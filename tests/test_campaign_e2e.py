@@ -48,15 +48,6 @@ name = "lr-1e-7"
 STEPS, STAGGER_S = 30, 0.3
 
 
-def _toml(tmp: Path, *, max_steps: int = 2, seeds: str = "[1, 2]", max_workers: int = 2,
-          stagger: float = 0.3) -> Path:
-    path = tmp / "exp.toml"
-    path.write_text(tiny_campaign_toml(tmp / "logs", seeds, max_steps=max_steps,
-                                       max_workers=max_workers, stagger_s=stagger,
-                                       tables=CONDITIONS))
-    return path
-
-
 def _retrain(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "retrain", *args], env=env, text=True,
                           capture_output=True, timeout=timeout)
@@ -159,7 +150,9 @@ def test_compare_ranks_a_real_campaign_and_plot_draws_it(learned):
 
 def test_sigkilled_worker_fails_others_complete_and_rerun_runs_only_it(tmp_path, cli_env,
                                                                        tiny_model):
-    path = _toml(tmp_path, max_steps=3, seeds="[1]", max_workers=2, stagger=0.0)
+    path = tmp_path / "exp.toml"
+    path.write_text(tiny_campaign_toml(tmp_path / "logs", "[1]", max_steps=3, max_workers=2,
+                                       tables=CONDITIONS))
     runner = subprocess.Popen([sys.executable, "-m", "retrain", "run", str(path)], env=cli_env,
                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     victim_dir = tmp_path / "logs" / "exp" / "rloo_s1"

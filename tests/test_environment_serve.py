@@ -59,10 +59,9 @@ log_dir = "logs"
 
 @pytest.mark.parametrize("off_policy", [0, 1])
 def test_a_multi_turn_environment_trains_through_serve(off_policy, tiny_server, tmp_path,
-                                                       tinker_cli_env):
+                                                       sdk_env):
     path = config(tmp_path, "remote", tiny_server.url, off_policy)
-    sdk_env = {k: tinker_cli_env[k] for k in ("TINKER_API_KEY", "TINKER_TELEMETRY")}
-    proc = run_in_process([path], tmp_path, sdk_env)  # the run, not its process, is tested
+    proc = run_in_process([path], tmp_path)  # the run, not its process, is tested
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "logs/remote/metrics.jsonl").read_text()
             .splitlines()]

@@ -74,15 +74,14 @@ def test_local_backend_refuses_off_policy(tmp_path, cli_env, python):
 
 
 def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path, tinker_cli_env,
-                                                           python):
+                                                           sdk_env, python):
     """6 steps straight == SIGKILL in step 5, resume. With overlap, step 4's checkpoint lands
     during step 5's update, so the kill (while step 5 scores) finds state.json at step 3 and
     step 4's row written: the resume drops that row and trains step 4 again on the batch
     saved with checkpoint 3, exactly as the straight run did."""
     path = _tinker_config(tmp_path, tiny_server.url)
     base = [python, "-m", "retrain", "run", str(path)]
-    sdk_env = {k: tinker_cli_env[k] for k in ("TINKER_API_KEY", "TINKER_TELEMETRY")}
-    done = run_in_process([*base[3:], "--log-dir", "straight"], tmp_path, sdk_env)
+    done = run_in_process([*base[3:], "--log-dir", "straight"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     straight = rows(tmp_path / "straight" / "run")
     assert [r["step"] for r in straight] == [1, 2, 3, 4, 5, 6]
@@ -116,7 +115,7 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
     assert saved["step"] == 4 and saved["staleness"] == straight[3]["sample_staleness"]
     assert s["data_cursor"] == saved["cursor_before"]  # state.json: committed steps only
 
-    resumed_proc = run_in_process(cmd[3:], tmp_path, sdk_env)  # the resume: in this process
+    resumed_proc = run_in_process(cmd[3:], tmp_path)  # the resume: in this process
     assert resumed_proc.returncode == 0, resumed_proc.stderr[-3000:]
     assert "after step 3 (dropped 1 metrics rows written after it)" in resumed_proc.stdout
     resumed = rows(run_dir)

@@ -17,11 +17,9 @@ from tests.run_helpers import run_in_process  # noqa: E402
 from tests.test_tinker_e2e import rows, write_config  # noqa: E402
 
 
-def test_eval_sample_and_export_of_a_tinker_run(tiny_server, tmp_path, tinker_cli_env):
-    sdk_env = {k: tinker_cli_env[k] for k in ("TINKER_API_KEY", "TINKER_TELEMETRY")}
-
+def test_eval_sample_and_export_of_a_tinker_run(tiny_server, tmp_path, sdk_env):
     def retrain(*args):
-        return run_in_process(list(args), tmp_path, sdk_env)
+        return run_in_process(list(args), tmp_path)
 
     cfg = write_config(tmp_path, "remote", backend="tinker", url=tiny_server.url, steps=3)
     cfg.write_text(cfg.read_text().replace("eval_size = 0", "eval_size = 8"))

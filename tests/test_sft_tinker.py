@@ -19,12 +19,11 @@ from tests.test_sft_run import check_sft_then_rl, same_rows, sft_config  # noqa:
 
 
 def test_sft_then_rl_on_serve_and_a_kill_during_sft(tiny_server, tmp_path, tinker_cli_env,
-                                                    python):
+                                                    sdk_env, python):
     path = sft_config(tmp_path, backend={"backend": "tinker", "base_url": tiny_server.url,
                                          "request_timeout_s": 120})
     cmd = [python, "-m", "retrain", "run", str(path), "--log-dir"]
-    sdk_env = {k: tinker_cli_env[k] for k in ("TINKER_API_KEY", "TINKER_TELEMETRY")}
-    done = run_in_process([*cmd[3:], "straight"], tmp_path, sdk_env)  # only its rows matter
+    done = run_in_process([*cmd[3:], "straight"], tmp_path)  # only its rows matter
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     straight = rows(tmp_path / "straight" / "run")
     check_sft_then_rl(straight)
@@ -48,7 +47,7 @@ def test_sft_then_rl_on_serve_and_a_kill_during_sft(tiny_server, tmp_path, tinke
     assert killed_at["step"] == 3 and killed_at["extra"]["phase"] == "sft"
     assert killed_at["checkpoint"].startswith("tinker://")
 
-    resumed = run_in_process([*cmd[3:], "killed"], tmp_path, sdk_env)  # in this process
+    resumed = run_in_process([*cmd[3:], "killed"], tmp_path)  # in this process
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
     assert "after step 3 (SFT)" in resumed.stdout
     same_rows(straight, rows(run_dir))
