@@ -30,7 +30,8 @@ demo: setup
 # `retrain serve`; it needs its own venv (make cookbook) and is skipped with the reason without one.
 # Three pytest workers (pytest-xdist) on two cores: much of the suite waits on subprocesses,
 # servers, leases and sleeps, so a third worker fills the waits (bench/RESULTS.md); the Ray
-# modules share one worker (tests/conftest.py).
+# modules run in two groups, one cluster each at a time (tests/conftest.py). The tests' own
+# `python -m retrain` processes fork from a warm interpreter (tests/warm.py).
 # The two venvs are installed side by side (-j2): each install leaves a core idle part of the time.
 TEST_WORKERS ?= 3
 test:

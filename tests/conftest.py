@@ -15,16 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.cpu_report"]  # CPU seconds per test beside --durations
 
 
+RAY_GROUPS = {"test_ray_slots": "ray-slots"}   # the other Ray modules: group "ray"
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items) -> None:
-    """Under `pytest -n N --dist loadgroup` (make test): the Ray modules run in one worker, one
-    after another (each starts local clusters that must not compete for one machine's ports);
-    a module whose tests share a module-scoped fixture (a loaded model, a trained run, a
-    server) runs in one worker, so that the fixture is built once, not once per worker."""
+    """Under `pytest -n N --dist loadgroup` (make test): the Ray modules run one after another
+    in two workers at most, the slot tests' cluster beside the runs' clusters (more at once
+    missed their tests' deadlines on two cores); a module whose tests share a module-scoped
+    fixture (a loaded model, a trained run, a server) runs in one worker, so that the fixture
+    is built once, not once per worker."""
     for item in items:
         module = Path(str(item.fspath))
         if module.name.startswith("test_ray_"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.xdist_group(RAY_GROUPS.get(module.stem, "ray")))
         elif _uses_a_shared_fixture(item):
             item.add_marker(pytest.mark.xdist_group(module.stem))
 

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import warm
+
 REPO = Path(__file__).resolve().parents[1]
 
 DIGITS_REWARD = '''
@@ -133,9 +135,9 @@ def serve_process(cache: Path, state: Path, *args: str,
     env = {**os.environ, "PYTHONPATH": str(REPO), "RETRAIN_CACHE": str(cache),
            "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
     env.pop("RETRAIN_SERVE_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", *args],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                      env=env, stderr=subprocess.PIPE, text=True)
     try:
         served = ServeProcess(read_serve_url(proc, timeout_s))
         reader = threading.Thread(target=lambda: served.lines.extend(proc.stderr),
@@ -185,8 +187,8 @@ def kill_after_step_3_and_resume(path: Path, cli_env: dict, python: str, calls: 
     counter = Path(path).parent / "calls"
     env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter), RETRAIN_TEST_BLOCK_AFTER=str(calls))
     cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", log_dir]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = warm.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      text=True)
     run_dir = Path(path).parent / log_dir / "run"
     try:
         wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > calls, proc,

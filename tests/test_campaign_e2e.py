@@ -24,6 +24,7 @@ import pytest
 from bench.tiny_campaign import tiny_campaign_toml
 from retrain.campaign.manifest import load_manifest
 from retrain.runfiles import runlog
+from tests import warm
 from tests.conftest import subprocess_env
 from tests.run_helpers import DIGITS_REWARD
 
@@ -49,8 +50,8 @@ STEPS, STAGGER_S = 30, 0.3
 
 
 def _retrain(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "retrain", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return warm.run([sys.executable, "-m", "retrain", *args], env=env, text=True,
+                    capture_output=True, timeout=timeout)
 
 
 def _max_overlap(intervals: list[tuple[float, float]]) -> int:
@@ -153,8 +154,8 @@ def test_sigkilled_worker_fails_others_complete_and_rerun_runs_only_it(tmp_path,
     path = tmp_path / "exp.toml"
     path.write_text(tiny_campaign_toml(tmp_path / "logs", "[1]", max_steps=3, max_workers=2,
                                        tables=CONDITIONS))
-    runner = subprocess.Popen([sys.executable, "-m", "retrain", "run", str(path)], env=cli_env,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    runner = warm.Popen([sys.executable, "-m", "retrain", "run", str(path)], env=cli_env,
+                        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     victim_dir = tmp_path / "logs" / "exp" / "rloo_s1"
     deadline = time.monotonic() + 120
     while True:  # kill it mid-training: after its first step, before its last

@@ -12,6 +12,7 @@ import pytest
 
 from retrain import __version__
 from retrain.cli.app import COMMANDS, _route, run_app
+from tests import warm
 
 
 def cli(args, capsys):
@@ -88,13 +89,13 @@ def test_explain_takes_the_same_overrides_as_run(tmp_path):
     args = [str(campaign), "--seed", "7", "--max-steps", "3", "--log-dir", str(tmp_path / "l"),
             "--executor", "ray", "--set", "training.batch_size=2"]
     # A child process: explain may look for a Ray cluster, which must not touch this one.
-    out = subprocess.run([sys.executable, "-m", "retrain", "explain", *args, "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = warm.run([sys.executable, "-m", "retrain", "explain", *args, "--json"],
+                   capture_output=True, text=True, check=True).stdout
     report = json.loads(out)
     assert report["executor"] == "ray" and report["total_steps"] == 6
     assert report["settings"]["training.batch_size"] == 2
     assert report["settings"]["logging.log_dir"] == str(tmp_path / "l")
-    bad = subprocess.run([sys.executable, "-m", "retrain", "explain", str(campaign),
+    bad = warm.run([sys.executable, "-m", "retrain", "explain", str(campaign),
                           "--executor", "slurm"], capture_output=True, text=True)
     assert bad.returncode == 2 and '"local", "ray"' in bad.stderr + bad.stdout
 
@@ -126,8 +127,8 @@ def test_light_path_imports_nothing_heavy(tmp_path, cli_env):
 
 def test_end_to_end_in_a_temp_folder(tmp_path, cli_env):
     def retrain(*args):
-        return subprocess.run([sys.executable, "-m", "retrain", *args], capture_output=True,
-                              text=True, env=cli_env, cwd=tmp_path, timeout=120)
+        return warm.run([sys.executable, "-m", "retrain", *args], capture_output=True,
+                        text=True, env=cli_env, cwd=tmp_path, timeout=120)
 
     assert retrain("--version").stdout.strip() == f"retrain {__version__}"
     proc = retrain("init", "--template", "quickstart")

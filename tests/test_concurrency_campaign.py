@@ -17,6 +17,7 @@ pytest.importorskip("tinker")
 
 from retrain.campaign.concurrency import LOG_FILE, STATE_FILE, read_decisions  # noqa: E402
 from retrain.slots.file_slots import read_cap  # noqa: E402
+from tests import warm
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY  # noqa: E402
 
@@ -61,10 +62,10 @@ stagger_seconds = 0
 @pytest.fixture
 def served(cli_env, python, tmp_path):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--load-model",
                              "base_ms=100,sigma=0,kappa=0,fail_above=2"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                      env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 60)
     finally:
@@ -85,8 +86,8 @@ def test_aimd_cut_on_502_and_learned_cap_survives_sigkill(served, cli_env, pytho
     env = {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"}
     (tmp_path / "auto.toml").write_text(CONFIG.format(steps=500, url=served))
     camp = tmp_path / "logs" / "auto"
-    runner = subprocess.Popen([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runner = warm.Popen([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # a cap above 3 lets a 4th call in while 3 are in flight: 502s, cut at once
         _wait(lambda: any(r["errors"] for r in read_decisions(camp)), runner, 240)
@@ -106,8 +107,8 @@ def test_aimd_cut_on_502_and_learned_cap_survives_sigkill(served, cli_env, pytho
     learned = json.loads((camp / STATE_FILE).read_text())["cap"]
     before = len(read_decisions(camp))
 
-    again = subprocess.Popen([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    again = warm.Popen([python, "-m", "retrain", "auto.toml"], env=env, cwd=tmp_path,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait(lambda: len(read_decisions(camp)) >= before + 8, again, 240)
     finally:

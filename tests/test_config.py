@@ -4,7 +4,6 @@ typing, and property tests that dump -> load round-trips every section."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ from retrain.config import sections as config
 from retrain.config.cross_checks import cross_checks, run_name_problem
 from retrain.config.schema import fields_of, hints_of
 from retrain.config.sections import Config, ConfigError
+from tests import warm
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -225,8 +225,8 @@ def test_every_problem_reported_at_once(tmp_path, capsys):
 ])
 def test_bad_config_real_subprocess(tmp_path, cli_env, content, fragment):
     path = write(tmp_path, content)
-    proc = subprocess.run([sys.executable, "-m", "retrain", "explain", str(path)],
-                          capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=60)
+    proc = warm.run([sys.executable, "-m", "retrain", "explain", str(path)],
+                    capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr + proc.stdout
     assert fragment in proc.stderr and proc.stderr.startswith("error: ")

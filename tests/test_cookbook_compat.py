@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm
 from tests.run_helpers import read_serve_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,9 +66,9 @@ def served(tiny_model, tmp_path_factory, model_cache):
     state = tmp_path_factory.mktemp("serve-state")
     env = {**os.environ, "PYTHONPATH": str(REPO), "RETRAIN_CACHE": str(model_cache),
            "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "retrain", "serve", "--model", tiny_model,
+    proc = warm.Popen([sys.executable, "-m", "retrain", "serve", "--model", tiny_model,
                              "--port", "0", "--dtype", "float32"], env=env,
-                            stderr=subprocess.PIPE, text=True)
+                      stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 90)
     finally:

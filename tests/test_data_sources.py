@@ -4,7 +4,6 @@ problems (`{"messages": [...], "answer": ...}`) whose system prompt reaches the 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +14,7 @@ from retrain.environments.chat_problems import opening_messages
 from retrain.environments.host import TaskHost
 from retrain.environments.tasks import load_task, render_prompt
 from retrain.errors import UserError
+from tests import warm
 from tests.run_helpers import rows, write_config
 
 SYSTEM = "You are a terse calculator."
@@ -145,8 +145,8 @@ def test_tiny_run_trains_two_steps_on_an_hf_source(tmp_path, cli_env, python, ti
     path = write_config(tmp_path, "hfrun", training={"max_steps": 2},
                         data={"source": "hf", "path": "train.parquet", "eval_size": 2,
                               "prompt_field": "question", "answer_field": "solution"})
-    done = subprocess.run([python, "-m", "retrain", path.name], cwd=tmp_path, env=cli_env,
-                          capture_output=True, text=True, timeout=300)
+    done = warm.run([python, "-m", "retrain", path.name], cwd=tmp_path, env=cli_env,
+                    capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [r["step"] for r in rows(tmp_path / "logs" / "hfrun")] == [1, 2]
 

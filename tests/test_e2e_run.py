@@ -9,12 +9,13 @@ import time
 
 import pytest
 
+from tests import warm
 from tests.run_helpers import rows, run_in_process, state, write_config
 
 
 def retrain(python, env, cwd, *args, timeout=300):
-    return subprocess.run([python, "-m", "retrain", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return warm.run([python, "-m", "retrain", *args], cwd=cwd, env=env,
+                    capture_output=True, text=True, timeout=timeout)
 
 
 def test_train_then_rerun_says_finished(tmp_path, cli_env, python, tiny_model):
@@ -54,8 +55,8 @@ def test_bad_inputs_exit_2_with_a_clear_message(tmp_path, cli_env, python, setup
 def test_sigterm_checkpoints_and_the_next_launch_resumes(tmp_path, cli_env, python, tiny_model):
     path = write_config(tmp_path, "stop", training={"max_steps": 6}, data={"eval_size": 0})
     env = dict(cli_env, RETRAIN_TEST_REWARD_DELAY="0.15")  # ~1 s per step
-    proc = subprocess.Popen([python, "-m", "retrain", path.name], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = warm.Popen([python, "-m", "retrain", path.name], cwd=tmp_path, env=env,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "stop"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

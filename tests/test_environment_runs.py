@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ pytest.importorskip("torch")
 from retrain.config import toml_io  # noqa: E402
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import BASE, rows, run_in_process, state  # noqa: E402
 
 ENVS = Path(__file__).parent / "data" / "envs"
@@ -165,7 +165,7 @@ def test_resume_after_sigkill_reproduces_the_next_steps_episodes(workdir, cli_en
     assert run_in_process([ref], workdir).returncode == 0
     killed = env_config(workdir, "Digits", name="killed", training={"max_steps": 3},
                         params={"turns": 2, "kill_parent_on_step": 16}, max_turns=2)
-    first = subprocess.run([*cmd, str(killed)], env=cli_env, capture_output=True, text=True)
+    first = warm.run([*cmd, str(killed)], env=cli_env, capture_output=True, text=True)
     assert first.returncode == -9, first.stderr[-2000:]
     assert len(rows(workdir / "logs" / "killed")) == 1  # 4 eval + 8 step-1 calls, then step 2
     again = run_in_process([killed], workdir)  # the resume: in this process

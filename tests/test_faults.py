@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
 STEPS = {"max_steps": 4, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}
@@ -364,8 +365,8 @@ def test_broken_pipe_interrupts_resumably(tmp_path, monkeypatch, capsys, cli_env
     (not "failed"), exit 141, and the same command resumes it."""
     write_config(tmp_path, training={**STEPS, "max_steps": 6}, data={"eval_size": 0})
     cmd = [python, "-m", "retrain", "run.toml"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = warm.Popen(cmd, cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)
     proc.stdout.readline()
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 from retrain.backends import policy_losses  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, state, write_config  # noqa: E402
 
 STEPS = {"max_steps": 3, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}
@@ -400,8 +401,8 @@ def test_two_processes_on_one_run_folder_one_refuses(tmp_path, cli_env, python, 
     import subprocess
 
     write_config(tmp_path, training={**STEPS, "max_steps": 3}, data={"eval_size": 0})
-    procs = [subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [warm.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
     codes = sorted(code for code, _, _ in done)
@@ -419,8 +420,8 @@ def test_a_sigkilled_run_does_not_block_the_next_start(tmp_path, monkeypatch, ca
     import time
 
     write_config(tmp_path, training={**STEPS, "max_steps": 40}, data={"eval_size": 0})
-    proc = subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = warm.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     while "step 2/" not in proc.stdout.readline():
         assert proc.poll() is None, "the run ended early"
     proc.send_signal(signal.SIGKILL)

@@ -19,6 +19,7 @@ from retrain.environments.answers import Problem
 from retrain.environments.judge import CACHE_FILE, JudgeScorer
 from retrain.environments.judge_prompt import parse_group, parse_score
 from retrain.errors import UserError
+from tests import warm
 from tests.conftest import SERVE_KEY
 from tests.judge_server import RUBRIC, JudgeServer, group_scores, pointwise_score
 from tests.run_helpers import rows, run_in_process, state, wait_for, write_config
@@ -257,8 +258,8 @@ def test_resume_after_sigkill_does_not_ask_the_judge_again(tmp_path, cli_env, py
     path = judge_run(tmp_path, server, "resumed", max_concurrent=1)
     run_dir = tmp_path / "logs" / "resumed"
     server.block_after = 8 + 3  # step 1, then 3 answers of step 2; the 4th hangs
-    proc = subprocess.Popen([python, "-m", "retrain", path.name], cwd=tmp_path, env=cli_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = warm.Popen([python, "-m", "retrain", path.name], cwd=tmp_path, env=cli_env,
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: server.requests > server.block_after
                  and (run_dir / "state.json").exists() and state(run_dir)["step"] == 1,
@@ -286,8 +287,8 @@ def test_campaign_runs_share_the_judge_budget(tmp_path, cli_env, python, tiny_mo
     path = tmp_path / "camp.toml"
     path.write_text(tiny_campaign_toml(tmp_path / "logs", [1, 2, 3], max_steps=1,
                                        max_workers=3, tables=judge))
-    done = subprocess.run([python, "-m", "retrain", "run", str(path)], cwd=tmp_path,
-                          env=cli_env, capture_output=True, text=True, timeout=400)
+    done = warm.run([python, "-m", "retrain", "run", str(path)], cwd=tmp_path,
+                    env=cli_env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     assert server.requests == 3 * 4  # 3 runs x batch 2 x group 2
     assert server.max_in_flight == 2

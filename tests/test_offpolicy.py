@@ -18,6 +18,7 @@ pytest.importorskip("tinker")
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
 from retrain.backends.tinker import TinkerBackend  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
@@ -66,8 +67,8 @@ def test_sample_async_keeps_the_weights_it_started_on(tmp_path, sdk_env, tiny_mo
 
 def test_local_backend_refuses_off_policy(tmp_path, cli_env, python):
     path = write_config(tmp_path, training={"max_steps_off_policy": 1})
-    proc = subprocess.run([python, "-m", "retrain", "run", str(path)], env=cli_env,
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = warm.run([python, "-m", "retrain", "run", str(path)], env=cli_env,
+                    capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2
     assert "training.max_steps_off_policy" in proc.stderr and "tinker" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -98,8 +99,8 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
     killed_env = dict(tinker_cli_env, RETRAIN_TEST_COUNTER=str(counter),
                       RETRAIN_TEST_BLOCK_AFTER=str(4 * 2 * 4))  # blocks scoring step 5
     cmd = [*base, "--log-dir", "killed"]
-    proc = subprocess.Popen(cmd, env=killed_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    proc = warm.Popen(cmd, env=killed_env, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     run_dir = tmp_path / "killed" / "run"
     try:
         wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 32, proc)

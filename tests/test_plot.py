@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ from retrain.control.backpressure import BackpressureController
 from retrain.control.usl import usl_throughput
 from retrain.errors import UserError
 from retrain.runfiles.runlog import MetricsWriter
+from tests import warm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 G = 8
@@ -108,11 +108,11 @@ def test_missing_matplotlib_says_how_to_install(tmp_path, monkeypatch):
 
 def test_cli_plot(tmp_path, cli_env, python, matplotlib):
     run = fake_run(tmp_path / "run", steps=20)
-    res = subprocess.run([python, "-m", "retrain", "plot", str(run)], env=cli_env,
-                         capture_output=True, text=True, timeout=120)
+    res = warm.run([python, "-m", "retrain", "plot", str(run)], env=cli_env,
+                   capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "usl.png" in res.stdout and is_png(run / "usl.png")
-    res = subprocess.run([python, "-m", "retrain", "plot", str(tmp_path / "nope")], env=cli_env,
-                         capture_output=True, text=True, timeout=120)
+    res = warm.run([python, "-m", "retrain", "plot", str(tmp_path / "nope")], env=cli_env,
+                   capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no such run folder" in res.stderr
     assert "Traceback" not in res.stderr

@@ -126,10 +126,10 @@ def test_bad_ray_address_is_one_line_from_explain_and_run(tmp_path, cli_env, pyt
         sock.close()
 
 
-def test_make_test_runs_the_ray_modules_in_one_worker(request):
-    """`make test` (xdist --dist loadgroup) runs the Ray modules in one worker (conftest.py):
-    clusters started side by side on two cores missed their tests' deadlines. pytest 9.2 with
-    xdist 3.8 dropped every group silently (pytest-xdist#1386), hence pytest < 9.2."""
+def test_make_test_runs_the_ray_modules_in_their_groups(request):
+    """`make test` (xdist --dist loadgroup) runs the Ray modules in two groups (conftest.py):
+    three clusters started side by side on two cores missed their tests' deadlines. pytest 9.2
+    with xdist 3.8 dropped every group silently (pytest-xdist#1386), hence pytest < 9.2."""
     if not request.config.getoption("loadgroup", False):
         pytest.skip("not under pytest-xdist --dist loadgroup")
     assert request.node.nodeid.endswith("@ray"), request.node.nodeid

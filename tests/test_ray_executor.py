@@ -25,6 +25,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retr
 from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.judge_server import RUBRIC, JudgeServer  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 
@@ -77,14 +78,14 @@ def _campaign(tmp: Path, *, max_steps: int = 3, seeds: str = "[1, 2, 3, 4]") -> 
 
 
 def _retrain(env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "retrain", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return warm.run([sys.executable, "-m", "retrain", *args], env=env, text=True,
+                    capture_output=True, timeout=timeout)
 
 
 def _start(env: dict, path: Path, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return warm.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
+                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _steps(run_dir: Path) -> list[int]:

@@ -27,6 +27,7 @@ from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
 from retrain.campaign import ray_cluster  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 
 REWARD = """
@@ -145,9 +146,9 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
     env, path, campaign = _ray_campaign(tmp_path, cli_env, ray_tmp, "[1, 2]", workers=2)
     own = None
     with open(tmp_path / "first.txt", "w") as out:
-        runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)],
-                                  env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.5"},
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        runner = warm.Popen([sys.executable, "-m", "retrain", str(path)],
+                            env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.5"},
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         before = _wait_placed(runner, campaign, tmp_path / "first.txt",
                               "both runs placed and at step 1")
@@ -160,8 +161,8 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         assert own.processes(), "the campaign's cluster died with its runner"
         mid = _progress(campaign)
         assert set(mid) == set(before)
-        explain = subprocess.run([sys.executable, "-m", "retrain", "explain", str(path)],
-                                 env=env, capture_output=True, text=True, timeout=120)
+        explain = warm.run([sys.executable, "-m", "retrain", "explain", str(path)],
+                           env=env, capture_output=True, text=True, timeout=120)
         assert f"the campaign's own cluster at {own.address}" in explain.stdout, \
             explain.stdout + explain.stderr
         for name in mid:  # the run processes are alive, and they keep stepping
@@ -170,8 +171,8 @@ def test_killed_runner_leaves_its_own_cluster_and_runs_going(tmp_path, cli_env, 
         wait_until(lambda: (p := _progress(campaign)) and all(
             p[name] > step for name, step in mid.items()), 120,
             "the runs to keep stepping without their runner")
-        again = subprocess.run([sys.executable, "-m", "retrain", str(path)], env=env,
-                               capture_output=True, text=True, timeout=600)
+        again = warm.run([sys.executable, "-m", "retrain", str(path)], env=env,
+                         capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stdout + again.stderr
         m = load_manifest(campaign)
         assert m.status == "completed"
@@ -192,8 +193,8 @@ def test_interrupted_runner_stops_its_own_cluster(tmp_path, cli_env, ray_tmp):
     env, path, campaign = _ray_campaign(tmp_path, cli_env, ray_tmp, "[1]", workers=1)
     env["RETRAIN_TEST_REWARD_DELAY"] = "0.5"
     with open(tmp_path / "out.txt", "w") as out:
-        runner = subprocess.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        runner = warm.Popen([sys.executable, "-m", "retrain", str(path)], env=env,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     own = None
     try:
         _wait_placed(runner, campaign, tmp_path / "out.txt", "the run placed and at step 1")

@@ -18,6 +18,7 @@ pytest.importorskip("scipy")
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.results.evaluate import EvalRequest, evaluate  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.results_helpers import snapshot  # noqa: E402
 from tests.run_helpers import rows, write_config  # noqa: E402
 
@@ -222,9 +223,9 @@ def test_sample_is_deterministic_when_greedy_and_takes_the_step(run_dir, capsys)
 
 
 def test_interactive_sample_is_a_chat_loop(run_dir, cli_env):
-    done = subprocess.run([sys.executable, "-m", "retrain", "sample", str(run_dir),
+    done = warm.run([sys.executable, "-m", "retrain", "sample", str(run_dir),
                            "--interactive", "--max-tokens", "4"], input="hi\n\nagain\nexit\n",
-                          env=cli_env, text=True, capture_output=True, timeout=300)
+                    env=cli_env, text=True, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("> ") == 4 and "Ctrl-D or 'exit' ends" in done.stdout
 

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 
 COMPARED = ("batch_size", "num_completions", "mean_reward", "reward_std", "loss", "grad_norm",
@@ -30,8 +31,8 @@ def test_kill_and_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch, cl
     env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter),
                RETRAIN_TEST_BLOCK_AFTER=str(3 * 2 * 4))  # blocks in step 4's first reward call
     cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", "killed"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = warm.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      text=True)
     run_dir = tmp_path / "killed" / "run"
     try:
         wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 24, proc)

@@ -20,6 +20,7 @@ from tinker import types  # noqa: E402
 
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
 
@@ -351,9 +352,9 @@ def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
 
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"),
            "RETRAIN_SERVE_API_KEY": KEY}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32"], env=env,
-                            stderr=subprocess.PIPE, text=True)
+                      stderr=subprocess.PIPE, text=True)
     try:
         url = read_serve_url(proc, 60)
         service = tinker.ServiceClient(base_url=url)

@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 from tinker import types  # noqa: E402
 from tinker.proto import tinker_public_pb2 as pb  # noqa: E402
 
+from tests import warm  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
 
 H = {"X-API-Key": KEY}
@@ -203,9 +204,9 @@ def test_retrain_serve_start_errors_are_one_line(cli_env, python, tmp_path, args
     port = str(busy.getsockname()[1])
     try:
         argv = [a.replace("{busy}", port) for a in args]
-        proc = subprocess.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
+        proc = warm.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
                                *argv], env={**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path)},
-                              capture_output=True, text=True, timeout=60)
+                        capture_output=True, text=True, timeout=60)
     finally:
         busy.close()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -282,7 +283,7 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_under_load(cli_env, py
     from tests.run_helpers import read_serve_url
 
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = read_serve_url(proc, 120)
@@ -405,9 +406,9 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
     state_dir = tmp_path / "serve-state"
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(state_dir), "RETRAIN_SERVE_FAULTS":
            "429=0.34,seed=5,after=4,routes=asample+forward_backward+optim_step+retrieve_future"}
-    serve = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    serve = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                               "--port", "0", "--dtype", "float32", "--api-key", KEY],
-                             env=env, stderr=subprocess.PIPE, text=True)
+                       env=env, stderr=subprocess.PIPE, text=True)
     steps = 3
     try:
         url = read_serve_url(serve, 120)

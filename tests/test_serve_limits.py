@@ -15,6 +15,7 @@ tinker = pytest.importorskip("tinker")
 httpx = pytest.importorskip("httpx")
 from tinker import types  # noqa: E402
 
+from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_retrain_serve_options(cli_env, python, tiny_model, tmp_path, sdk_env):
     """`retrain serve --delay-ms 200 --max-sessions 1` as users start it."""
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"),
            "RETRAIN_SERVE_API_KEY": KEY}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--delay-ms", "200",
                              "--max-sessions", "1"], env=env, stderr=subprocess.PIPE, text=True)
     try:

@@ -17,6 +17,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("tinker")
 
 from retrain.serve.guard import LoadModel  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY  # noqa: E402
 
@@ -46,10 +47,10 @@ def _get(url: str, out: list, i: int) -> None:
 @pytest.fixture
 def served(cli_env, python, tmp_path):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--load-model",
                              "base_ms=2000,sigma=0.25,kappa=0,fail_above=2"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                      env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 60)
     finally:
@@ -108,9 +109,9 @@ def test_overload_answers_are_counted_from_the_http_log(served, caplog):
     ("base_ms=1e308,sigma=1e308", "base_ms must be a number from 0 to 60000, got 1e+308"),
 ])
 def test_bad_load_model_is_one_line_exit_2(cli_env, python, value, named):
-    proc = subprocess.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
                            "--port", "0", "--load-model", value],
-                          env=cli_env, capture_output=True, text=True, timeout=120)
+                    env=cli_env, capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: --load-model") and named in lines[0]
@@ -120,7 +121,7 @@ def test_ctrl_c_says_what_it_waits_for(cli_env, python, tmp_path):
     """A request held 20 s by the load model: the first Ctrl-C prints one line naming it
     (uvicorn would wait for it in silence), the second stops the server at once."""
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--load-model",
                              "base_ms=20000"], env=env, stderr=subprocess.PIPE, text=True)
     try:

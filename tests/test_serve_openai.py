@@ -22,6 +22,7 @@ from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from retrain.serve.openai_reply import TextStream, Tokens  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url, write_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,11 +45,11 @@ def server(run_dir, tmp_path_factory, model_cache):
     state = tmp_path_factory.mktemp("openai-serve-state")
     env = {**os.environ, "PYTHONPATH": str(REPO), "RETRAIN_CACHE": str(model_cache),
            "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32",
                              "--adapter", f"trained={run_dir}",
                              "--adapter", f"early={run_dir}@1"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                      env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 120)
     finally:

@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.results import model_card  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 
 SFT_STEPS, RL_STEPS = 6, 2
@@ -104,8 +105,8 @@ def test_kill_during_sft_resumes_exactly(tmp_path, monkeypatch, cli_env, python,
     straight = rows(tmp_path / "straight" / "run")
 
     cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", "killed"]
-    proc = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = warm.Popen(cmd, env=cli_env, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True)
     run_dir = tmp_path / "killed" / "run"
     try:
         wait_for(lambda: (run_dir / "state.json").exists() and state(run_dir)["step"] >= 2,
@@ -130,21 +131,21 @@ def test_kill_during_sft_resumes_exactly(tmp_path, monkeypatch, cli_env, python,
 def test_explain_shows_the_stage_and_bad_input_is_one_line(tmp_path, cli_env, python):
     path = sft_config(tmp_path)
     retrain = [python, "-m", "retrain"]
-    shown = subprocess.run([*retrain, "explain", str(path)], env=cli_env, capture_output=True,
-                           text=True, timeout=120)
+    shown = warm.run([*retrain, "explain", str(path)], env=cli_env, capture_output=True,
+                     text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert "chat.jsonl (jsonl, 8 conversations): 6 steps x 4 conversations" in shown.stdout
     assert "2 RL steps after them" in shown.stdout
     for change, fragment in [("sft.data.path=missing.jsonl", "sft.data.path: "),
                              ("sft.epochs=2", "give sft.steps (6) or sft.epochs (2), not both")]:
-        bad = subprocess.run([*retrain, "run", str(path), "--set", change], env=cli_env,
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        bad = warm.run([*retrain, "run", str(path), "--set", change], env=cli_env,
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert bad.returncode == 2 and fragment in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     (tmp_path / "chat.jsonl").write_text(json.dumps(
         {"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
-    bad = subprocess.run([*retrain, "run", str(path)], env=cli_env, capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path)
+    bad = warm.run([*retrain, "run", str(path)], env=cli_env, capture_output=True,
+                   text=True, timeout=120, cwd=tmp_path)
     assert bad.returncode == 2 and "chat.jsonl:1" in bad.stderr and "assistant turn" in \
         bad.stderr
     assert not (tmp_path / "logs" / "run" / "metrics.jsonl").exists()

@@ -14,6 +14,7 @@ pytest.importorskip("tinker")
 pytest.importorskip("retrain.run.trainer")
 
 from retrain.serve.guard import FaultPlan  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for  # noqa: E402
 from tests.test_sft_run import check_sft_then_rl, same_rows, sft_config  # noqa: E402
 
@@ -33,8 +34,8 @@ def test_sft_then_rl_on_serve_and_a_kill_during_sft(tiny_server, tmp_path, tinke
                                        routes=frozenset({"forward_backward"}), after=3,
                                        limit=1, hang_s=120)
     run_dir = tmp_path / "killed" / "run"
-    proc = subprocess.Popen([*cmd, "killed"], env=tinker_cli_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    proc = warm.Popen([*cmd, "killed"], env=tinker_cli_env, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
         wait_for(lambda: tiny_server.traffic.faults.get("hang") == 1, proc, timeout=300)
         os.kill(proc.pid, signal.SIGKILL)

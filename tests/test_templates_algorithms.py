@@ -11,6 +11,7 @@ from pathlib import Path
 
 from retrain.cli import templates
 from retrain.config import loader as config_file
+from tests import warm
 from tests.run_helpers import DIGITS_REWARD
 
 RECIPES = ["grpo", "dapo", "gspo", "cispo", "dr_grpo", "ppo_2x2"]
@@ -66,8 +67,8 @@ def test_each_recipe_keeps_its_papers_values(tmp_path):
 
 
 def _retrain(cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "retrain", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=600)
+    return warm.run([sys.executable, "-m", "retrain", *args], capture_output=True,
+                    text=True, env=env, cwd=cwd, timeout=600)
 
 
 # The template shrunk to the tiny model: 1 step, 1 seed, and a reward it can earn (the

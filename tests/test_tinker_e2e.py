@@ -18,6 +18,7 @@ pytest.importorskip("retrain.control.backpressure")
 pytest.importorskip("retrain.campaign.runner")
 
 from retrain.serve.guard import FaultPlan  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.run_helpers import run_in_process  # noqa: E402
 
 KEY = f"tml-e2e-{secrets.token_hex(12)}"   # unique, so any leak is found by a plain search
@@ -82,14 +83,14 @@ class Outputs:
         self.texts: list[str] = []
 
     def run(self, python, args, env, cwd, timeout=180) -> subprocess.CompletedProcess:
-        proc = subprocess.run([python, "-m", "retrain", *args], env=env, cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = warm.run([python, "-m", "retrain", *args], env=env, cwd=cwd,
+                        capture_output=True, text=True, timeout=timeout)
         self.texts += [proc.stdout, proc.stderr]
         return proc
 
     def start(self, python, args, env, cwd) -> subprocess.Popen:
-        return subprocess.Popen([python, "-m", "retrain", *args], env=env, cwd=cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return warm.Popen([python, "-m", "retrain", *args], env=env, cwd=cwd,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def finish(self, proc: subprocess.Popen, timeout=180) -> int:
         out, err = proc.communicate(timeout=timeout)

@@ -21,6 +21,7 @@ from retrain.backends.tinker_rate_limit import (  # noqa: E402
     RETRY_AFTER_JITTER,
     RateLimitWait,
 )
+from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url, rows, write_config  # noqa: E402
 from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
@@ -31,9 +32,9 @@ KEY = "tml-rate-limit-test"
 def serve_url(cli_env, python, tiny_model, tmp_path):
     """`retrain serve` as users start it, holding at most 1 training client."""
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "serve-state")}
-    proc = subprocess.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
+    proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
                              "--port", "0", "--dtype", "float32", "--max-sessions", "1"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                      env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 120)
     finally:
@@ -57,8 +58,8 @@ def test_campaign_above_the_session_limit_completes(serve_url, tmp_path, cli_env
     # queue: three waves of one run, where six runs over two places took as many waves.
     env = {**cli_env, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0",
            "RETRAIN_TEST_REWARD_DELAY": "0.5"}
-    proc = subprocess.run([python, "-m", "retrain", "run", str(path)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    proc = warm.run([python, "-m", "retrain", "run", str(path)], env=env, cwd=tmp_path,
+                    capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     campaign = tmp_path / "logs" / "camp"
     manifest = json.loads((campaign / "manifest.json").read_text())

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, write_config  # noqa: E402
 
 STEPS = {"max_steps": 3, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}
@@ -81,9 +82,9 @@ def prepare(folder: Path, action: str, on_call: int, kind: str = "task") -> dict
 def start(folder: Path, env: dict, action: str, on_call: int):
     env = {**env, **prepare(folder, action, on_call)}
     # Its own session: the process group is the run's, not pytest's.
-    return subprocess.Popen([sys.executable, "-m", "retrain", "run.toml"], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return warm.Popen([sys.executable, "-m", "retrain", "run.toml"], cwd=folder,
+                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True, start_new_session=True)
 
 
 @pytest.mark.parametrize("kind, failures", [("task", "reward_failures"),
