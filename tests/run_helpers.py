@@ -136,7 +136,7 @@ def serve_process(cache: Path, state: Path, *args: str,
            "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
     env.pop("RETRAIN_SERVE_API_KEY", None)
     proc = warm.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32", *args],
+                       "--port", "0", "--dtype", "float32", *args],
                       env=env, stderr=subprocess.PIPE, text=True)
     try:
         served = ServeProcess(read_serve_url(proc, timeout_s))

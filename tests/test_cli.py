@@ -83,20 +83,20 @@ def test_run_with_a_bad_config_fails_before_any_training(tmp_path, capsys):
     assert code == 2 and "no such file" in out
 
 
-def test_explain_takes_the_same_overrides_as_run(tmp_path):
+def test_explain_takes_the_same_overrides_as_run(tmp_path, cli_env):
     campaign = tmp_path / "c.toml"
     campaign.write_text('[model]\nname = "tiny-random"\n[campaign]\nseeds = [1, 2]\n')
     args = [str(campaign), "--seed", "7", "--max-steps", "3", "--log-dir", str(tmp_path / "l"),
             "--executor", "ray", "--set", "training.batch_size=2"]
     # A child process: explain may look for a Ray cluster, which must not touch this one.
-    out = warm.run([sys.executable, "-m", "retrain", "explain", *args, "--json"],
+    out = warm.run([sys.executable, "-m", "retrain", "explain", *args, "--json"], env=cli_env,
                    capture_output=True, text=True, check=True).stdout
     report = json.loads(out)
     assert report["executor"] == "ray" and report["total_steps"] == 6
     assert report["settings"]["training.batch_size"] == 2
     assert report["settings"]["logging.log_dir"] == str(tmp_path / "l")
     bad = warm.run([sys.executable, "-m", "retrain", "explain", str(campaign),
-                          "--executor", "slurm"], capture_output=True, text=True)
+                    "--executor", "slurm"], env=cli_env, capture_output=True, text=True)
     assert bad.returncode == 2 and '"local", "ray"' in bad.stderr + bad.stdout
 
 

@@ -63,8 +63,8 @@ stagger_seconds = 0
 def served(cli_env, python, tmp_path):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32", "--load-model",
-                             "base_ms=100,sigma=0,kappa=0,fail_above=2"],
+                       "--port", "0", "--dtype", "float32", "--load-model",
+                       "base_ms=100,sigma=0,kappa=0,fail_above=2"],
                       env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 60)

@@ -67,7 +67,7 @@ def served(tiny_model, tmp_path_factory, model_cache):
     env = {**os.environ, "PYTHONPATH": str(REPO), "RETRAIN_CACHE": str(model_cache),
            "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
     proc = warm.Popen([sys.executable, "-m", "retrain", "serve", "--model", tiny_model,
-                             "--port", "0", "--dtype", "float32"], env=env,
+                       "--port", "0", "--dtype", "float32"], env=env,
                       stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 90)

@@ -5,6 +5,7 @@ Skips with the reason when verifiers is not installed."""
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from retrain.config.sections import EnvironmentConfig
 from retrain.environments.kinds import KindContext, build_factory
 from retrain.errors import UserError
 
-pytest.importorskip("verifiers", reason="verifiers is not installed: pip install "
-                                        "'retrain[verifiers]'")
+# Not imported here: collecting the suite would import verifiers (~2 s) in every worker.
+pytestmark = pytest.mark.skipif(find_spec("verifiers") is None, reason="verifiers is not "
+                                "installed: pip install 'retrain[verifiers]'")
 
 HERE = Path(__file__).parent / "data" / "verifiers"
 CTX = KindContext(split="train", config_dir=HERE, seed=0)

@@ -4,18 +4,16 @@ local task with a match scorer, offline. Skipped where the `eval` extra is absen
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import pytest
 
-inspect_ai = pytest.importorskip(
-    "inspect_ai", reason="inspect-ai is not installed (pip install 'retrain[eval]')")
-openai = pytest.importorskip("openai")
+from retrain.cli.app import run_app
+from tests.run_helpers import serve_process, write_config
 
-from inspect_ai.dataset import Sample  # noqa: E402
-from inspect_ai.scorer import match  # noqa: E402
-from inspect_ai.solver import generate  # noqa: E402
-
-from retrain.cli.app import run_app  # noqa: E402
-from tests.run_helpers import serve_process, write_config  # noqa: E402
+# Imported in the test: collecting the suite would import inspect-ai (~3 s) in every worker.
+pytestmark = pytest.mark.skipif(find_spec("inspect_ai") is None or find_spec("openai") is None,
+                                reason="inspect-ai is not installed (pip install 'retrain[eval]')")
 
 KEY = "sk-inspect-5d20"
 QUESTIONS = {"What is 2 + 2?": "4", "What is 3 + 4?": "7"}
@@ -25,6 +23,12 @@ def test_inspect_ai_evaluates_a_run_served_by_retrain_serve(tmp_path, tiny_model
                                                             monkeypatch):
     path = write_config(tmp_path, training={"max_steps": 1, "save_every": 1},
                         logging={"log_dir": str(tmp_path / "logs")})
+    import inspect_ai
+    import openai
+    from inspect_ai.dataset import Sample
+    from inspect_ai.scorer import match
+    from inspect_ai.solver import generate
+
     assert run_app(["run", str(path)]) == 0
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))  # inspect's traces, not ~
     task = inspect_ai.Task(name="arithmetic", scorer=match(), solver=generate(),

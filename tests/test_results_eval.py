@@ -224,7 +224,7 @@ def test_sample_is_deterministic_when_greedy_and_takes_the_step(run_dir, capsys)
 
 def test_interactive_sample_is_a_chat_loop(run_dir, cli_env):
     done = warm.run([sys.executable, "-m", "retrain", "sample", str(run_dir),
-                           "--interactive", "--max-tokens", "4"], input="hi\n\nagain\nexit\n",
+                     "--interactive", "--max-tokens", "4"], input="hi\n\nagain\nexit\n",
                     env=cli_env, text=True, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("> ") == 4 and "Ctrl-D or 'exit' ends" in done.stdout

@@ -353,7 +353,7 @@ def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"),
            "RETRAIN_SERVE_API_KEY": KEY}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32"], env=env,
+                       "--port", "0", "--dtype", "float32"], env=env,
                       stderr=subprocess.PIPE, text=True)
     try:
         url = read_serve_url(proc, 60)

@@ -205,7 +205,7 @@ def test_retrain_serve_start_errors_are_one_line(cli_env, python, tmp_path, args
     try:
         argv = [a.replace("{busy}", port) for a in args]
         proc = warm.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                               *argv], env={**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path)},
+                         *argv], env={**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path)},
                         capture_output=True, text=True, timeout=60)
     finally:
         busy.close()
@@ -284,7 +284,7 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_under_load(cli_env, py
 
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0"], env=env, stderr=subprocess.PIPE, text=True)
+                       "--port", "0"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = read_serve_url(proc, 120)
         service = tinker.ServiceClient(base_url=url)
@@ -407,7 +407,7 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(state_dir), "RETRAIN_SERVE_FAULTS":
            "429=0.34,seed=5,after=4,routes=asample+forward_backward+optim_step+retrieve_future"}
     serve = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                              "--port", "0", "--dtype", "float32", "--api-key", KEY],
+                        "--port", "0", "--dtype", "float32", "--api-key", KEY],
                        env=env, stderr=subprocess.PIPE, text=True)
     steps = 3
     try:

@@ -96,8 +96,8 @@ def test_retrain_serve_options(cli_env, python, tiny_model, tmp_path, sdk_env):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"),
            "RETRAIN_SERVE_API_KEY": KEY}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32", "--delay-ms", "200",
-                             "--max-sessions", "1"], env=env, stderr=subprocess.PIPE, text=True)
+                       "--port", "0", "--dtype", "float32", "--delay-ms", "200",
+                       "--max-sessions", "1"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = read_serve_url(proc, 60)
         assert _timed_get(url) >= 0.2

@@ -48,8 +48,8 @@ def _get(url: str, out: list, i: int) -> None:
 def served(cli_env, python, tmp_path):
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32", "--load-model",
-                             "base_ms=2000,sigma=0.25,kappa=0,fail_above=2"],
+                       "--port", "0", "--dtype", "float32", "--load-model",
+                       "base_ms=2000,sigma=0.25,kappa=0,fail_above=2"],
                       env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 60)
@@ -110,7 +110,7 @@ def test_overload_answers_are_counted_from_the_http_log(served, caplog):
 ])
 def test_bad_load_model_is_one_line_exit_2(cli_env, python, value, named):
     proc = warm.run([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                           "--port", "0", "--load-model", value],
+                     "--port", "0", "--load-model", value],
                     env=cli_env, capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
@@ -122,8 +122,8 @@ def test_ctrl_c_says_what_it_waits_for(cli_env, python, tmp_path):
     (uvicorn would wait for it in silence), the second stops the server at once."""
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "state"), "RETRAIN_SERVE_API_KEY": KEY}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32", "--load-model",
-                             "base_ms=20000"], env=env, stderr=subprocess.PIPE, text=True)
+                       "--port", "0", "--dtype", "float32", "--load-model",
+                       "base_ms=20000"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = read_serve_url(proc, 120)
         lines: queue.Queue = queue.Queue()

@@ -46,9 +46,9 @@ def server(run_dir, tmp_path_factory, model_cache):
     env = {**os.environ, "PYTHONPATH": str(REPO), "RETRAIN_CACHE": str(model_cache),
            "RETRAIN_SERVE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
     proc = warm.Popen([sys.executable, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32",
-                             "--adapter", f"trained={run_dir}",
-                             "--adapter", f"early={run_dir}@1"],
+                       "--port", "0", "--dtype", "float32",
+                       "--adapter", f"trained={run_dir}",
+                       "--adapter", f"early={run_dir}@1"],
                       env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 120)

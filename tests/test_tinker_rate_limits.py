@@ -33,7 +33,7 @@ def serve_url(cli_env, python, tiny_model, tmp_path):
     """`retrain serve` as users start it, holding at most 1 training client."""
     env = {**cli_env, "RETRAIN_SERVE_DIR": str(tmp_path / "serve-state")}
     proc = warm.Popen([python, "-m", "retrain", "serve", "--model", "tiny-random",
-                             "--port", "0", "--dtype", "float32", "--max-sessions", "1"],
+                       "--port", "0", "--dtype", "float32", "--max-sessions", "1"],
                       env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield read_serve_url(proc, 120)
