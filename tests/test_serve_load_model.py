@@ -128,7 +128,8 @@ def test_ctrl_c_says_what_it_waits_for(cli_env, python, tmp_path):
         url = read_serve_url(proc, 120)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
-        held = threading.Thread(target=_get, args=(url, [None], 0), daemon=True)
+        answer: list = [None]
+        held = threading.Thread(target=_get_or_error, args=(url, answer), daemon=True)
         held.start()
         time.sleep(1.0)                       # the request sleeps in the load model
         proc.send_signal(signal.SIGINT)
@@ -141,9 +142,19 @@ def test_ctrl_c_says_what_it_waits_for(cli_env, python, tmp_path):
         proc.wait(timeout=15)                 # not the 19 s the held request has left
         rest = "".join(iter(lambda: _next(lines), ""))
         assert "Traceback" not in rest, rest
+        held.join(timeout=10)                 # the held request's connection was dropped
+        assert isinstance(answer[0], httpx.TransportError), answer
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def _get_or_error(url: str, out: list) -> None:
+    """_get, keeping the error of a request whose server went away."""
+    try:
+        _get(url, out, 0)
+    except httpx.TransportError as exc:
+        out[0] = exc
 
 
 def _next(lines: queue.Queue) -> str:
