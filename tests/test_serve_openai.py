@@ -106,10 +106,10 @@ def test_completion_logprobs_are_the_samplers(client, server, sdk_env):
     for value, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
         assert 1 <= len(top) <= 3 and value == pytest.approx(max(top.values()), abs=1e-6)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
-    service = tinker.ServiceClient(base_url=server)
-    sampler = service.create_sampling_client(base_model="tiny-random").result()
-    want = sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(
-        max_tokens=8, temperature=0.0)).result().sequences[0]
+    with tinker.ServiceClient(base_url=server) as service:
+        sampler = service.create_sampling_client(base_model="tiny-random").result()
+        want = sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(
+            max_tokens=8, temperature=0.0)).result().sequences[0]
     assert lp.token_logprobs == pytest.approx(list(want.logprobs), abs=1e-4)
     assert got.usage.completion_tokens == len(want.tokens)
 
@@ -181,20 +181,20 @@ def test_models_lists_base_adapters_and_tinker_sampler_weights(client, server, s
     tinker = pytest.importorskip("tinker")
     from tinker import types
 
-    service = tinker.ServiceClient(base_url=server)
-    tc = service.create_lora_training_client(base_model="tiny-random", rank=4,
-                                             seed=2).result()
-    path = tc.save_weights_for_sampler("openai-listed").result().path
-    tc.save_weights_and_get_sampling_client().result()  # a live sampling session: listed by its id
-    cards = {m.id: m for m in client.models.list().data}
+    prompt = [5, 77, 104, 101, 108, 108, 111]
+    with tinker.ServiceClient(base_url=server) as service:
+        tc = service.create_lora_training_client(base_model="tiny-random", rank=4,
+                                                 seed=2).result()
+        path = tc.save_weights_for_sampler("openai-listed").result().path
+        tc.save_weights_and_get_sampling_client().result()  # a live sampling session: listed
+        cards = {m.id: m for m in client.models.list().data}
+        want = service.create_sampling_client(model_path=path).result().sample(
+            types.ModelInput.from_ints(prompt), 1,
+            types.SamplingParams(max_tokens=6, temperature=0.0)).result().sequences[0]
     assert {"tiny-random", "trained", "early", path} <= set(cards)
     assert any(":sample:" in name for name in cards)
     assert cards["early"].model_extra["step"] == 1 and cards["trained"].parent == "tiny-random"
     assert client.models.retrieve("trained").id == "trained"
-    prompt = [5, 77, 104, 101, 108, 108, 111]
-    want = service.create_sampling_client(model_path=path).result().sample(
-        types.ModelInput.from_ints(prompt), 1,
-        types.SamplingParams(max_tokens=6, temperature=0.0)).result().sequences[0]
     got = client.completions.create(model=path, prompt=prompt, max_tokens=6, temperature=0,
                                     logprobs=0)
     assert got.choices[0].logprobs.token_logprobs == pytest.approx(list(want.logprobs),
@@ -325,10 +325,9 @@ def test_both_apis_share_one_batch(tiny_engine, tmp_path, sdk_env):
     served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
     prompt = [5, 77, 104, 101]
     with Served(tiny_engine, tmp_path, openai=served_as) as served, \
-            ThreadPoolExecutor(1) as pool:
+            ThreadPoolExecutor(1) as pool, tinker.ServiceClient(base_url=served.url) as service:
         oa = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
-        sampler = tinker.ServiceClient(base_url=served.url).create_sampling_client(
-            base_model="tiny-random").result()
+        sampler = service.create_sampling_client(base_model="tiny-random").result()
         with tiny_engine.model.lock:  # the model is busy: both requests queue up
             mine = pool.submit(oa.completions.create, model="tiny-random", prompt=prompt,
                                max_tokens=4, temperature=0, logprobs=0)
@@ -355,8 +354,8 @@ def test_adapter_of_a_run_trained_through_this_server(tiny_engine, run_dir, tmp_
     from retrain.serve.checkpoints import CheckpointStore
     from tests.serve_doubles import Served
 
-    with Served(tiny_engine, tmp_path) as served:
-        service = tinker.ServiceClient(base_url=served.url)
+    with Served(tiny_engine, tmp_path) as served, \
+            tinker.ServiceClient(base_url=served.url) as service:
         tc = service.create_lora_training_client(base_model="tiny-random", rank=4,
                                                  seed=7).result()
         path = tc.save_state("step-000003").result().path
