@@ -15,7 +15,7 @@ from retrain.control.backpressure import BackpressureController  # noqa: E402
 from retrain.control.roofline import roofline  # noqa: E402
 from retrain.control.usl import usl_throughput  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
-from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.run_helpers import BASE, rows, state, write_config  # noqa: E402
 
 
 @pytest.fixture
@@ -88,16 +88,17 @@ def observed_run(workdir, monkeypatch, bp: dict, steps: int) -> list[Observed]:
 MACHINE = (0.02, 2e-3, 500.0)
 
 
-def replayed_regimes(seen: list[Observed], bp: dict, group_size: int = 4) -> list[str]:
+def replayed_regimes(seen: list[Observed], bp: dict) -> list[str]:
     """The run's own FLOP and byte estimates fed to a fresh controller with the step times of
     a noiseless USL machine: the live run's times are too noisy on a busy 2-core machine for
     its fit to leave the warm-up within a test's steps (CI, 2026-11-28: 14 steps at load 4.6,
     all warm-up). A size the run did not step is scaled from the nearest one it did."""
     by_size = {o.batch_size: o for o in seen}
+    group_size = BASE["training"]["group_size"]    # write_config's
     ctl = BackpressureController(BackpressureConfig(**bp), group_size)
     b, regimes = ctl.first_batch_size(2), []
     for _ in range(40):
-        ref = by_size.get(b) or by_size[min(by_size, key=lambda k: abs(k - b))]
+        ref = by_size[min(by_size, key=lambda k: abs(k - b))]   # b itself if stepped
         f = b / ref.batch_size
         tokens = ref.tokens * f
         d = ctl.observe(b, tokens, tokens / usl_throughput(b * group_size, *MACHINE),

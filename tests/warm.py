@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +56,10 @@ ZYGOTE_START_S = 300.0   # its imports take ~5 s on an idle machine
 
 def Popen(args, **kw):  # noqa: N802 (subprocess's name)
     """subprocess.Popen, warm where it can be."""
-    env = dict(os.environ if kw.get("env") is None else kw["env"])
     args = [str(a) for a in args]
     if args[:3] != [sys.executable, "-m", "retrain"]:
         return subprocess.Popen(args, **kw)
+    env = dict(os.environ if kw.get("env") is None else kw["env"])
     zygote = None if set(kw) - SUPPORTED else _zygote_for(env)
     if zygote is not None:
         try:
@@ -279,8 +280,6 @@ def _stream(fd: int, mode: str, text_mode: bool, encoding, errors):
 
 def _communicate(proc: WarmProcess, input, timeout: float | None):
     """Write `input`, read both output pipes to their end, wait: as subprocess does."""
-    import threading
-
     results: dict[str, object] = {}
 
     def drain(name: str) -> None:
