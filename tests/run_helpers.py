@@ -106,6 +106,15 @@ def state(run_dir: Path) -> dict:
     return json.loads((run_dir / "state.json").read_text())
 
 
+def newest_resume_point(run_dir: Path) -> dict:
+    """The newest of state.json and the checkpoints' own resume points (checkpoints/step-N.json),
+    as a resume picks it: a process frozen between a step's checkpoint and its state.json holds
+    a resume point one step ahead of state.json."""
+    points = [state(run_dir), *(json.loads(p.read_text())
+                                for p in (run_dir / "checkpoints").glob("step-*.json"))]
+    return max(points, key=lambda point: point["step"])
+
+
 def read_serve_url(proc, timeout_s: float) -> str:
     """The URL a `retrain serve --port 0` process prints on stderr once it listens."""
     line, deadline = "", time.monotonic() + timeout_s

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from retrain.backends import policy_losses  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
 from tests import warm  # noqa: E402
-from tests.run_helpers import rows, state, write_config  # noqa: E402
+from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
 
 STEPS = {"max_steps": 3, "save_every": 2, "batch_size": 2, "group_size": 4, "max_tokens": 6}
 BIG_REWARD = ("def reward(completion, answer):\n"
@@ -417,16 +417,20 @@ def test_a_sigkilled_run_does_not_block_the_next_start(tmp_path, monkeypatch, ca
                                                        python, tiny_model):
     import signal
     import subprocess
-    import time
 
     write_config(tmp_path, training={**STEPS, "max_steps": 40}, data={"eval_size": 0})
-    proc = warm.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+    counter = tmp_path / "calls"  # step 3's first reward call blocks: killed after step 2
+    env = dict(cli_env, RETRAIN_TEST_COUNTER=str(counter), RETRAIN_TEST_BLOCK_AFTER=str(2 * 8))
+    proc = warm.Popen([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=env,
                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    while "step 2/" not in proc.stdout.readline():
-        assert proc.poll() is None, "the run ended early"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    time.sleep(0.2)
+    try:
+        wait_for(lambda: counter.exists() and int(counter.read_text() or 0) > 2 * 8, proc)
+        assert state(tmp_path / "logs" / "run")["step"] == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     monkeypatch.chdir(tmp_path)
     code, out, err = cli(capsys, "run.toml", "--max-steps", "4")
     assert code == 0, err

@@ -18,7 +18,14 @@ from retrain.config.loader import load_config  # noqa: E402
 from retrain.results import model_card  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
 from tests import warm  # noqa: E402
-from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
+from tests.run_helpers import (  # noqa: E402
+    newest_resume_point,
+    rows,
+    run_in_process,
+    state,
+    wait_for,
+    write_config,
+)
 
 SFT_STEPS, RL_STEPS = 6, 2
 RL_COMPARED = ("batch_size", "num_completions", "mean_reward", "loss", "grad_norm",
@@ -98,28 +105,33 @@ def test_sft_then_rl_and_a_plain_sft_run_continued(tmp_path, monkeypatch, tiny_m
 
 def test_kill_during_sft_resumes_exactly(tmp_path, monkeypatch, cli_env, python, tiny_model):
     """SIGKILL while the SFT steps run (frozen first, to read where), resume: the SFT rows
-    after the resume point and the RL rows repeat the straight run."""
+    after the resume point and the RL rows repeat the straight run. The first RL reward call
+    blocks, so the process is still in its SFT steps however late the freeze comes; the
+    resume point expected is the newest on disk when frozen (a checkpoint's resume point is
+    written before state.json moves to it)."""
     monkeypatch.chdir(tmp_path)
     path = sft_config(tmp_path, batch_size=2)
     assert run_single(load_config(path, {"logging.log_dir": "straight"}), path) == 0
     straight = rows(tmp_path / "straight" / "run")
 
     cmd = [python, "-m", "retrain", "run", str(path), "--log-dir", "killed"]
-    proc = warm.Popen(cmd, env=cli_env, stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT, text=True)
+    env = dict(cli_env, RETRAIN_TEST_COUNTER=str(tmp_path / "calls"),
+               RETRAIN_TEST_BLOCK_AFTER="0")  # the first RL step's first reward call blocks
+    proc = warm.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      text=True)
     run_dir = tmp_path / "killed" / "run"
     try:
         wait_for(lambda: (run_dir / "state.json").exists() and state(run_dir)["step"] >= 2,
                  proc, timeout=300)
         os.kill(proc.pid, signal.SIGSTOP)  # freeze, then read where it stands
-        killed_at = state(run_dir)
+        killed_at = newest_resume_point(run_dir)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert killed_at["extra"]["phase"] == "sft" and killed_at["status"] == "running"
-    assert 2 <= killed_at["step"] < SFT_STEPS, killed_at["step"]
+    assert 2 <= killed_at["step"] <= SFT_STEPS, killed_at["step"]
 
     done = run_in_process(cmd[3:], tmp_path)  # the resume: in this process
     assert done.returncode == 0, done.stdout + done.stderr
