@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 
 import pytest
 
@@ -261,10 +260,11 @@ def test_resume_after_sigkill_does_not_ask_the_judge_again(tmp_path, cli_env, py
     proc = warm.Popen([python, "-m", "retrain", path.name], cwd=tmp_path, env=cli_env,
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        cache = run_dir / "judge_cache.jsonl"  # step 1's 8 answers and step 2's first 3
         wait_for(lambda: server.requests > server.block_after
-                 and (run_dir / "state.json").exists() and state(run_dir)["step"] == 1,
+                 and (run_dir / "state.json").exists() and state(run_dir)["step"] == 1
+                 and cache.exists() and len(cache.read_text().splitlines()) == 8 + 3,
                  proc, timeout=240)
-        time.sleep(0.3)  # the 3 answers are on disk before the 4th request was sent
     finally:
         proc.kill()
         proc.wait()
