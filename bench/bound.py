@@ -62,8 +62,8 @@ def gemms(body: Counter, head: tuple[int, int], rows: int, head_rows: int) -> li
 
 def one_step(backend, prompts, spec, seed: int):
     """Sample, then train; the phases' times and shapes, and the lengths for the costs."""
-    from retrain.backends import local_loss
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
+    from retrain.backends.local.training import micro_batches
 
     group = spec["group"]
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=1.0, seed=seed)
@@ -78,14 +78,14 @@ def one_step(backend, prompts, spec, seed: int):
     backend.optim_step(AdamParams(learning_rate=spec["lr"]))
     t_train = time.perf_counter() - t0
     units = backend._plan(datums, backend.micro_batch_size)
-    prefix, padded, runs = 0, 0, 0  # the suffixes run in length buckets (local_loss)
+    prefix, padded, runs = 0, 0, 0  # the suffixes run in length buckets (micro_batches)
     for u in units:
-        splits = [local_loss.split_point(datums[i]) for i in u.index]
+        splits = [micro_batches.split_point(datums[i]) for i in u.index]
         distinct = {tuple(datums[i].input_tokens[:s]) for i, s in zip(u.index, splits,
                                                                        strict=True)}
         prefix += sum(len(p) for p in distinct)
         suffix = [len(datums[i]) - s for i, s in zip(u.index, splits, strict=True)]
-        for run in local_loss.length_buckets(suffix, backend.bucket_overhead):
+        for run in micro_batches.length_buckets(suffix, backend.bucket_overhead):
             padded += len(run) * max(suffix[r] for r in run)
             runs += 1
     tokens = int(out.metrics["tokens"])
@@ -109,8 +109,8 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
     from retrain.backends.models import resolve_model
     from retrain.config.sections import DataConfig
     from retrain.control.bound import PhaseBound

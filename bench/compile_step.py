@@ -28,11 +28,11 @@ def main() -> None:
 
     import torch
 
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_cache import reserve
-    from retrain.backends.local_compile import CompiledDecoder
-    from retrain.backends.local_model import LocalModel
-    from retrain.backends.local_sampling import left_pad
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
+    from retrain.backends.local.sampling.compiled import CompiledDecoder
+    from retrain.backends.local.sampling.exact import left_pad
+    from retrain.backends.local.sampling.reserved_cache import reserve
     from retrain.backends.models import resolve_model
 
     model = LocalModel.load(resolve_model(args.model), "float32", "cpu", args.threads)

@@ -35,11 +35,11 @@ from pathlib import Path
 import torch
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
-from retrain.backends.counter_rng import CounterDraws
-from retrain.backends.local import LocalBackend
-from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import sample_batch
-from retrain.backends.local_static_sampler import StaticSampler
+from retrain.backends.local.backend import LocalBackend
+from retrain.backends.local.model import LocalModel
+from retrain.backends.local.sampling.counter_rng import CounterDraws
+from retrain.backends.local.sampling.exact import sample_batch
+from retrain.backends.local.sampling.fast import StaticSampler
 
 SHAPES = {  # the published configurations' shapes
     "smollm2-135m": dict(arch="llama", layers=30, hidden=576, heads=9, kv=3, ffn=1536,

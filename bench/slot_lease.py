@@ -4,7 +4,7 @@ process over the bigram double; prints the mean time per call.
 
     RETRAIN_CACHE=/tmp/cache python -m bench.slot_lease [--calls 200]
 
-Run it on two checkouts (before and after a change to backends/tinker.py) to compare.
+Run it on two checkouts (before and after a change to backends/tinker/backend.py) to compare.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main() -> None:
     os.environ["TINKER_TELEMETRY"] = "0"
     from retrain.backends.base import SamplingParams
     from retrain.backends.models import TINY, resolve_model
-    from retrain.backends.tinker import TinkerBackend
+    from retrain.backends.tinker.backend import TinkerBackend
     from retrain.slots.file_slots import CountingSemaphore
     from tests.serve_doubles import BigramEngine, Served
 

@@ -22,7 +22,7 @@ them alike):
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
   - one suffix bucket: the completions of a micro-batch padded to its longest, not run in
-    length buckets (`local_loss.length_buckets`);
+    length buckets (`micro_batches.length_buckets`);
   - second forward: a no-grad pass over the same batch, what recomputing the sampler's
     log-probs (or a reference model) would add.
 
@@ -46,8 +46,8 @@ def plain_forward_backward(backend, datums, loss, pad_id: int) -> float:
     """The unoptimised training pass: full sequences, full LM head, the same per-token loss."""
     import torch
 
-    from retrain.backends import policy_losses
-    from retrain.backends.local_sampling import token_logprobs
+    from retrain.backends.local.sampling.exact import token_logprobs
+    from retrain.backends.local.training import policy_losses
 
     net = backend.model.net
     net.train()
@@ -113,12 +113,13 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from retrain.backends import local_loss, local_sampling
     from retrain.backends.base import LossConfig, SamplingParams, make_datum
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_compile import CompiledDecoder
-    from retrain.backends.local_model import LocalModel
-    from retrain.backends.local_sampling import sample_batch
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
+    from retrain.backends.local.sampling import exact
+    from retrain.backends.local.sampling.compiled import CompiledDecoder
+    from retrain.backends.local.sampling.exact import sample_batch
+    from retrain.backends.local.training import micro_batches
     from retrain.backends.models import resolve_model
     from retrain.config.sections import DataConfig
     from retrain.environments.tasks import load_task, render_prompt
@@ -142,7 +143,7 @@ def main() -> None:
 
     def patched(target: str, value, fn):
         def run():
-            with mock.patch.object(local_sampling, target, value):
+            with mock.patch.object(exact, target, value):
                 return fn()
         return run
 
@@ -204,7 +205,7 @@ def main() -> None:
         with torch.inference_mode():
             backend.model.net.eval()
             for unit in backend._plan(datums, 0):
-                batch = local_loss.pack(datums, unit, model.pad_id, model.device)
+                batch = micro_batches.pack(datums, unit, model.pad_id, model.device)
                 backend._target_logprobs(backend.model.net, batch, loss.temperature)
 
     def one_bucket():
@@ -212,7 +213,7 @@ def main() -> None:
         try:
             return backend.forward_backward(datums, loss)
         finally:
-            backend.bucket_overhead = local_loss.BUCKET_OVERHEAD
+            backend.bucket_overhead = micro_batches.BUCKET_OVERHEAD
             backend._zero_grad()
 
     t = interleaved({"train": lambda: (backend.forward_backward(datums, loss),

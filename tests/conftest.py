@@ -99,7 +99,7 @@ def sdk_env(monkeypatch, sdk_key):
 @pytest.fixture(scope="module")
 def model(tiny_model):
     """The tiny model loaded for the local backend (float32, one thread), once per module."""
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.model import LocalModel
 
     return LocalModel.load(tiny_model, "float32", "cpu", 1)
 
@@ -107,7 +107,7 @@ def model(tiny_model):
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model):
     """The real local engine over the tiny model (loaded once per module)."""
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.model import LocalModel
     from retrain.serve.local_engine import LocalEngine
 
     return LocalEngine(LocalModel.load(tiny_model, "float32", "cpu", 1), "tiny-random")

@@ -15,9 +15,9 @@ from retrain.backends.base import (  # noqa: E402
     SamplingParams,
     make_datum,
 )
-from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_loss import plan  # noqa: E402
-from retrain.backends.policy_losses import token_losses  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
+from retrain.backends.local.training.micro_batches import plan  # noqa: E402
+from retrain.backends.local.training.policy_losses import token_losses  # noqa: E402
 
 EOS = 2
 
@@ -329,7 +329,7 @@ def test_out_of_memory_becomes_typed_error_after_halving(model, backend, monkeyp
 
 
 def test_sampling_oom_is_typed(model, backend, monkeypatch):
-    import retrain.backends.local as local
+    import retrain.backends.local.backend as local
 
     def boom(*a, **k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
@@ -342,7 +342,7 @@ def test_sampling_oom_is_typed(model, backend, monkeypatch):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(monkeypatch, native):
-    from retrain.backends import local_device as local
+    from retrain.backends.local import device as local
     from retrain.errors import UserError
 
     monkeypatch.setattr(local, "cpu_has_native_bf16", lambda: native)
@@ -388,7 +388,7 @@ def test_the_automatic_plan_counts_logits_of_the_loss_carrying_targets_only():
     short ones are one micro-batch: 1130 x 2**14 logits, not 4 padded rows x 1100 x 2**14
     (past AUTO_LOGITS = 2**26). Targets past the budget still split."""
     from retrain.backends.base import Completion
-    from retrain.backends.local_loss import AUTO_LOGITS
+    from retrain.backends.local.training.micro_batches import AUTO_LOGITS
 
     vocab = 2**14
     prompt = [1, 2, 3]

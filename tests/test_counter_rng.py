@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from retrain.backends.counter_rng import CounterDraws, row_keys, uniforms  # noqa: E402
+from retrain.backends.local.sampling.counter_rng import CounterDraws, row_keys, uniforms  # noqa: E402
 
 
 def test_a_rows_draw_depends_only_on_its_key_and_step():

@@ -22,8 +22,8 @@ def test_full_keeps_five_copies_and_lora_five_of_the_adapter_only():
 
 def test_counts_from_the_headers_equal_torch_and_peft(tiny_model):
     torch = pytest.importorskip("torch")
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
 
     shapes = mem.read_shapes(mem.model_folder("tiny-random", tiny_model))
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from retrain.backends import policy_losses  # noqa: E402
+from retrain.backends.local.training import policy_losses  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import rows, state, wait_for, write_config  # noqa: E402
@@ -200,8 +200,8 @@ def test_weights_that_sample_nan_are_one_line_and_resume_goes_back(four_steps, c
 
 def test_the_local_backend_never_saves_nonfinite_weights(tmp_path, tiny_model):
     from retrain.backends.base import DivergedError
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
     backend = LocalBackend.new_adapter(model, "a", lora_rank=2, checkpoint_dir=tmp_path)
@@ -313,8 +313,8 @@ def test_a_tiny_temperature_samples_greedily_instead_of_overflowing(tiny_model):
     """S3 in the sampler (serve clients may send any temperature > 0): logits / 1e-300
     overflowed float32 and torch.multinomial died."""
     from retrain.backends.base import SamplingParams
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
     backend = LocalBackend.new_adapter(model, "t", lora_rank=2)
@@ -586,7 +586,7 @@ def test_the_tinker_backend_reports_a_nonfinite_grad_norm_as_skipped(tmp_path, s
     pytest.importorskip("tinker")
     from retrain.backends.base import AdamParams, LossConfig, make_datum
     from retrain.backends.base import Completion as C
-    from retrain.backends.tinker import TinkerBackend
+    from retrain.backends.tinker.backend import TinkerBackend
     from tests.serve_doubles import BigramEngine, Served
 
     class NanNorm(BigramEngine):

@@ -22,8 +22,8 @@ from retrain.backends.base import (  # noqa: E402
     SamplingParams,
     make_datum,
 )
-from retrain.backends.local_full import FullBackend  # noqa: E402
-from retrain.backends.local_model import LocalModel  # noqa: E402
+from retrain.backends.local.full import FullBackend  # noqa: E402
+from retrain.backends.local.model import LocalModel  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from tests.run_helpers import kill_after_step_3_and_resume, rows, write_config  # noqa: E402
@@ -125,7 +125,7 @@ def test_the_kl_reference_is_a_frozen_copy_of_the_base(tiny_model, tmp_path):
 
 
 def test_snapshots_and_adapters_are_lora_only(tiny_model, tmp_path):
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
 
     with pytest.raises(BackendError, match="LoRA"):
         _backend(tiny_model, tmp_path).snapshot()

@@ -35,8 +35,8 @@ def test_sequence_kl_counts_only_the_masked_tokens():
 def _backend_and_datums(tiny_model, tmp_path):
     pytest.importorskip("torch")
     from retrain.backends.base import SamplingParams, make_datum
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
     backend = LocalBackend.new_adapter(model, "kl", lora_rank=4, seed=7, checkpoint_dir=tmp_path)
@@ -99,7 +99,7 @@ def test_tinker_reference_is_the_base_models_compute_logprobs(tiny_server, sdk_e
     policy the sampler drew from; after updates it stays where it was (the base model)."""
     pytest.importorskip("tinker")
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
-    from retrain.backends.tinker import TinkerBackend
+    from retrain.backends.tinker.backend import TinkerBackend
 
     backend = TinkerBackend(base_model="tiny-random", lora_rank=4, seed=5,
                             base_url=tiny_server.url, request_timeout_s=60)

@@ -7,16 +7,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from retrain.backends import local_sampling  # noqa: E402
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_cache import ReservedLayer, reserve  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
+from retrain.backends.local.sampling import exact  # noqa: E402
+from retrain.backends.local.sampling.reserved_cache import ReservedLayer, reserve  # noqa: E402
 
 
 def _sample(model, backend, params, monkeypatch=None, capacity=None):
     ps = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
     if monkeypatch is not None:
-        monkeypatch.setattr(local_sampling, "reserve",
+        monkeypatch.setattr(exact, "reserve",
                             (lambda c, _cap: c) if capacity is None
                             else (lambda c, _cap: reserve(c, capacity)))
     groups = backend.sample(ps, 3, params)

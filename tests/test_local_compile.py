@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from retrain.backends import local_compile
+from retrain.backends.local.sampling import compiled
 from retrain.config.sections import ConfigError, from_dict
 
 
@@ -19,15 +19,15 @@ def test_compile_takes_true_false_or_auto():
     for bad in ("yes", 1):
         with pytest.raises(ConfigError, match='backend.compile.*expected true or false or "auto"'):
             from_dict({"backend": {"compile": bad}})
-    assert local_compile.wanted(True)
-    assert not local_compile.wanted(False) and not local_compile.wanted("auto")
+    assert compiled.wanted(True)
+    assert not compiled.wanted(False) and not compiled.wanted("auto")
 
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local import LocalBackend  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
 
@@ -63,13 +63,13 @@ def test_the_compiled_step_samples_what_eager_does(model, backend, temperature):
 
 
 def test_the_inductor_cache_has_a_folder_per_instruction_set(model, monkeypatch, model_cache):
-    """Kernels cached under AVX-512 gave NaN when loaded under AVX2 (see local_compile)."""
+    """Kernels cached under AVX-512 gave NaN when loaded under AVX2 (see sampling.compiled)."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    local_compile.CompiledDecoder(model.net, compile_fn=lambda net, dynamic: net)
+    compiled.CompiledDecoder(model.net, compile_fn=lambda net, dynamic: net)
     isa = torch.backends.cpu.get_cpu_capability().lower()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(model_cache / "inductor" / isa)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the user's choice stands
-    local_compile.CompiledDecoder(model.net, compile_fn=lambda net, dynamic: net)
+    compiled.CompiledDecoder(model.net, compile_fn=lambda net, dynamic: net)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
 
 
@@ -85,7 +85,7 @@ def _not_finite(net, dynamic):
 def test_a_compiled_step_with_nan_logits_is_taken_back_and_run_eagerly(model, backend):
     eager = _sample(backend, 1.0)
     said = io.StringIO()
-    model.decoder = local_compile.CompiledDecoder(model.base, say=said, compile_fn=_not_finite)
+    model.decoder = compiled.CompiledDecoder(model.base, say=said, compile_fn=_not_finite)
     again = _sample(backend, 1.0)
     assert said.getvalue() == ("compile: torch.compile of the decoding step failed (its logits "
                                "were not finite); decoding eagerly\n")
@@ -99,7 +99,7 @@ def _refuse(_graph, _inputs):
 def test_a_failed_compile_says_so_once_and_decodes_eagerly(model, backend):
     eager = _sample(backend, 1.0)
     said = io.StringIO()
-    model.decoder = local_compile.CompiledDecoder(
+    model.decoder = compiled.CompiledDecoder(
         model.net, say=said,
         compile_fn=lambda net, dynamic: torch.compile(net, dynamic=dynamic, backend=_refuse))
     fallen = _sample(backend, 1.0)
@@ -117,7 +117,7 @@ def test_out_of_memory_is_not_taken_for_a_failed_compile(model, backend):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     said = io.StringIO()
-    model.decoder = local_compile.CompiledDecoder(model.net, say=said,
+    model.decoder = compiled.CompiledDecoder(model.net, say=said,
                                                   compile_fn=lambda net, dynamic: no_memory)
     with pytest.raises(Exception, match="out of memory"):
         _sample(backend, 1.0)

@@ -62,8 +62,8 @@ def setup(tiny_model):
     """The tiny model, one adapter, and off-policy datums of unequal lengths."""
     torch = pytest.importorskip("torch")
     from retrain.backends.base import Completion, SamplingParams, make_datum
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
     backend = LocalBackend.new_adapter(model, "agg", 4, 16.0, 0.0, [], seed=11)
@@ -147,8 +147,8 @@ def test_local_and_serve_give_the_same_losses_logprobs_and_gradients(
     import torch
 
     from retrain.backends.base import LossConfig
-    from retrain.backends.local_model import LocalModel
-    from retrain.backends.tinker import TinkerBackend
+    from retrain.backends.local.model import LocalModel
+    from retrain.backends.tinker.backend import TinkerBackend
     from retrain.serve.local_engine import LocalEngine
     from tests.serve_doubles import Served
 

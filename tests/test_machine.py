@@ -58,7 +58,7 @@ def test_measurements_are_positive_and_count_flops():
 
 def test_local_cost_model_splits_body_and_lm_head(tiny_model):
     pytest.importorskip("torch")
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
     cost = model.cost_model()

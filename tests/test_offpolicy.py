@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("tinker")
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
-from retrain.backends.tinker import TinkerBackend  # noqa: E402
+from retrain.backends.tinker.backend import TinkerBackend  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
 from tests.serve_doubles import BigramEngine, Served  # noqa: E402

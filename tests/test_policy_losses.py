@@ -1,6 +1,7 @@
-"""The policy losses (backends/policy_losses.py, named in algorithms/losses.py): values and
-gradients against a plain per-token loop written here in float64 (the Tinker documentation's
-formulas, derivatives by hand), under every aggregation; and their properties."""
+"""The policy losses (backends/local/training/policy_losses.py, named in
+algorithms/losses.py): values and gradients against a plain per-token loop written here in
+float64 (the Tinker documentation's formulas, derivatives by hand), under every aggregation;
+and their properties."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ torch = pytest.importorskip("torch")
 from retrain.algorithms import losses  # noqa: E402
 from retrain.algorithms.aggregation import AGGREGATIONS, SUM, normaliser  # noqa: E402
 from retrain.backends.base import LossConfig  # noqa: E402
-from retrain.backends.policy_losses import RatioStats, token_losses  # noqa: E402
+from retrain.backends.local.training.policy_losses import RatioStats, token_losses  # noqa: E402
 
 settings.register_profile("retrain", deadline=None, max_examples=200)
 settings.load_profile("retrain")

@@ -191,7 +191,8 @@ def test_not_a_run_folder(tmp_path, capsys, command):
 
 TRAINING_CODE = ("retrain.run.trainer", "retrain.cli.launch", "retrain.run.checkpoint",
                  "retrain.algorithms.advantages",
-                 "retrain.backends.local", "retrain.backends.local_loss", "retrain.run.eval",
+                 "retrain.backends.local.backend", "retrain.backends.local.training.micro_batches",
+                 "retrain.run.eval",
                  "retrain.environments.scorer", "retrain.control.backpressure",
                  "retrain.campaign.runner", "retrain.campaign.executor", "retrain.run.offpolicy",
                  "retrain.results.evaluate", "retrain.run.trackers", "retrain.run.step_row")

@@ -39,9 +39,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.backends.base import Datum, LossConfig, SamplingParams  # noqa: E402
-from retrain.backends.counter_rng import CounterDraws  # noqa: E402
-from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_sampling import sample_batch  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
+from retrain.backends.local.sampling.counter_rng import CounterDraws  # noqa: E402
+from retrain.backends.local.sampling.exact import sample_batch  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 
 
@@ -73,7 +73,7 @@ def test_the_backend_samples_through_the_mode(tiny_model):
 def test_fast_on_a_model_it_cannot_run_is_a_config_error(tiny_model):
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.model import LocalModel
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     net = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64,

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local_sampling import draw, inverse_cdf  # noqa: E402
+from retrain.backends.local.sampling.exact import draw, inverse_cdf  # noqa: E402
 
 
 def test_inverse_cdf_picks_the_token_whose_interval_holds_u():

@@ -48,7 +48,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.local import LocalBackend  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
 
 
 @pytest.fixture

@@ -368,8 +368,8 @@ def test_no_slot_is_held_while_its_holder_sleeps_on_429(tmp_path, cli_env, pytho
     import torch
 
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
-    from retrain.backends.tinker import TinkerBackend
-    from retrain.backends.tinker_calls import TinkerCalls
+    from retrain.backends.tinker.backend import TinkerBackend
+    from retrain.backends.tinker.calls import TinkerCalls
     from retrain.slots.file_slots import CountingSemaphore
     from tests.run_helpers import read_serve_url
 

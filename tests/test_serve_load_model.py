@@ -84,7 +84,7 @@ def test_overload_answers_are_counted_from_the_http_log(served, caplog):
     without printing the INFO lines the logger did not print before."""
     import logging
 
-    from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
+    from retrain.backends.tinker.overload import HTTP_LOGGER, watch_overload
 
     logging.getLogger(HTTP_LOGGER).setLevel(logging.WARNING)
     codes: list[int] = []

@@ -61,7 +61,7 @@ def _record(datums) -> list[dict]:
 
 def capture(name: str, folder: Path) -> dict:
     """Run the case for 3 steps; every forward_backward's datums, and the rows."""
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
     from retrain.config.loader import load_config
     from retrain.run.single import run_single
     from tests.run_helpers import rows, write_config

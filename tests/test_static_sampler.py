@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.backends.counter_rng import CounterDraws  # noqa: E402
-from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_sampling import sample_batch  # noqa: E402
-from retrain.backends.local_static_cache import CAPACITY_STEP  # noqa: E402
-from retrain.backends.local_static_sampler import StaticSampler  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
+from retrain.backends.local.sampling.counter_rng import CounterDraws  # noqa: E402
+from retrain.backends.local.sampling.exact import sample_batch  # noqa: E402
+from retrain.backends.local.sampling.fast import StaticSampler  # noqa: E402
+from retrain.backends.local.sampling.static_cache import CAPACITY_STEP  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
 
@@ -138,7 +138,7 @@ def test_merged_weights_sample_like_the_adapter(backend):
 
 
 def test_merged_buffers_follow_an_adamw_step_in_place(model):
-    from retrain.backends.local_merged import MergedWeights, lora_linears
+    from retrain.backends.local.sampling.merged import MergedWeights, lora_linears
 
     b = LocalBackend.new_adapter(model, "refresh", lora_rank=4, seed=2,
                                  target_modules=["q_proj", "v_proj", "down_proj"])

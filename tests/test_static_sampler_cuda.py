@@ -12,9 +12,9 @@ if not torch.cuda.is_available():
                 "the same on a GPU machine)", allow_module_level=True)
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
-from retrain.backends.local import LocalBackend  # noqa: E402
-from retrain.backends.local_model import LocalModel  # noqa: E402
-from retrain.backends.local_static_sampler import StaticSampler  # noqa: E402
+from retrain.backends.local.backend import LocalBackend  # noqa: E402
+from retrain.backends.local.model import LocalModel  # noqa: E402
+from retrain.backends.local.sampling.fast import StaticSampler  # noqa: E402
 
 
 def _sample(sampler, backend, prompts, params):

@@ -22,9 +22,9 @@ from retrain.backends.base import (  # noqa: E402
     SamplingParams,
     make_datum,
 )
-from retrain.backends.tinker import TinkerBackend  # noqa: E402
-from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER  # noqa: E402
-from retrain.backends.tinker_sdk import check_sdk  # noqa: E402
+from retrain.backends.tinker.backend import TinkerBackend  # noqa: E402
+from retrain.backends.tinker.rate_limit import QUEUES_429_HEADER  # noqa: E402
+from retrain.backends.tinker.sdk import check_sdk  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 from retrain.serve.guard import FaultPlan  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
@@ -255,8 +255,8 @@ def test_same_step_as_the_local_backend(tmp_path, sdk_env, tiny_model):
     same initial adapter (same seed), same loss, same trainer log-probs, same update."""
     import torch
 
-    from retrain.backends.local import LocalBackend
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
     from retrain.serve.local_engine import LocalEngine
 
     ref_model = LocalModel.load(tiny_model, "float32", "cpu", 1)
@@ -404,7 +404,7 @@ def test_stop_strings_go_to_the_service_and_cut_where_the_local_sampler_would(
         tmp_path, sdk_env, tiny_model):
     """training.stop over `retrain serve`: the strings travel as SamplingParams.stop, each
     completion is the unstopped one cut at its first stop string, EOS still ends rows."""
-    from retrain.backends.local_model import LocalModel
+    from retrain.backends.local.model import LocalModel
     from retrain.backends.stop_strings import cut_at_stop_strings
     from retrain.serve.local_engine import LocalEngine
 

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.campaign.runner")
 
-from retrain.backends.tinker import TinkerBackend  # noqa: E402
-from retrain.backends.tinker_rate_limit import (  # noqa: E402
+from retrain.backends.tinker.backend import TinkerBackend  # noqa: E402
+from retrain.backends.tinker.rate_limit import (  # noqa: E402
     RATE_LIMIT_FIRST_S,
     RETRY_AFTER_JITTER,
     RateLimitWait,

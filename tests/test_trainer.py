@@ -123,7 +123,7 @@ def test_missing_custom_module_and_broken_jsonl_are_user_errors(workdir):
 
 
 def test_out_of_memory_halves_the_batch_and_keeps_groups_whole(workdir, monkeypatch):
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
 
     real = LocalBackend.sample
     calls = []
@@ -164,7 +164,7 @@ def test_a_resume_point_with_the_old_oom_cap_keeps_its_ceiling(workdir):
 
 
 def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch):
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
     from retrain.control import backpressure
     from retrain.control.backpressure_decision import Decision
 
@@ -193,7 +193,7 @@ def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch)
 def test_the_controller_is_not_charged_for_failed_attempts(workdir, monkeypatch):
     import time
 
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
     from retrain.control import backpressure
 
     real, seen = LocalBackend.sample, []
@@ -221,7 +221,7 @@ def test_the_controller_is_not_charged_for_failed_attempts(workdir, monkeypatch)
 
 
 def test_oom_at_batch_size_one_fails_the_run_cleanly(workdir, monkeypatch, capsys):
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
 
     def sample(self, prompts, n, params, adapter=None):
         raise BackendOOMError("out of memory during sampling (simulated)")

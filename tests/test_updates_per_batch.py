@@ -43,7 +43,7 @@ def _ratio_max(datums, out) -> float:
 def _recorded_run(folder, monkeypatch, **training):
     """Run 3 steps; every forward_backward call's (datums, output), and the rows."""
     pytest.importorskip("torch")
-    from retrain.backends.local import LocalBackend
+    from retrain.backends.local.backend import LocalBackend
     from retrain.config.loader import load_config
     from retrain.run.single import run_single
     from tests.run_helpers import rows, write_config

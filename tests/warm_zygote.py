@@ -27,7 +27,7 @@ import warm  # tests/warm.py: this file's folder is sys.path[0]
 
 PRELOAD = (  # what the children would otherwise import themselves, each time
     "retrain.cli.app", "retrain.cli.launch", "retrain.run.single", "retrain.campaign.runner",
-    "retrain.backends.local", "retrain.backends.tinker", "retrain.serve.server",
+    "retrain.backends.local.backend", "retrain.backends.tinker.backend", "retrain.serve.server",
     "transformers.models.llama.modeling_llama", "transformers.models.llama.configuration_llama",
     "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
     "peft",

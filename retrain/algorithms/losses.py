@@ -1,5 +1,5 @@
 """The policy losses: their names, what each reads, its knobs and their bounds. Pure: the
-tensor math lives in `backends/policy_losses.py`, the normaliser in `aggregation`.
+tensor math lives in `backends/local/training/policy_losses.py`, the normaliser in `aggregation`.
 
 Every loss is the Tinker documentation's (tinker-docs.thinkingmachines.ai/tinker/losses, one
 page per loss): a per-token loss, summed over a datum's positions. r = p/q is the importance

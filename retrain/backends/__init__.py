@@ -21,15 +21,15 @@ def create_backend(cfg: Config, slots: ApiSlots | None = None,
     """
     slots = slots or NoSlots()
     if cfg.backend.backend == "local" and cfg.model.finetune == "full":
-        from retrain.backends.local_full import FullBackend
+        from retrain.backends.local.full import FullBackend
 
         return FullBackend.from_config(cfg, config_dir, checkpoint_dir)
     if cfg.backend.backend == "local":
-        from retrain.backends.local import LocalBackend
+        from retrain.backends.local.backend import LocalBackend
 
         return LocalBackend.from_config(cfg, config_dir, checkpoint_dir)
     if cfg.backend.backend == "tinker":
-        from retrain.backends.tinker import TinkerBackend
+        from retrain.backends.tinker.backend import TinkerBackend
 
         return TinkerBackend.from_config(cfg, slots)
     raise ValueError(f"unknown backend {cfg.backend.backend!r}")

@@ -1,9 +1,9 @@
 """`[backend] sampler`: which local sampler a run uses. Pure (no torch), so `retrain explain`
 can say it too.
 
-- exact: `local_sampling.sample_batch`, step by step through the trainer's adapter modules,
+- exact: `sampling.exact.sample_batch`, step by step through the trainer's adapter modules,
   with torch.Generator draws (what every CPU result so far was measured with);
-- fast: `local_static_sampler.StaticSampler`, a static KV cache with LoRA merged into fixed
+- fast: `sampling.fast.StaticSampler`, a static KV cache with LoRA merged into fixed
   buffers, k device steps per host look, CUDA graphs on CUDA, counter-based draws;
 - auto: exact on CPU and MPS (where a step is bound by its matmuls, not by launches), fast
   on CUDA.

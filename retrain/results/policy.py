@@ -27,7 +27,7 @@ class LocalPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        from retrain.backends.local_sampling import eos_ids, model_context
+        from retrain.backends.local.sampling.exact import eos_ids, model_context
 
         self.max_context = model_context(model.config)  # prompt + completion tokens
         self.eos_ids = eos_ids(model, tokenizer)
@@ -47,7 +47,7 @@ class LocalPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from retrain.backends.local_device import pick_device, resolve_dtype
+        from retrain.backends.local.device import pick_device, resolve_dtype
         from retrain.backends.models import resolve_model
         from retrain.machine.cpu import auto_threads
 
@@ -84,7 +84,7 @@ class LocalPolicy:
         import torch
         from transformers import DynamicCache
 
-        from retrain.backends.local_sampling import sample_batch
+        from retrain.backends.local.sampling.exact import sample_batch
 
         generator = torch.Generator(self.device).manual_seed(params.seed or 0)
         out: list[list[Completion]] = []
@@ -101,7 +101,7 @@ class LocalPolicy:
         import torch
         from transformers import DynamicCache
 
-        from retrain.backends.local_sampling import draw, token_logprobs
+        from retrain.backends.local.sampling.exact import draw, token_logprobs
         from retrain.backends.stop_strings import StopWatch
 
         generator = torch.Generator(self.device).manual_seed(params.seed or 0)

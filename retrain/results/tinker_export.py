@@ -18,7 +18,7 @@ EXPORT_TTL_S = 3600
 
 def download(cfg: Config, ckpt: Checkpoint, folder: Path) -> None:
     """Fetch the weights of `ckpt` into the (empty, existing) `folder`."""
-    from retrain.backends.tinker_sdk import KEY_ENV, check_sdk
+    from retrain.backends.tinker.sdk import KEY_ENV, check_sdk
 
     check_sdk()
     import os

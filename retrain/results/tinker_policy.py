@@ -18,7 +18,7 @@ class TinkerPolicy:
 
     @classmethod
     def load(cls, cfg: Config, ckpt: Checkpoint) -> TinkerPolicy:
-        from retrain.backends.tinker import TinkerBackend
+        from retrain.backends.tinker.backend import TinkerBackend
 
         backend = TinkerBackend.from_config(cfg)
         try:

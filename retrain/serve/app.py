@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from tinker import types
 
-from retrain.backends.tinker_rate_limit import QUEUES_429_HEADER
+from retrain.backends.tinker.rate_limit import QUEUES_429_HEADER
 from retrain.serve import wire
 from retrain.serve.engine import LOSS_INPUTS, Engine
 from retrain.serve.errors import ApiError

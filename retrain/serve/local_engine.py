@@ -4,7 +4,7 @@ training model, sampler snapshots as frozen adapters on the same model.
 Tinker semantics on top of the local backend's: Tinker losses are sums over every position
 of every datum. So each datum is trained on all of its positions (mask 1; positions the
 client does not want trained carry advantage 0) with the `sum` aggregation, and the losses
-are the shared definitions of backends/policy_losses.py.
+are the shared definitions of backends/local/training/policy_losses.py.
 
 LoRA hyper-parameters other than the rank (alpha, dropout, target modules) are the local
 backend's defaults (`[model]` in the config), so a run against `retrain serve` trains the
@@ -35,10 +35,10 @@ from retrain.backends.base import (
     LossOutput,
     SamplingParams,
 )
-from retrain.backends.local import LocalBackend
-from retrain.backends.local_checkpoint import ADAPTER_WEIGHTS
-from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import OnToken, SamplingStopped
+from retrain.backends.local.backend import LocalBackend
+from retrain.backends.local.checkpoint import ADAPTER_WEIGHTS
+from retrain.backends.local.model import LocalModel
+from retrain.backends.local.sampling.exact import OnToken, SamplingStopped
 from retrain.config.sections import ModelConfig
 from retrain.serve.engine import EngineError, SampleResult
 
@@ -324,7 +324,7 @@ def _forward_only(backend: LocalBackend, data: list[Datum], loss: LossConfig) ->
     """A forward pass without gradient: target log-probs and the Tinker loss (a sum)."""
     import torch
 
-    from retrain.backends.policy_losses import token_losses
+    from retrain.backends.local.training.policy_losses import token_losses
 
     def tensor(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32)

@@ -8,7 +8,7 @@ weights), because there is no adapter to disable.
 
 A checkpoint folder holds the model as transformers writes one (`model.safetensors`,
 `config.json`, `generation_config.json`: `AutoModelForCausalLM.from_pretrained` loads it), plus
-`optimizer.pt` and `rng.pt` (local_checkpoint).
+`optimizer.pt` and `rng.pt` (checkpoint).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from retrain.backends import local_checkpoint, local_compile
 from retrain.backends.base import BackendError, Datum
-from retrain.backends.local import LocalBackend
-from retrain.backends.local_model import LocalModel
+from retrain.backends.local import checkpoint
+from retrain.backends.local.backend import LocalBackend
+from retrain.backends.local.model import LocalModel
+from retrain.backends.local.sampling import compiled
 
 if TYPE_CHECKING:
     from retrain.config.sections import Config
@@ -59,7 +60,7 @@ class FullBackend(LocalBackend):
         backend = cls(model, micro_batch_size=cfg.training.micro_batch_size,
                       seed=cfg.training.seed, checkpoint_dir=checkpoint_dir,
                       keep_reference=cfg.algorithm.kl_coef > 0)
-        if local_compile.wanted(cfg.backend.compile):
+        if compiled.wanted(cfg.backend.compile):
             model.compile_decoding()
         model.use_sampler("exact")  # the fast sampler merges LoRA layers, which are absent
         return backend
@@ -82,7 +83,7 @@ class FullBackend(LocalBackend):
         """Write `<checkpoint_dir>/<name>/`: the whole model + optimizer + RNG state."""
         if self.checkpoint_dir is None:
             raise BackendError("save_state needs checkpoint_dir (set by the trainer)")
-        return local_checkpoint.write(self.checkpoint_dir / name, self.model,
+        return checkpoint.write(self.checkpoint_dir / name, self.model,
                                       self.params.values(), self._write_weights,
                                       self.optimizer, self.generator, what="model")
 
@@ -99,11 +100,11 @@ class FullBackend(LocalBackend):
     def load_state(self, ref: str) -> None:
         """Restore the weights (in place: the optimizer keeps its parameters), optimizer and
         RNG from a `save_state` folder; a missing or damaged one is a BackendError."""
-        local_checkpoint.read(ref, self.checkpoint_dir, WEIGHTS, self.model, self._load_weights,
+        checkpoint.read(ref, self.checkpoint_dir, WEIGHTS, self.model, self._load_weights,
                               self.optimizer, self.generator)
 
     def _load_weights(self, folder: Path) -> None:
-        weights = local_checkpoint.finite_weights(folder / WEIGHTS, self.model.device)
+        weights = checkpoint.finite_weights(folder / WEIGHTS, self.model.device)
         missing = sorted(set(self.params) - set(weights))
         extra = sorted(set(weights) - set(self.params))
         if missing or extra:

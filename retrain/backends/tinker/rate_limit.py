@@ -70,7 +70,7 @@ def stop_sdk_retrying_429(service) -> None:
     slot) raise a 429 on the routes the backend queues itself, so that its backoff waits
     with the slot given back. Other routes keep the SDK's retries: they are ordered by
     seq_id, and only the SDK re-sends them under the same one; the slot is given back while
-    the SDK sleeps before such a re-send (`tinker_slot_lease`). `retrain serve` also answers
+    the SDK sleeps before such a re-send (`slot_lease`). `retrain serve` also answers
     clients that send QUEUES_429_HEADER with `x-should-retry: false` on its session-limit
     429s, which stops the SDK's HTTP-level retries of them."""
     holder = service._get_session_holder()  # the pinned SDK's session (created on first use)

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from retrain.backends import local_lora
 from retrain.backends.base import BackendError
-from retrain.backends.local_compile import CompiledDecoder
-from retrain.backends.local_device import pick_device, resolve_dtype
-from retrain.backends.local_sampling import (
+from retrain.backends.local import lora
+from retrain.backends.local.device import pick_device, resolve_dtype
+from retrain.backends.local.sampling.compiled import CompiledDecoder
+from retrain.backends.local.sampling.exact import (
     cache_keyword,
     check_max_tokens,
     eos_ids,
@@ -117,14 +117,15 @@ class LocalModel:
         """`[backend] sampler`: exact (sample_batch) or fast (a StaticSampler); see
         sampler_mode. Explicit "fast" on a model it cannot run is the config's error; "auto"
         then stays exact."""
-        from retrain.backends import local_static_sampler, sampler_mode
+        from retrain.backends import sampler_mode
+        from retrain.backends.local.sampling import fast
 
         self.fast = None
         if sampler_mode.resolve(setting, self.device.type) != "fast":
             return
-        why = local_static_sampler.unsupported(self.net, self.base)
+        why = fast.unsupported(self.net, self.base)
         if why is None:
-            self.fast = local_static_sampler.StaticSampler(self.base, self.device)
+            self.fast = fast.StaticSampler(self.base, self.device)
             self.summary += ", fast sampler"
         elif setting == "fast":
             raise UserError(f"backend.sampler = \"fast\" cannot sample {self.name_or_path}: "
@@ -150,7 +151,7 @@ class LocalModel:
                     self.peft.add_adapter(name, lora_config)
             self.lora_configs[name] = lora_config
             self._active = None
-            local_lora.init_lora(self.adapter_params(name), seed)
+            lora.init_lora(self.adapter_params(name), seed)
 
     def delete_adapter(self, name: str) -> None:
         with self.lock:
@@ -172,7 +173,7 @@ class LocalModel:
         (another session of `retrain serve`) changes."""
         with self.lock:
             out = {k: p for k, p in self.peft.named_parameters()
-                   if local_lora.adapter_of(k) == name}
+                   if lora.adapter_of(k) == name}
         return dict(sorted(out.items()))
 
 

@@ -1,11 +1,11 @@
 """`[backend] sampler = "fast"`: decoding on a static KV cache, `k` device steps per host look.
 
-The exact sampler (`local_sampling.sample_batch`) reads every step's tokens back to the host
+The exact sampler (`sampling.exact.sample_batch`) reads every step's tokens back to the host
 to decide which rows go on; on a GPU that read serialises the device and makes a step cost
 its kernel launches. This one:
 - prefills as the exact sampler does (each distinct prompt once) and copies each prompt's
-  KV cache to its samples' rows of a static cache (`local_static_cache`);
-- runs `check_every` decoding steps (`local_decode.step`, a CUDA graph replay on CUDA) that
+  KV cache to its samples' rows of a static cache (`sampling.static_cache`);
+- runs `check_every` decoding steps (`decode_step.step`, a CUDA graph replay on CUDA) that
   write each token and its log-prob into device buffers, then reads those steps back once:
   EOS, stop tokens and stop strings are found there, per row, in order, and a row keeps
   nothing after the token that ended it (at most `check_every - 1` steps are wasted on it);
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from retrain.backends import counter_rng, local_decode, local_graphs
 from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
-from retrain.backends.local_merged import MergedWeights, mergeable
-from retrain.backends.local_sampling import left_pad
-from retrain.backends.local_static_cache import (
+from retrain.backends.local.sampling import counter_rng, cuda_graphs, decode_step
+from retrain.backends.local.sampling.exact import left_pad
+from retrain.backends.local.sampling.merged import MergedWeights, mergeable
+from retrain.backends.local.sampling.static_cache import (
     CAPACITY_STEP,
     StatePool,
     StaticState,
@@ -43,7 +43,7 @@ CHECK_EVERY = 16
 
 def unsupported(net: Any, base: Any) -> str | None:
     """Why the fast sampler cannot run this model (None when it can)."""
-    return local_decode.unsupported(base) or mergeable(net)
+    return decode_step.unsupported(base) or mergeable(net)
 
 
 class _Rows:
@@ -100,12 +100,12 @@ class StaticSampler:
 
     def __init__(self, base: Any, device: torch.device, *, merged: bool = True,
                  graphs: bool | None = None, check_every: int = CHECK_EVERY):
-        self.arch = local_decode.arch_of(base)
+        self.arch = decode_step.arch_of(base)
         self.device = device
         self.merged = merged
         self.check_every = check_every
-        use = local_graphs.available(device) if graphs is None else graphs
-        self.graphs = local_graphs.StepGraphs() if use else None
+        use = cuda_graphs.available(device) if graphs is None else graphs
+        self.graphs = cuda_graphs.StepGraphs() if use else None
         self.window_step = CAPACITY_STEP if use else 1
         self.compactions = 0
         self.pool: StatePool | None = None
@@ -120,7 +120,7 @@ class StaticSampler:
         """What runs a projection for `adapter`: its merged buffers (refreshed if the
         adapter changed) or the peft layers themselves."""
         if not self.merged or adapter is None:
-            return local_decode._plain
+            return decode_step._plain
         w = self.weights.get(adapter)
         if w is None:
             w = self.weights[adapter] = MergedWeights(net, adapter)
@@ -171,7 +171,7 @@ class StaticSampler:
         keys = [layer.keys for layer in cache.layers]
         values = [layer.values for layer in cache.layers]
         if self.pool is None:
-            self.pool = StatePool(local_decode.geometry(self.arch, keys[0].dtype, self.device))
+            self.pool = StatePool(decode_step.geometry(self.arch, keys[0].dtype, self.device))
         st = self._state(bucket, capacity_for(width, params.max_tokens))
         pad = bucket - total
         rows = torch.arange(total, device=self.device) // n
@@ -179,7 +179,7 @@ class StaticSampler:
         st.fill(keys, values, mask, rows)
         row_keys = counter_rng.row_keys(seeds, prompt_ids, n, self.device)
         st.keys.copy_(torch.cat([row_keys, row_keys[:1].expand(pad, 2)]))
-        local_decode.emit(st, out.logits[:, -1][rows], params)
+        decode_step.emit(st, out.logits[:, -1][rows], params)
         return st, width
 
     def _state(self, bucket: int, capacity: int) -> StaticState:
@@ -211,7 +211,7 @@ class StaticSampler:
     def _step(self, st: StaticState, params: SamplingParams, window: int, linear,
               adapter: str | None) -> None:
         def run() -> None:
-            local_decode.step(self.arch, st, params, window, linear)
+            decode_step.step(self.arch, st, params, window, linear)
 
         if self.graphs is None:
             run()

@@ -2,8 +2,8 @@
 
 Aggregation: the call's normaliser (algorithms/aggregation.py, `loss.aggregation`) is decided
 once over the whole `forward_backward` call; each micro-batch adds its share, the sum of its
-weighted per-token losses (backends/policy_losses.py) / the call's denominator, so splitting
-into micro-batches never changes the result (up to float rounding).
+weighted per-token losses (training/policy_losses.py) / the call's denominator, so
+splitting into micro-batches never changes the result (up to float rounding).
 
 Shared prompts: the completions of one group share their prompt, so a micro-batch runs
 each distinct prompt *prefix* once (left-padded together, with gradients), repeats its KV
@@ -153,7 +153,7 @@ def pack(datums: list[Datum], unit: Unit, pad_id: int, device: torch.device,
     starts = torch.tensor(splits, dtype=torch.long)[:, None]
     prefix_ids = prefix_mask = None
     if any(splits):
-        from retrain.backends.local_sampling import left_pad
+        from retrain.backends.local.sampling.exact import left_pad
 
         prefix_ids, prefix_mask, _ = left_pad([list(p) for p in prefixes], pad_id, device)
     return Packed(prefix_ids=prefix_ids, prefix_mask=prefix_mask,

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from retrain.backends.base import BackendError
-from retrain.backends.tinker_calls import TinkerCalls
+from retrain.backends.tinker.calls import TinkerCalls
 from retrain.runfiles import runlog
 
 log = logging.getLogger("retrain.tinker")

@@ -11,11 +11,11 @@
   slot is given back, the backend waits with backoff and jitter, and asks again.
 - Every API request holds one of the campaign's API slots while it is on the wire, and
   only then: a request the SDK backs off (429/5xx) waits for its re-send with the slot given
-  back, and takes one again to send (`tinker_calls`, `tinker_slot_lease`). A call never
+  back, and takes one again to send (`calls`, `slot_lease`). A call never
   holds a slot while it waits for another, so workers cannot deadlock.
 - Every wait has a deadline (`backend.request_timeout_s`); a terminal failure raises
   BackendError with a message that says what to do. The API key is read only from
-  $TINKER_API_KEY and is scrubbed from every message (`tinker_sdk`).
+  $TINKER_API_KEY and is scrubbed from every message (`sdk`).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import numpy as np
 
 from retrain.backends.base import BackendError, LossOutput, OptimOutput
 from retrain.backends.stop_strings import cut_at_stop_strings
-from retrain.backends.tinker_calls import TinkerCalls
-from retrain.backends.tinker_checkpoints import ServiceCheckpoints
-from retrain.backends.tinker_pending import PendingLoss, SampleJob
-from retrain.backends.tinker_sampler import CurrentSampler
-from retrain.backends.tinker_sdk import api_key, check_sdk
-from retrain.backends.tinker_wire import (
+from retrain.backends.tinker.calls import TinkerCalls
+from retrain.backends.tinker.checkpoints import ServiceCheckpoints
+from retrain.backends.tinker.pending import PendingLoss, SampleJob
+from retrain.backends.tinker.sampler import CurrentSampler
+from retrain.backends.tinker.sdk import api_key, check_sdk
+from retrain.backends.tinker.wire import (
     completion_of,
     loss_normaliser,
     stop_ids,

@@ -1,6 +1,6 @@
 """A counter-based random draw: u = f(seed, prompt, sample, step), computed on the device.
 
-The fast sampler (`local_static_sampler`) cannot use per-row `torch.Generator`s: they mean a
+The fast sampler (`sampling.fast`) cannot use per-row `torch.Generator`s: they mean a
 Python loop per step, and a CUDA graph cannot capture them. Here a row's uniform for a step
 is a hash of its key (seed, prompt, sample) and the step number: pure tensor arithmetic,
 capturable, and the same for a row whatever else shares the batch or when the others end.
@@ -74,7 +74,7 @@ def uniforms(keys: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
 
 class CounterDraws:
     """The counter draws as a stream of steps, for a sampler that asks for each step's
-    uniforms in turn (`local_sampling.step_uniforms`): today's loop with these draws is
+    uniforms in turn (`sampling.exact.step_uniforms`): today's loop with these draws is
     the reference the fast sampler is tested against."""
 
     def __init__(self, seeds: Sequence[int], prompt_ids: Sequence[int], n: int,

@@ -1,14 +1,14 @@
 """The local backend: torch + transformers + peft, in process.
 
 Two objects, so that several trainers can share one base model (e.g. `retrain serve`):
-- `LocalModel` (local_model.py): the base model and tokenizer, loaded once, wrapped by peft
+- `LocalModel` (model.py): the base model and tokenizer, loaded once, wrapped by peft
   with named adapters.
 - `LocalBackend`: one LoRA adapter of a `LocalModel` with its own AdamW optimizer and RNG. It
-  activates its adapter before every operation, under the model's lock. `local_full.FullBackend`
+  activates its adapter before every operation, under the model's lock. `full.FullBackend`
   trains every weight of a model of its own instead (`model.finetune = "full"`).
 
 Log-prob semantics (sampler and trainer agree): float32 `log_softmax(logits / temperature)`;
-see `local_sampling` for top_p and `local_loss` for the token aggregation.
+see `sampling.exact` for top_p and `training.micro_batches` for the token aggregation.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch
 
 from retrain.algorithms import aggregation
 from retrain.algorithms.kl import token_kl
-from retrain.backends import local_checkpoint, local_compile, local_lora, local_loss, policy_losses
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -41,9 +40,12 @@ from retrain.backends.base import (
     TokenIds,
     finished,
 )
-from retrain.backends.local_device import oom_as_backend_error
-from retrain.backends.local_model import LocalModel
-from retrain.backends.local_sampling import OnToken, sample_batch, token_logprobs
+from retrain.backends.local import checkpoint, lora
+from retrain.backends.local.device import oom_as_backend_error
+from retrain.backends.local.model import LocalModel
+from retrain.backends.local.sampling import compiled
+from retrain.backends.local.sampling.exact import OnToken, sample_batch, token_logprobs
+from retrain.backends.local.training import micro_batches, policy_losses
 from retrain.control.stepcost import ModelCost
 
 if TYPE_CHECKING:
@@ -72,7 +74,7 @@ class LocalBackend:
         self.model = model
         self.adapter = adapter
         self.micro_batch_size = micro_batch_size
-        self.bucket_overhead = local_loss.BUCKET_OVERHEAD
+        self.bucket_overhead = micro_batches.BUCKET_OVERHEAD
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.params = self._trainable()
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=1e-4)
@@ -94,7 +96,7 @@ class LocalBackend:
                     checkpoint_dir: str | Path | None = None) -> LocalBackend:
         """A trainer for a fresh adapter on `model` (empty targets = peft's per-architecture
         default, e.g. q_proj/v_proj for Llama-like models)."""
-        config = local_lora.lora_config(lora_rank, lora_alpha, lora_dropout, target_modules)
+        config = lora.lora_config(lora_rank, lora_alpha, lora_dropout, target_modules)
         try:
             model.add_adapter(adapter_name, config, seed)
         except ValueError as exc:  # peft: no default targets for this architecture, bad names
@@ -110,13 +112,13 @@ class LocalBackend:
         `[backend] compile`)."""
         m = cfg.model
         model = LocalModel.from_config(cfg, config_dir)
-        local_lora.check_target_modules(model.base, m.lora_target_modules, m.name)
+        lora.check_target_modules(model.base, m.lora_target_modules, m.name)
         backend = LocalBackend.new_adapter(model, "default", m.lora_rank, m.lora_alpha,
                                            m.lora_dropout, m.lora_target_modules,
                                            seed=cfg.training.seed,
                                            micro_batch_size=cfg.training.micro_batch_size,
                                            checkpoint_dir=checkpoint_dir)
-        if local_compile.wanted(cfg.backend.compile):
+        if compiled.wanted(cfg.backend.compile):
             model.compile_decoding()
         model.use_sampler(cfg.backend.sampler)
         backend.fast_ratio_cap = cfg.backend.fast_ratio_cap
@@ -247,8 +249,8 @@ class LocalBackend:
                     raise
                 size = largest // 2
 
-    def _plan(self, datums: list[Datum], size: int) -> list[local_loss.Unit]:
-        return local_loss.plan(datums, size, self.model.vocab_size)
+    def _plan(self, datums: list[Datum], size: int) -> list[micro_batches.Unit]:
+        return micro_batches.plan(datums, size, self.model.vocab_size)
 
     def _forward_backward(self, datums: list[Datum], loss: LossConfig, size: int) -> LossOutput:
         self.model.activate(self.adapter)
@@ -264,11 +266,11 @@ class LocalBackend:
         norm = aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
         loss_sum, ratios, kl_sum = 0.0, policy_losses.RatioStats(), 0.0
         units = self._plan(datums, size)
-        grads = local_loss.GradDiagnostics(list(self.params.values()), total_tokens, len(units))
+        grads = micro_batches.GradDiagnostics(list(self.params.values()), total_tokens, len(units))
         diagnostics_s = 0.0
         with _seeded_dropout(self.generator, self.model.device):
             for unit in units:
-                batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device,
+                batch = micro_batches.pack(datums, unit, self.model.pad_id, self.model.device,
                                         norm.weights)
                 lp = self._target_logprobs(net, batch, loss.temperature)
                 terms = policy_losses.token_losses(lp, batch.old_logprobs, batch.advantages,
@@ -294,7 +296,7 @@ class LocalBackend:
             metrics["kl"] = kl_sum / total_tokens
         return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)
 
-    def _ref(self, datums: list[Datum], batch: local_loss.Packed) -> torch.Tensor:
+    def _ref(self, datums: list[Datum], batch: micro_batches.Packed) -> torch.Tensor:
         """The reference log-probs of `batch`'s targets, in their order."""
         missing = [i for i, _ in batch.where if datums[i].ref_logprobs is None]
         if missing:
@@ -302,7 +304,7 @@ class LocalBackend:
         return torch.tensor([datums[i].ref_logprobs[pos] for i, pos in batch.where],
                             dtype=torch.float32, device=self.model.device)
 
-    def _target_logprobs(self, net: Any, batch: local_loss.Packed,
+    def _target_logprobs(self, net: Any, batch: micro_batches.Packed,
                          temperature: float) -> torch.Tensor:
         """Log-probs of the kept targets, in `batch.targets` order: prefixes once, suffixes in
         length buckets on their rows of the prefix KV cache. Only kept positions reach the LM
@@ -311,7 +313,7 @@ class LocalBackend:
         lengths = batch.suffix_mask.sum(-1).tolist()
         entry = (batch.keep.flatten().cumsum(0) - 1).view_as(batch.keep)  # index in targets
         parts, order = [], []
-        for run in local_loss.length_buckets(lengths, self.bucket_overhead):
+        for run in micro_batches.length_buckets(lengths, self.bucket_overhead):
             rows = torch.tensor(run, device=batch.input_ids.device)
             width = max(lengths[r] for r in run)
             keep = batch.keep[rows, :width]
@@ -333,7 +335,7 @@ class LocalBackend:
         lp = torch.cat(parts).gather(-1, batch.targets[where][:, None]).squeeze(-1)
         return lp[torch.argsort(where)]
 
-    def _prefix_kv(self, net: Any, batch: local_loss.Packed) -> list[tuple[Any, Any]]:
+    def _prefix_kv(self, net: Any, batch: micro_batches.Packed) -> list[tuple[Any, Any]]:
         """Each layer's keys and values of the distinct prefixes (with gradients in training)."""
         cache = self._make_cache()
         positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
@@ -356,7 +358,7 @@ class LocalBackend:
         with self.model.lock, oom_as_backend_error("forward"), torch.no_grad():
             net.eval()
             for unit in self._plan(datums, self.micro_batch_size):
-                batch = local_loss.pack(datums, unit, self.model.pad_id, self.model.device)
+                batch = micro_batches.pack(datums, unit, self.model.pad_id, self.model.device)
                 lp = self._target_logprobs(net, batch, temperature)
                 for (i, pos), value in zip(batch.where, lp.cpu().tolist(), strict=True):
                     out_lp[i][pos] = value
@@ -396,7 +398,7 @@ class LocalBackend:
             before = [p.detach().clone() for p in params]
             self.optimizer.step()
             self._zero_grad()
-            if not local_checkpoint.all_finite(params):
+            if not checkpoint.all_finite(params):
                 with torch.no_grad():  # put the last finite weights back
                     for p, old in zip(params, before, strict=True):
                         p.copy_(old)
@@ -414,7 +416,7 @@ class LocalBackend:
         """Write `<checkpoint_dir>/<name>/`: a peft adapter folder + optimizer + RNG state."""
         if self.checkpoint_dir is None:
             raise BackendError("save_state needs checkpoint_dir (set by the trainer)")
-        return local_checkpoint.save_state(self.checkpoint_dir / name, self.model, self.adapter,
+        return checkpoint.save_state(self.checkpoint_dir / name, self.model, self.adapter,
                                            self.optimizer, self.generator)
 
     def save_state_async(self, name: str) -> Future[str]:
@@ -424,7 +426,7 @@ class LocalBackend:
     def load_state(self, ref: str) -> None:
         """Restore adapter weights, optimizer and RNG from a `save_state` folder; a missing or
         damaged one is a BackendError (the trainer then falls back to an older one)."""
-        local_checkpoint.load_state(ref, self.checkpoint_dir, self.model, self.adapter,
+        checkpoint.load_state(ref, self.checkpoint_dir, self.model, self.adapter,
                                     self.optimizer, self.generator)
 
     def close(self) -> None:

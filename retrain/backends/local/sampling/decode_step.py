@@ -5,10 +5,10 @@ attention with grouped KV heads, gated MLP), calling the model's own modules, so
 LoRA layers run as in training (or `MergedWeights` stands in for them). It exists because
 transformers' forward builds its attention mask and cache positions with host-side logic
 (and differently from one version to the next); this one reads and writes only fixed
-buffers (`local_static_cache.StaticState`) and device counters, so a CUDA graph can replay it.
+buffers (`sampling.static_cache.StaticState`) and device counters, so a CUDA graph can replay it.
 
 `emit` turns logits into the step's token exactly as the exact sampler does
-(`local_sampling.token_logprobs` and `draw`), with the uniforms from `counter_rng`, and
+(`sampling.exact.token_logprobs` and `draw`), with the uniforms from `counter_rng`, and
 writes the token and its log-prob into the state's output buffers at the step counter.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from retrain.backends import counter_rng
 from retrain.backends.base import SamplingParams
-from retrain.backends.local_sampling import draw, token_logprobs
-from retrain.backends.local_static_cache import Geometry, StaticState
+from retrain.backends.local.sampling import counter_rng
+from retrain.backends.local.sampling.exact import draw, token_logprobs
+from retrain.backends.local.sampling.static_cache import Geometry, StaticState
 
 SUPPORTED = ("llama", "qwen2")
 

@@ -5,7 +5,7 @@ from exactly the distribution it was drawn from, before any truncation: `log_sof
 float32 of `logits / temperature`, the same computation `forward_backward` repeats. Other
 choices that follow from owning the loop:
 - each distinct prompt is prefilled once; its KV cache is then repeated for its `n` samples;
-- the KV cache reserves room for prompt + max_tokens (`local_cache`): no copy per token;
+- the KV cache reserves room for prompt + max_tokens (`sampling.reserved_cache`): no copy per token;
 - rows that reached EOS, a stop token or a stop string (`stop_strings.StopWatch`, asked
   after every token) leave the batch, so finished completions cost nothing more;
 - a seeded `torch.Generator` drives sampling, so the global RNG is untouched; with one
@@ -37,7 +37,7 @@ from retrain.backends.base import (
     TokenIds,
     context_overflow,
 )
-from retrain.backends.local_cache import reserve
+from retrain.backends.local.sampling.reserved_cache import reserve
 from retrain.backends.stop_strings import StopWatch
 from retrain.errors import UserError
 

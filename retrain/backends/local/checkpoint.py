@@ -2,7 +2,7 @@
 
 A LoRA run's `<checkpoint_dir>/<name>/` holds `adapter_model.safetensors` and
 `adapter_config.json` (loadable by peft on its own), `optimizer.pt` and `rng.pt`; a full
-fine-tuning run's holds the whole model instead (local_full). It is written to a temporary
+fine-tuning run's holds the whole model instead (full). It is written to a temporary
 folder, synced, then renamed into place, so a crash never leaves a half-written checkpoint
 under its name.
 """

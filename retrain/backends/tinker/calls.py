@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from retrain.backends import tinker_slot_lease as slot_lease
 from retrain.backends.base import BackendError
-from retrain.backends.tinker_overload import HTTP_LOGGER, watch_overload
-from retrain.backends.tinker_rate_limit import (
+from retrain.backends.tinker import slot_lease
+from retrain.backends.tinker.overload import HTTP_LOGGER, watch_overload
+from retrain.backends.tinker.rate_limit import (
     QUEUES_429_HEADER,
     RateLimited,
     RateLimitWait,
@@ -24,7 +24,7 @@ from retrain.backends.tinker_rate_limit import (
     retry_after_s,
     stop_sdk_retrying_429,
 )
-from retrain.backends.tinker_sdk import KEY_ENV, Secret
+from retrain.backends.tinker.sdk import KEY_ENV, Secret
 from retrain.slots.file_slots import ApiSlots, NoSlots
 
 SAMPLE_THREADS = 32
@@ -42,7 +42,7 @@ class TinkerCalls:
         self._secret = secret
         self._overload = None if isinstance(slots, NoSlots) else \
             watch_overload(slots.record_error)  # a campaign: its controller counts them
-        self._keepers = None  # threads that hold slots for calls (tinker_slot_lease)
+        self._keepers = None  # threads that hold slots for calls (slot_lease)
         if not isinstance(slots, NoSlots):
             slot_lease.install()  # before the ServiceClient makes its HTTP clients
             self._keepers = concurrent.futures.ThreadPoolExecutor(
@@ -96,7 +96,7 @@ class TinkerCalls:
         """One API request: submit, wait for the result, holding a slot while it is in flight.
 
         With slots shared by a campaign, the slot is held only while one of the call's HTTP
-        requests is on the wire (`tinker_slot_lease`): when the SDK backs off an overload
+        requests is on the wire (`slot_lease`): when the SDK backs off an overload
         answer before sending again, it sleeps with the slot given back. With `queue_on_429`
         (requests that open a new training client, safe to send again), the SDK does not
         retry a 429 at all: the backend waits out a backoff itself and asks again, for as long

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retrain.backends.base import finished
-from retrain.backends.tinker_calls import TinkerCalls
+from retrain.backends.tinker.calls import TinkerCalls
 
 
 class CurrentSampler:
