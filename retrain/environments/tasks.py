@@ -234,7 +234,9 @@ def _parse_line(line: bytes, where: str) -> Problem:
         raise UserError(f"{where}: {exc}; {fix}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}; {fix}")
-    if "messages" in obj and "prompt" not in obj:
+    if "messages" in obj and "prompt" in obj:  # which one the model sees would be a guess
+        raise UserError(f"{where}: give \"prompt\" or \"messages\", not both; {fix}")
+    if "messages" in obj:
         messages, answer = obj.pop("messages"), obj.pop("answer", None)
         _check_checker(obj, where)
         return chat_problem(messages, answer, where, meta=obj)
