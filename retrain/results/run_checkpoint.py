@@ -78,12 +78,18 @@ def checkpoints(run_dir: Path) -> dict[int, Checkpoint]:
     return _survey(Path(run_dir))[0]
 
 
-def _survey(run_dir: Path) -> tuple[dict[int, Checkpoint], list[str]]:
-    """(the kept checkpoints by step, why each other record names none). A record names its
-    checkpoint relative to the run folder; older ones by a path of which only the name counts
-    (runlog.own_checkpoint): a run folder only ever uses its own checkpoints."""
+def survey(run_dir: Path) -> tuple[dict[int, Checkpoint], dict[int, str]]:
+    """(every kept checkpoint by step, why each other step with a resume point has none)."""
+    found, problems = _survey(Path(run_dir))
+    return found, {step: why for step, why in problems if step not in found}
+
+
+def _survey(run_dir: Path) -> tuple[dict[int, Checkpoint], list[tuple[int, str]]]:
+    """(the kept checkpoints by step, (step, why) of each other record that names none). A
+    record names its checkpoint relative to the run folder; older ones by a path of which only
+    the name counts (runlog.own_checkpoint): a run folder only ever uses its own checkpoints."""
     found: dict[int, Checkpoint] = {}
-    problems: list[str] = []
+    problems: list[tuple[int, str]] = []
     for source, step, ref in _records(run_dir):
         if not isinstance(step, int) or isinstance(step, bool) or step <= 0 \
                 or not isinstance(ref, str) or not ref:
@@ -91,15 +97,22 @@ def _survey(run_dir: Path) -> tuple[dict[int, Checkpoint], list[str]]:
         try:
             own = runlog.own_checkpoint(run_dir, ref)
         except ValueError as exc:
-            problems.append(f"{source}: {exc}")
+            problems.append((step, f"{source}: {exc}"))
             continue
         if not own.startswith(TINKER_SCHEME) and not weight_files(Path(own)):
-            problems.append(f"{source} names checkpoint {Path(own).name}, but {run_dir}/"
-                            f"{runlog.CHECKPOINT_DIR}/{Path(own).name} is missing (deleted, or "
-                            "the run folder was copied without it)")
+            problems.append((step, _no_weights(source, run_dir, Path(own))))
             continue
         found[step] = Checkpoint(step, own)
     return found, problems
+
+
+def _no_weights(source: str, run_dir: Path, folder: Path) -> str:
+    where = f"{run_dir}/{runlog.CHECKPOINT_DIR}/{folder.name}"
+    if folder.is_dir():
+        return (f"{source} names checkpoint {folder.name}, but {where} has no {ADAPTER_CONFIG} "
+                f"(nor {MODEL_CONFIG}): its files are incomplete")
+    return (f"{source} names checkpoint {folder.name}, but {where} is missing (deleted, or "
+            "the run folder was copied without it)")
 
 
 def weight_files(folder: Path) -> tuple[str, ...]:
@@ -134,7 +147,7 @@ def pick(run_dir: Path, step: int | None) -> Checkpoint:
     """The checkpoint of `step`, or the newest; UserError naming the kept steps otherwise."""
     found, problems = _survey(Path(run_dir))
     if not found and problems:
-        raise UserError(f"{run_dir}: no usable checkpoint: {problems[-1]}")
+        raise UserError(f"{run_dir}: no usable checkpoint: {problems[-1][1]}")
     if not found:
         raise UserError(f"{run_dir}: no checkpoint yet (has the run finished a step?)")
     if step is None:

@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 log = logging.getLogger("retrain.serve")
 
 PREFIX = "/api/v1/"
+OPENAI_PREFIX = "/v1/"
+KEY_REFUSED = ("missing or wrong API key: set TINKER_API_KEY (or the openai client's api_key) "
+               "to the key `retrain serve` was started with")
 MAX_BODY_BYTES = 64 * 2**20  # the SDK sends forward_backward in chunks of about 5 MB
 UNTHROTTLED = frozenset({"session_heartbeat", "telemetry"})
 FAULT_CODES = ("429", "502", "504", "hang")
@@ -195,12 +198,9 @@ class Guard:
         path = scope.get("path", "")
         route = path[len(PREFIX):] if path.startswith(PREFIX) else path
         if self.api_key is not None and not self._key_ok(scope):
-            return await _json(send, 401, {"error": "missing or wrong API key: set "
-                                           "TINKER_API_KEY (or the openai client's api_key) "
-                                           "to the key `retrain serve` was started with",
-                                           "category": "user"})
+            return await _json(send, 401, _shaped(path, KEY_REFUSED, "invalid_api_key"))
         if self._declared_size(scope) > self.max_body_bytes:
-            return await _json(send, 413, self._too_large())
+            return await _json(send, 413, _shaped(path, self._too_large()["error"]))
         receive = self._capped(receive)
         counted = route not in UNTHROTTLED
         if not counted:
@@ -295,6 +295,15 @@ async def _until_disconnect(receive, timeout: float) -> None:
             pass
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(watch(), timeout)
+
+
+def _shaped(path: str, message: str, code: str | None = None) -> dict:
+    """An error body in the shape the path's clients read: OpenAI's under /v1/ (the openai
+    SDK shows its message), Tinker's elsewhere."""
+    if path.startswith(OPENAI_PREFIX):
+        return {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                          "code": code}}
+    return {"error": message, "category": "user"}
 
 
 async def _json(send, status: int, body: dict, headers: list | None = None) -> None:

@@ -181,8 +181,13 @@ class LocalEngine:
         config = LoraConfig.from_pretrained(str(folder))
         with self.model.lock:
             self.model.add_adapter(name, config, seed=0)
-            weights = load_file(str(folder / ADAPTER_WEIGHTS), device=str(self.model.device))
-            set_peft_model_state_dict(self.model.peft, weights, adapter_name=name)
+            try:
+                weights = load_file(str(folder / ADAPTER_WEIGHTS),
+                                    device=str(self.model.device))
+                set_peft_model_state_dict(self.model.peft, weights, adapter_name=name)
+            except BaseException:  # truncated or foreign weights: no half-made adapter stays
+                self._delete(name)
+                raise
             for p in self.model.adapter_params(name).values():
                 p.requires_grad_(False)
         self._snapshot_of[name] = ""

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -81,6 +82,8 @@ def _openai(handler: Callable[[Request], Awaitable[Response]]):
             return error_reply(400, str(exc))
         except ApiError as exc:
             return error_reply(exc.status, exc.message)
+        except HTTPException as exc:  # the Guard's 413 for a body past the cap, while read
+            return error_reply(exc.status_code, str(exc.detail))
         except Exception as exc:  # a bug or an OOM: the client gets a line, the log the trace
             log.exception("%s %s failed", request.method, request.url.path)
             return error_reply(500, f"server error: {type(exc).__name__}: {exc}")

@@ -57,7 +57,9 @@ class OpenAIError(Exception):
 
 
 class _Common(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="allow")
+    # strict: "3", true or 3.0 are no `n`, "yes" is no `stream` and [true] no token ids (a
+    # 400 naming the field, never a guess); a JSON integer is still a float.
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
 
     model: str
     max_tokens: int | None = None

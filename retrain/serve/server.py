@@ -201,4 +201,6 @@ def _openai_serving(engine: LocalEngine, state_dir: Path,
     for a in served.values():
         print(f"retrain serve: adapter {a.name!r} = {a.run_dir} step {a.step}",
               file=sys.stderr, flush=True)
+        if (line := a.fallback_line()) is not None:
+            print(f"warning: {line}", file=sys.stderr, flush=True)
     return OpenAIServing(engine.model.tokenizer, frozenset(engine.model.eos_ids), served)
