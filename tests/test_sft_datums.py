@@ -185,6 +185,7 @@ def test_a_conversation_the_template_refuses_is_one_line(tiny_model, tmp_path):
 
     from retrain.config.sections import Config
     from retrain.environments.sft_data import SftData, data_config
+    from retrain.run.run_facts import RunFacts
     from retrain.run.sft import SftStage
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -194,7 +195,7 @@ def test_a_conversation_the_template_refuses_is_one_line(tiny_model, tmp_path):
     cfg.sft = sft(path="c.jsonl")
     data = SftData([CHAT[1:], CHAT], "c.jsonl", data_config(cfg.sft))
     stage = SftStage(cfg, data, tmp_path, SimpleNamespace(tokenizer=tok, max_context=None),
-                     tmp_path / "c.toml")
+                     tmp_path / "c.toml", RunFacts(sft_steps=1, digests=[]))
     assert stage._example(0).trained_tokens > 0  # no system turn: rendered
     with pytest.raises(UserError) as err:
         stage._example(1)

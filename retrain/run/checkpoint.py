@@ -37,6 +37,8 @@ from retrain.backends.base import BackendError
 from retrain.config.loader import diff, dumps_config, loads_config
 from retrain.config.sections import Config, ConfigError, to_dict
 from retrain.errors import UserError
+from retrain.run import run_facts
+from retrain.run.run_facts import DataDigest
 from retrain.runfiles import runlog
 
 # Keys that may differ between the first launch and a resume without changing the math.
@@ -56,44 +58,57 @@ def checkpoint_name(step: int) -> str:
 @dataclass
 class Start:
     """How a launch begins: fresh (state None), resumed, or already finished. `fallbacks`
-    are older resume points, newest first, for when the chosen checkpoint does not load."""
+    are older resume points, newest first, for when the chosen checkpoint does not load.
+    `sft_steps`: the run's [sft] steps, as fixed when it started."""
 
     state: runlog.RunState | None
     finished: bool = False
     moved_to: Path | None = None
     fallbacks: list[runlog.RunState] = field(default_factory=list)
     note: str = ""
+    sft_steps: int = 0
 
 
-def prepare(run_dir: Path, cfg: Config, *, new: bool, last_step: int | None = None) -> Start:
+def prepare(run_dir: Path, cfg: Config, *, new: bool, sft_steps: int = 0,
+            digests: list[DataDigest] | None = None) -> Start:
     """Decide fresh / resume / finished for `run_dir` (see the module docstring).
-    `last_step`: the run's last step (its [sft] steps, then training.max_steps)."""
-    last = cfg.training.max_steps if last_step is None else last_step
+    `sft_steps`: the [sft] steps the config asks for now (a run keeps those it started with);
+    `digests`: the data the run reads now (a resume must read what it started on)."""
     read = runlog.read_state(run_dir)
     points = resume_points(run_dir, read.state)
     if new and run_dir.exists() and any(run_dir.iterdir()):
         _refuse_if_live(run_dir, read.state)
-        return Start(state=None, moved_to=_move_aside(run_dir))
+        return Start(state=None, moved_to=_move_aside(run_dir), sft_steps=sft_steps)
     if not points:
         _refuse_to_overwrite(run_dir, read)
-        return Start(state=None)
+        return Start(state=None, sft_steps=sft_steps)
     state = points[0]
     # Only state.json says whether a process is training now: a resume point always reads
     # "running" with the pid of a process that may be long gone (or reused).
     _refuse_if_live(run_dir, read.state)
     _check_same_config(run_dir, cfg)
+    sft_steps = fixed_sft_steps(state, sft_steps)
+    last = sft_steps + cfg.training.max_steps
     note = "" if state is read.state else (
         f"state.json {_what_is_wrong(read)}; resuming from the resume point saved with "
         f"checkpoint {checkpoint_name(state.step)}")
     if state.status == "completed" and state.step >= last:
-        return Start(state=state, finished=True, note=note)
+        return Start(state=state, finished=True, note=note, sft_steps=sft_steps)
     if state.step > last:
-        sft = last - cfg.training.max_steps
-        what = f"{sft} [sft] steps + " if sft else ""
+        what = f"{sft_steps} [sft] steps + " if sft_steps else ""
         raise UserError(f"{run_dir} already ran {state.step} steps, more than {what}"
                         f"training.max_steps = {cfg.training.max_steps}; raise max_steps or "
                         "start over with --new")
-    return Start(state=state, fallbacks=points[1:], note=note)
+    run_facts.check_unchanged(run_dir, state, digests or [])
+    return Start(state=state, fallbacks=points[1:], note=note, sft_steps=sft_steps)
+
+
+def fixed_sft_steps(state: runlog.RunState, asked: int) -> int:
+    """The [sft] steps a run started with (its resume points keep them): a count derived
+    from the data's rows must not move when the data does; `asked` for older runs."""
+    saved = state.extra.get(run_facts.SFT_STEPS)
+    return saved if isinstance(saved, int) and not isinstance(saved, bool) and saved >= 0 \
+        else asked
 
 
 def resume_points(run_dir: Path, state: runlog.RunState | None) -> list[runlog.RunState]:

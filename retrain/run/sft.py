@@ -31,12 +31,13 @@ from retrain.backends.base import (
 )
 from retrain.config.sections import Config
 from retrain.environments.ledger import Renderer
-from retrain.environments.sft_data import SftData, sft_steps
+from retrain.environments.sft_data import SftData
 from retrain.environments.sft_datums import SftExample, sft_example
 from retrain.environments.tasks import DataCursor
 from retrain.errors import UserError
 from retrain.run import checkpoint, endings
 from retrain.run.progress import Progress
+from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
 from retrain.run.step_row import max_rss_mb
 from retrain.run.stop_request import StopRequest
@@ -57,11 +58,11 @@ class SftStage:
     """The SFT steps of one run; `run` returns the exit status and the state after them."""
 
     def __init__(self, cfg: Config, data: SftData, run_dir: Path, backend: Backend,
-                 config_path: Path):
+                 config_path: Path, facts: RunFacts):
         self.cfg, self.sft, self.training = cfg, cfg.sft, cfg.training
         self.data, self.run_dir, self.backend = data, run_dir, backend
         self.config_path = config_path
-        self.steps = sft_steps(cfg.sft, data.rows)
+        self.facts, self.steps = facts, facts.sft_steps  # fixed when the run started
         self.last_step = self.steps + cfg.training.max_steps  # the run's last step
         seed = derive_seed(cfg.training.seed, 0, "sft-data")
         self.cursor = DataCursor(data.rows, seed, data.data.shuffle)
@@ -94,6 +95,7 @@ class SftStage:
     def _fresh(self) -> int:
         runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
         self.state = runlog.RunState()
+        self.facts.stamp(self.state)
         return 1
 
     def _restore(self, points: list[runlog.RunState]) -> int:
@@ -101,6 +103,7 @@ class SftStage:
                                           self.progress.say)
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
         self.state = saved
+        self.facts.stamp(self.state)
         note = f" (dropped {dropped} metrics rows written after it)" if dropped else ""
         if saved is not points[0]:
             note += f" (fell back from step {points[0].step}: its checkpoint did not load)"
@@ -181,7 +184,6 @@ class SftStage:
         s.data_cursor = self.cursor.state_dict()
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra[PHASE] = SFT
-        s.extra["sft_steps"] = self.steps  # kept by the RL steps' states (campaigns read it)
         s.extra["nonfinite_streak"] = self.streak
         self.state = checkpoint.PendingCommit(s, saved).land(
             self.run_dir, self.training.save_every, self.last_step)

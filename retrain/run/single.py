@@ -11,10 +11,11 @@ from retrain.config.cross_checks import run_name_problem
 from retrain.config.sections import Config, run_config
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
-from retrain.environments.sft_data import load_sft, sft_steps
-from retrain.environments.tasks import TaskSplits, load_task
+from retrain.environments.sft_data import SftData, load_sft, sft_steps
+from retrain.environments.tasks import TaskSplits, data_path, load_task
 from retrain.errors import UserError
 from retrain.run import checkpoint, run_lock
+from retrain.run.run_facts import DataDigest, RunFacts, digest
 from retrain.run.sft import SftStage, is_sft_point
 from retrain.run.trainer import Trainer
 from retrain.runfiles import runlog
@@ -37,9 +38,11 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
                 new: bool) -> int:
     config_dir = config_path.resolve().parent
     sft = load_sft(cfg.sft, config_dir) if cfg.sft.enabled else None
-    sft_count = sft_steps(cfg.sft, sft.rows) if sft else 0
-    start = checkpoint.prepare(run_dir, cfg, new=new,
-                               last_step=sft_count + cfg.training.max_steps)
+    rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
+    splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
+    digests = _digests(cfg, config_dir, sft, splits if rl else None)
+    start = checkpoint.prepare(run_dir, cfg, new=new, digests=digests,
+                               sft_steps=sft_steps(cfg.sft, sft.rows) if sft else 0)
     if start.moved_to is not None:
         print(f"--new: moved the previous run to {start.moved_to}")
     if start.note:
@@ -49,8 +52,6 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
               "(raise training.max_steps to continue it, or use --new to start over)")
         return 0
     checkpoint.ensure_writable(run_dir)
-    rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
-    splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     scorer = build_scorer(cfg.reward, config_dir, run_dir) \
         if rl and uses_scorer(cfg.environment) else None
@@ -63,13 +64,14 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
                                       config_dir, backend, scorer, splits.train)
         cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
         points = [start.state, *start.fallbacks] if start.state else []
+        facts = RunFacts(start.sft_steps, digests)
         rl_points, after = [p for p in points if not is_sft_point(p)], None
         if sft is not None and not rl_points:  # the SFT steps not done yet come first
-            code, after = SftStage(cfg, sft, run_dir, backend, config_path).run(points)
+            code, after = SftStage(cfg, sft, run_dir, backend, config_path, facts).run(points)
             if code or not rl:
                 return code
         trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts,
-                          sft_steps=sft_count)
+                          facts)
         return trainer.run(rl_points[0] if rl_points else None, rl_points[1:], after=after)
     finally:
         if rollouts is not None:
@@ -78,3 +80,14 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
             scorer.close()
         backend.close()
 
+
+def _digests(cfg: Config, config_dir: Path, sft: SftData | None,
+             splits: TaskSplits | None) -> list[DataDigest]:
+    """The content digests of the data this launch reads (run/data_digest.py)."""
+    found = [digest("sft.data", sft.where, sft.conversations)] if sft is not None else []
+    if splits is not None:
+        data = cfg.data
+        where = str(data_path(data, config_dir)) if data.source == "jsonl" else \
+            data.path if data.source == "hf" else f"the built-in {data.source} task"
+        found.append(digest("data", where, [*splits.train, *splits.eval]))
+    return found

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.algorithms.lr import step_lr
-from retrain.algorithms.schedule import lr_multiplier
+from retrain.algorithms.schedule import lr_multiplier, warmup_problem
 from retrain.backends.base import (
     Backend,
     BackendError,
@@ -47,6 +47,7 @@ from retrain.run.batch import BatchBuilder
 from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
 from retrain.run.progress import Progress
+from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
 from retrain.run.sft import PHASE
 from retrain.run.step_row import (
@@ -69,7 +70,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
                  backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts,
-                 sft_steps: int = 0):
+                 facts: RunFacts):
         from retrain.control.backpressure import BackpressureController
 
         self.cfg = cfg
@@ -81,7 +82,9 @@ class Trainer:
         self.backend = backend
         self.slots = slots
         self.config_path = config_path
-        self.sft_steps, self.last_step = sft_steps, sft_steps + self.training.max_steps
+        self.facts = facts  # the [sft] steps before these, fixed when the run started
+        self.sft_steps = facts.sft_steps
+        self.last_step = self.sft_steps + self.training.max_steps
         self.cursor = DataCursor(len(splits.train), self.training.seed, cfg.data.shuffle)
         self.controller = BackpressureController(cfg.backpressure, self.training.group_size,
                                                  base_batch_size=self.training.batch_size)
@@ -128,6 +131,7 @@ class Trainer:
             runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, 0)
         self.state = after or runlog.RunState()
         self.state.extra.pop(PHASE, None)  # RL steps' states hold the RL cursor
+        self.facts.stamp(self.state)
         self.batch_size = self.controller.first_batch_size(self.training.batch_size)
         return self.state.step + 1
 
@@ -137,6 +141,7 @@ class Trainer:
                                           self.progress.say)
         dropped = runlog.truncate_metrics(self.run_dir / runlog.METRICS_FILE, saved.step)
         self.state = saved
+        self.facts.stamp(self.state)
         # Hand-edited sizes must not make a step take 10**12 prompts: keep the configured range.
         limit = max(self.training.batch_size, self.cfg.backpressure.max_batch_size)
         self.batch_size = saved.batch_size if 1 <= saved.batch_size <= limit else \
@@ -167,6 +172,9 @@ class Trainer:
         self.progress.say(f"run folder: {self.run_dir}")
         if self.backend.summary:
             self.progress.say(f"model: {self.backend.summary}")
+        t = self.training
+        if warmup := warmup_problem(t.max_steps, t.warmup_steps, t.lr_schedule):
+            self.progress.say(f"warning: {warmup}")
         initial = None
         if first == self.sft_steps + 1 and self.heldout.available():
             initial = self.heldout.run()
