@@ -9,16 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrain.algorithms.schedule import lr_multiplier
+from retrain.algorithms.schedule import lr_multiplier, warmup_problem
 
 
 def closed_form(step: int, max_steps: int, schedule: str, warmup: int, floor: float) -> float:
-    """Written out again, independently of retrain.algorithms.schedule."""
+    """Written out again, independently of retrain.algorithms.schedule: the decay steps
+    k = 1..D start at the full rate and reach `floor` one step after the last."""
     if warmup and step <= warmup:
         return step / warmup
     if schedule == "constant":
         return 1.0
-    p = (step - warmup) / (max_steps - warmup)
+    p = min(1.0, (step - warmup - 1) / (max_steps - warmup))
     decay = 1 - p if schedule == "linear" else (1 + math.cos(math.pi * p)) / 2
     return floor + (1 - floor) * decay
 
@@ -26,9 +27,13 @@ def closed_form(step: int, max_steps: int, schedule: str, warmup: int, floor: fl
 def test_known_values():
     assert [lr_multiplier(s, 4, "constant", 2) for s in (1, 2, 3, 4)] == [0.5, 1.0, 1.0, 1.0]
     assert [lr_multiplier(s, 5, "linear", 1, 0.2) for s in range(1, 6)] == \
-        pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2])
-    assert [lr_multiplier(s, 3, "cosine") for s in (1, 2, 3)] == pytest.approx([0.75, 0.25, 0.0])
+        pytest.approx([1.0, 1.0, 0.8, 0.6, 0.4])
+    assert [lr_multiplier(s, 4, "linear") for s in range(1, 5)] == \
+        pytest.approx([1.0, 0.75, 0.5, 0.25])  # the last step trains, at lr / 4
+    assert [lr_multiplier(s, 3, "cosine") for s in (1, 2, 3)] == pytest.approx([1.0, 0.75, 0.25])
     assert lr_multiplier(7, 5, "cosine", 0, 0.1) == pytest.approx(0.1)  # past max_steps: floor
+    with pytest.raises(ValueError, match="steps count from 1"):
+        lr_multiplier(0, 5, "linear")
 
 
 @given(st.sampled_from(["constant", "linear", "cosine"]), st.integers(1, 200),
@@ -39,11 +44,23 @@ def test_the_schedule_is_its_closed_form_and_stays_in_range(schedule, max_steps,
               range(1, max_steps + 1)]
     for s, v in enumerate(values, 1):
         assert v == pytest.approx(closed_form(s, max_steps, schedule, warmup, floor), abs=1e-12)
-        assert 0 < v <= 1 or (v == floor == 0 and s == max_steps)
+        assert 0 < v <= 1  # no step trains at lr 0
     after = values[warmup:]
+    assert after[0] == 1.0  # the first step after the warm-up trains at the full rate
     assert all(a >= b - 1e-12 for a, b in zip(after, after[1:], strict=False))  # never rises
     if schedule != "constant":
-        assert values[-1] == pytest.approx(floor)
+        assert lr_multiplier(max_steps + 1, max_steps, schedule, warmup, floor) == \
+            pytest.approx(floor)
+
+
+def test_a_warmup_as_long_as_the_run_is_named():
+    assert warmup_problem(10, 9, "linear") == ""
+    assert warmup_problem(10, 0, "linear") == ""
+    said = warmup_problem(4, 4, "linear")
+    assert said.startswith("training.warmup_steps (4) >= training.max_steps (4)")
+    assert "only at the last step" in said and "linear decay never starts" in said
+    said = warmup_problem(4, 8, "constant")
+    assert "last step trains at 0.5 x lr" in said and "decay" not in said
 
 
 # ---------------------------------------------------------------------------- a real run

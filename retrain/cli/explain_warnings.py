@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from retrain.algorithms.schedule import warmup_problem
 from retrain.campaign.plan import CampaignPlan
 from retrain.cli.explain_memory import finetune_warnings
 from retrain.config import toml_io
@@ -49,6 +50,8 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
                    "the importance ratio; keep 1.0 unless you know you need it")
     out += _size_warnings(cfg)
     out += _environment_warnings(cfg)
+    if warmup := warmup_problem(t.max_steps, t.warmup_steps, t.lr_schedule):
+        out.append(warmup)
     if t.save_every and t.save_every > t.max_steps:
         out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
                    "only the final checkpoint is saved")

@@ -244,12 +244,13 @@ class TrainingConfig:
     epochs: int = opt(1, "passes over a step's mini-batches (updates per step = mini_batches "
                       "x epochs)", lo=1, hi=MAX_UPDATES)
     lr_schedule: str = opt("constant", "learning rate over the run after the warm-up: "
-                           "constant, or linear / cosine decay to lr x min_lr_ratio at max_steps",
+                           "constant, or linear / cosine decay from lr toward lr x min_lr_ratio, "
+                           "reached one step after max_steps (no step trains at lr 0)",
                            choices=("constant", "linear", "cosine"))
     warmup_steps: int = opt(0, "steps of linear warm-up from lr / warmup_steps to lr", lo=0,
                             hi=MAX_STEPS)
-    min_lr_ratio: float = opt(0.0, "linear / cosine: the last step's lr as a fraction of lr",
-                              lo=0, hi=1)
+    min_lr_ratio: float = opt(0.0, "linear / cosine: the rate the decay ends at, one step "
+                              "after max_steps, as a fraction of lr", lo=0, hi=1)
     refill: bool = opt(False, "dynamic sampling: drop groups whose rewards are all equal and "
                        "sample more prompts until batch_size groups carry signal")
     max_refill_rounds: int = opt(4, "refill: extra sampling rounds a step may take", lo=1,
