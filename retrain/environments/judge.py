@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from retrain.environments.judge_prompt import (
 )
 from retrain.environments.rewards import MAX_ERRORS_KEPT, Scores
 from retrain.errors import UserError
+from retrain.runfiles import safejson
 
 CACHE_FILE = "judge_cache.jsonl"
 METRICS = ("judge_calls", "judge_errors", "judge_parse_errors", "judge_seconds",
@@ -44,17 +46,20 @@ METRICS = ("judge_calls", "judge_errors", "judge_parse_errors", "judge_seconds",
 
 
 class JudgeCache:
-    """Answers by key, read from and appended to a JSONL file (None: memory only)."""
+    """Answers by key, read from and appended to a JSONL file (None: memory only). A line that
+    is not a key with scores the judge could have given (torn by a kill mid-write, or edited:
+    a score that is not a finite number in [0, 1]) is skipped, so that answer is asked again."""
 
     def __init__(self, path: Path | None):
         self.path, self._lock, self._items = path, threading.Lock(), {}
+        self._torn = False  # the file's last line has no newline: the next append starts one
         if path is not None and path.is_file():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:  # a line cut by a kill mid-write is skipped
-                    item = json.loads(line)
-                    self._items[item["key"]] = item["scores"]
-                except (ValueError, KeyError, TypeError):
-                    continue
+            raw = path.read_bytes()
+            self._torn = bool(raw) and not raw.endswith(b"\n")
+            for line in raw.split(b"\n"):
+                item = _cached_item(line)
+                if item is not None:
+                    self._items[item[0]] = item[1]
 
     def get(self, key: str) -> list[float] | None:
         return self._items.get(key)
@@ -63,8 +68,29 @@ class JudgeCache:
         with self._lock:
             self._items[key] = scores
             if self.path is not None:
+                line = json.dumps({"key": key, "scores": scores}) + "\n"
                 with self.path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"key": key, "scores": scores}) + "\n")
+                    f.write("\n" + line if self._torn else line)
+                self._torn = False
+
+
+def _cached_item(line: bytes) -> tuple[str, list[float]] | None:
+    """(key, scores) of one cache line; None for a line the judge cannot have written."""
+    try:
+        item = safejson.loads(line)  # NaN and Infinity read as None; huge integers fail
+    except ValueError:
+        return None
+    if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+        return None
+    scores = item.get("scores")
+    if not isinstance(scores, list) or not scores or not all(_a_score(s) for s in scores):
+        return None
+    return item["key"], [float(s) for s in scores]
+
+
+def _a_score(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and 0.0 <= value <= 1.0
 
 
 @dataclass
