@@ -46,7 +46,9 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval
                      "training.micro_batch_size", "training.max_nonfinite_steps",
                      "model.threads", "model.device",
                      "reward.timeout_s", "backend.max_concurrent", "backend.request_timeout_s",
-                     "logging.")
+                     "reward.judge.base_url", "reward.judge.api_key_env", "reward.judge.timeout_s",
+                     "reward.judge.retries", "reward.judge.max_concurrent",
+                     "reward.judge.max_failed_steps", "logging.")
 PREFIX = runlog.CHECKPOINT_PREFIX
 POINT_SUFFIX = ".json"   # checkpoints/step-000012.json: the resume point of step 12
 
@@ -228,13 +230,27 @@ def _check_same_config(run_dir: Path, cfg: Config) -> None:
         saved = loads_config(saved_path.read_text(encoding="utf-8"), str(saved_path))
     except (OSError, ConfigError):
         return  # nothing reliable to compare with; the checkpoint check still applies
-    changed = [(k, old, new) for k, (old, new) in diff(to_dict(saved), to_dict(cfg)).items()
+    changed = [(k, old, new) for k, old, new in _changes(to_dict(saved), to_dict(cfg))
                if not k.startswith(RESUMABLE_CHANGES) and not k.startswith("campaign.")]
     if changed:
         shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed[:5])
         raise UserError(f"{run_dir} was started with a different config ({shown}); resuming "
                         "would mix two experiments. Restore those keys, pick another "
                         "logging.run_name, or start over with --new")
+
+
+def _changes(before: dict, after: dict) -> list[tuple[str, object, object]]:
+    """(key, before, after) of every changed key; a table inside a section ([reward.judge],
+    [sft.data]) key by key, so a message names `reward.judge.model`, not `reward.judge`."""
+    out: list[tuple[str, object, object]] = []
+    for key, (old, new) in diff(before, after).items():
+        if not isinstance(old, dict) and not isinstance(new, dict):
+            out.append((key, old, new))
+            continue
+        old, new = old if isinstance(old, dict) else {}, new if isinstance(new, dict) else {}
+        out += [(f"{key}.{k}", old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+                if old.get(k) != new.get(k)]
+    return out
 
 
 def ensure_writable(run_dir: Path) -> None:
