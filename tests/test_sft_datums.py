@@ -58,7 +58,7 @@ def test_only_the_assistant_turns_and_their_end_token_weigh(tok):
 def test_the_datum_is_shifted_with_the_weights_on_its_targets(tok):
     example = sft_example(Renderer(tok), CHAT, max_tokens=1000)
     tokens, weights, _ = weighted_tokens(Renderer(tok), CHAT)
-    d = example.datum
+    d = example.datum()
     assert d.input_tokens == tokens[:-1] and d.target_tokens == tokens[1:]
     assert d.weights == d.mask == d.advantages == [float(w) for w in weights[1:]]
     assert d.logprobs == [0.0] * len(d)
@@ -69,11 +69,34 @@ def test_the_datum_is_shifted_with_the_weights_on_its_targets(tok):
 def test_a_long_conversation_is_cut_to_max_tokens(tok):
     full = sft_example(Renderer(tok), CHAT, max_tokens=1000)
     cut = sft_example(Renderer(tok), CHAT, max_tokens=full.tokens - 3)
-    assert cut.truncated and len(cut.datum) == full.tokens - 4
-    assert cut.datum.weights == full.datum.weights[:len(cut.datum)]
+    assert cut.truncated and len(cut.datum()) == full.tokens - 4
+    assert cut.datum().weights == full.datum().weights[:len(cut.datum())]
     # the cut took the newline (weight 0), <|im_end|> and the "t" of "eight"
     assert cut.trained_tokens == full.trained_tokens - 2
-    assert sft_example(Renderer(tok), CHAT, max_tokens=1).datum is None
+    assert sft_example(Renderer(tok), CHAT, max_tokens=1).datum() is None
+
+
+class CountingRenderer(Renderer):
+    """The real renderer, counting the characters it tokenizes."""
+
+    rendered = 0
+
+    def render(self, messages, generation, tools=None):
+        self.rendered += sum(len(m["content"]) for m in messages)
+        return super().render(messages, generation, tools)
+
+
+def test_a_prompt_past_the_cut_is_rendered_once_and_trains_nothing(tok):
+    huge = "12 + 34? " * 20_000  # 180k characters
+    chat = [{"role": "user", "content": huge}, {"role": "assistant", "content": "46"}]
+    renderer = CountingRenderer(tok)
+    example = sft_example(renderer, chat, max_tokens=64)
+    assert example.trained_tokens == 0 and example.truncated and example.tokens == 64
+    assert example.datum().weights == [0.0] * 63
+    assert renderer.rendered < 1.1 * len(huge)  # the prompt once: not the 3 renders of a turn
+    short = sft_example(Renderer(tok), [{"role": "user", "content": "12 + 34?"},
+                                        {"role": "assistant", "content": "46"}], max_tokens=64)
+    assert short.trained_tokens > 0
 
 
 def test_without_a_template_the_reply_and_eos_weigh(tok):

@@ -161,3 +161,40 @@ def test_explain_shows_the_stage_and_bad_input_is_one_line(tmp_path, cli_env, py
     assert bad.returncode == 2 and "chat.jsonl:1" in bad.stderr and "assistant turn" in \
         bad.stderr
     assert not (tmp_path / "logs" / "run" / "metrics.jsonl").exists()
+
+
+def test_each_conversation_is_tokenized_once(tmp_path, monkeypatch, tiny_model):
+    """2 epochs over 8 conversations in 4 steps of 4: each row rendered once, not per step."""
+    from retrain.environments import sft_datums
+    from retrain.run import sft
+
+    monkeypatch.chdir(tmp_path)
+    seen: list[str] = []
+
+    def spied(renderer, messages, *args):
+        seen.append(messages[-1]["content"])
+        return sft_datums.sft_example(renderer, messages, *args)
+
+    monkeypatch.setattr(sft, "sft_example", spied)
+    write_chats(tmp_path)
+    path = write_config(tmp_path, training={"max_steps": 0}, data={"eval_size": 0},
+                        sft={"epochs": 2, "lr": 0.02, "batch_size": 4, "max_tokens": 64,
+                             "data": {"path": "chat.jsonl"}})
+    assert run_single(load_config(path), path) == 0
+    assert [r["phase"] for r in rows(tmp_path / "logs" / "run")] == ["sft"] * 4
+    assert sorted(seen) == sorted(["7", *(str(2 * i) for i in range(1, 8))])  # once each
+
+
+def test_a_stage_in_which_nothing_trains_is_refused(tmp_path, cli_env, python):
+    """Every prompt longer than sft.max_tokens: one line before anything is written, not a
+    'completed' run that trained 0 tokens."""
+    path = sft_config(tmp_path, max_tokens=16)
+    long = [{"messages": [{"role": "user", "content": f"{i} plus {i} " * 20 + "?"},
+                          {"role": "assistant", "content": str(2 * i)}]} for i in range(4)]
+    (tmp_path / "chat.jsonl").write_text("\n".join(map(json.dumps, long)) + "\n")
+    done = run_in_process(["run", str(path)], tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "no conversation of" in line and "sft.max_tokens = 16" in line
+    assert not (tmp_path / "logs" / "run" / "metrics.jsonl").exists()

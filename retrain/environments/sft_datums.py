@@ -16,6 +16,7 @@ Pure: the tokenizer comes in through the Renderer.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from retrain.backends.base import Datum
@@ -23,15 +24,33 @@ from retrain.environments.ledger import Renderer
 from retrain.environments.protocol import Message
 
 
-@dataclass
+@dataclass(frozen=True)
 class SftExample:
-    """A conversation's datum (None: it rendered to fewer than two tokens) and its counts."""
+    """A conversation as trained: its tokens after any cut and 1 on the assistant's, kept
+    compact (a run keeps one per row, tokenized once), and its counts."""
 
-    datum: Datum | None
-    trained_tokens: int     # targets with weight 1
-    tokens: int             # the sequence's length, after any cut
+    ids: array              # the sequence's tokens, after any cut
+    weights: bytes          # 1 where a token is the assistant's, else 0
     truncated: bool         # longer than max_tokens: cut to it
     skipped_turns: int      # assistant turns the template renders differently in context
+
+    @property
+    def tokens(self) -> int:
+        """The sequence's length, after any cut."""
+        return len(self.ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        """Targets with weight 1 (a sequence of fewer than two tokens has no target)."""
+        return sum(self.weights[1:]) if len(self.ids) >= 2 else 0
+
+    def datum(self) -> Datum | None:
+        """The datum, shifted for next-token prediction (None below two tokens)."""
+        if len(self.ids) < 2:
+            return None
+        ids, w = list(self.ids), [float(x) for x in self.weights[1:]]  # target i is token i + 1
+        return Datum(input_tokens=ids[:-1], target_tokens=ids[1:], logprobs=[0.0] * len(w),
+                     advantages=list(w), mask=list(w), weights=w)
 
 
 def weighted_tokens(renderer: Renderer, messages: list[Message],
@@ -72,13 +91,14 @@ def _turn_span(renderer: Renderer, messages: list[Message], k: int,
 
 def sft_example(renderer: Renderer, messages: list[Message], max_tokens: int,
                 eos: int | None = None) -> SftExample:
-    """The datum of one conversation, cut to its first `max_tokens` tokens."""
+    """One conversation, cut to its first `max_tokens` tokens. A conversation whose first
+    reply starts past the cut is measured by its prompt alone (a huge prompt is rendered
+    once, not three times) and trains nothing."""
+    first = next((k for k, m in enumerate(messages) if m["role"] == "assistant" and k), None)
+    if first is not None:
+        prompt = renderer.render(messages[:first], generation=True)
+        if len(prompt) >= max_tokens:
+            return SftExample(array("l", prompt[:max_tokens]), bytes(max_tokens), True, 0)
     tokens, weights, skipped = weighted_tokens(renderer, messages, eos)
-    truncated = len(tokens) > max_tokens
-    tokens, weights = tokens[:max_tokens], weights[:max_tokens]
-    if len(tokens) < 2:
-        return SftExample(None, 0, len(tokens), truncated, skipped)
-    w = [float(x) for x in weights[1:]]  # target i is token i + 1: its weight
-    datum = Datum(input_tokens=tokens[:-1], target_tokens=tokens[1:],
-                  logprobs=[0.0] * len(w), advantages=list(w), mask=list(w), weights=w)
-    return SftExample(datum, int(sum(w)), len(tokens), truncated, skipped)
+    return SftExample(array("l", tokens[:max_tokens]), bytes(weights[:max_tokens]),
+                      len(tokens) > max_tokens, skipped)

@@ -74,10 +74,13 @@ class SftStage:
         self.stop = StopRequest()
         self.state = runlog.RunState()
         self.streak = 0   # steps in a row not applied for a non-finite loss or gradient
+        self.examples: dict[int, SftExample] = {}  # by row, tokenized once
+        self.said_untrainable = False
 
     def run(self, points: list[runlog.RunState]) -> tuple[int, runlog.RunState]:
         """The SFT steps not done yet, after the newest of `points` that loads (none: from
         the start). Returns (exit status, the state after the last step done)."""
+        self._refuse_if_nothing_trains()
         first = self._restore(points) if points else self._fresh()
         checkpoint.write_config(self.run_dir, self.cfg)
         trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
@@ -149,7 +152,7 @@ class SftStage:
         start = time.perf_counter()
         index = self.cursor.take(self.sft.batch_size)
         examples = [self._example(i) for i in index]
-        datums = [e.datum for e in examples if e.datum is not None and e.trained_tokens]
+        datums = [e.datum() for e in examples if e.trained_tokens]
         loss, grad_norm, skipped = None, 0.0, False
         if datums:  # every conversation cut before its reply: nothing to learn this step
             t = self.training
@@ -168,6 +171,31 @@ class SftStage:
                 **sft_counts(examples, len(datums), self.cursor.epoch, seconds)}
 
     def _example(self, i: int) -> SftExample:
+        """Conversation `i` as trained, tokenized once for the whole run."""
+        if i not in self.examples:
+            self.examples[i] = self._tokenize(i)
+            if not self.examples[i].trained_tokens and not self.said_untrainable:
+                self.said_untrainable = True
+                self.progress.say(f"sft.data: conversation {i + 1} of {self.data.where} trains "
+                                  f"no token: its reply starts past sft.max_tokens = "
+                                  f"{self.limit}, or is empty; such conversations are skipped "
+                                  "(said once; `retrain explain` counts them)")
+        return self.examples[i]
+
+    def _refuse_if_nothing_trains(self) -> None:
+        """One line, before anything is written, when no conversation reaches its reply
+        within sft.max_tokens: the stage would report success having trained nothing."""
+        for i in range(self.data.rows):  # stops at the first that trains (usually row 1)
+            self.examples.setdefault(i, self._tokenize(i))
+            if self.examples[i].trained_tokens:
+                return
+        shortest = min(e.tokens for e in self.examples.values())
+        raise UserError(f"sft.data: no conversation of {self.data.where} trains a token within "
+                        f"sft.max_tokens = {self.limit} (every reply starts past it or is "
+                        f"empty; the shortest is {shortest} tokens after the cut): raise "
+                        "sft.max_tokens or shorten the prompts")
+
+    def _tokenize(self, i: int) -> SftExample:
         try:
             return sft_example(self.renderer, self.data.conversations[i], self.limit, self.eos)
         except Exception as exc:  # the tokenizer's template refuses it (roles, order)
