@@ -33,10 +33,14 @@ def group_scores(block: str, n: int) -> list[float]:
 
 class JudgeServer:
     """mode: "score" | "429" | "garbage" | "junk" (not JSON) | "hang"; `block_after` makes
-    requests past that many hang (to kill a run mid-step)."""
+    requests past that many hang (to kill a run mid-step). `models`: what /v1/models lists
+    (None: it answers 404, a server without the route); a request naming another model gets
+    vLLM's 404, unless `any_model` (llama.cpp's server answers whatever name it is given)."""
 
     def __init__(self) -> None:
         self.mode, self.delay_s, self.block_after = "score", 0.0, None
+        self.models: list[str] | None = ["judge"]
+        self.any_model = False
         self.closing = False
         self.auth: set[str] = set()
         self.requests, self.in_flight, self.max_in_flight = 0, 0, 0
@@ -55,8 +59,11 @@ class JudgeServer:
         self.base_url = f"http://127.0.0.1:{port}/v1"
 
     async def _models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": "judge", "object": "model",
-                                                          "created": 0, "owned_by": "test"}]})
+        if self.models is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "test"}
+            for m in self.models]})
 
     async def _chat(self, request: Request):
         body = await request.json()
@@ -81,6 +88,10 @@ class JudgeServer:
                 self.in_flight -= 1
 
     def _answer(self, prompt: str, body: dict):
+        if not self.any_model and body.get("model") not in (self.models or ["judge"]):
+            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does "
+                                           "not exist.", "type": "NotFoundError",
+                                           "code": 404}}, status_code=404)
         if self.mode == "429":
             return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
         if self.mode == "junk":
@@ -88,6 +99,8 @@ class JudgeServer:
                                      media_type="application/json")
         if self.mode == "garbage":
             return _completion(body, "What a lovely reply! I would give it full marks.")
+        if "<<" not in prompt:  # the start-up probe's one-token request
+            return _completion(body, "OK")
         block = prompt.split("<<", 1)[1].rsplit(">>", 1)[0]
         many = re.search(r"There are (\d+) replies", prompt)
         if many:

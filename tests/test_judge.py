@@ -188,9 +188,9 @@ def test_judge_rewarded_tiny_run_trains_three_steps(tmp_path, tiny_model, server
     assert any(r["reward_std"] > 0 for r in got) and any(r["grad_norm"] > 0 for r in got)
 
 
-def served_judge_run(tmp_path, served, mode: str = "pointwise"):
+def served_judge_run(tmp_path, served, mode: str = "pointwise", model: str = "tiny-random"):
     """A 3-step tiny run judged by `retrain serve` on the tiny model (key: $SERVE_JUDGE_KEY)."""
-    table = {"base_url": f"{served.url}/v1", "model": "tiny-random", "mode": mode,
+    table = {"base_url": f"{served.url}/v1", "model": model, "mode": mode,
              "api_key_env": "SERVE_JUDGE_KEY", "max_tokens": 8, "retries": 0,
              "timeout_s": 60.0}
     return write_config(tmp_path, "served", reward={"type": "judge", "judge": table},
@@ -230,9 +230,19 @@ def test_retrain_serve_refusing_the_key_stops_the_run_at_start(tmp_path, tiny_se
     assert "Traceback" not in done.stderr and "sk-wrong" not in done.stderr + done.stdout
 
 
+def test_a_misspelled_model_on_retrain_serve_stops_the_run_at_start(tmp_path, tiny_serve):
+    path = served_judge_run(tmp_path, tiny_serve, model="tiny-randon")
+    done = launch(tmp_path, path, {"SERVE_JUDGE_KEY": SERVE_KEY})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "reward.judge.model = 'tiny-randon': the judge at " in done.stderr
+    assert "it lists 'tiny-random'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "logs" / "served" / "metrics.jsonl").exists()
+
+
 def test_judge_answering_429_gives_zeros_and_a_finished_run(tmp_path, tiny_model, server):
+    """An outage shorter than max_failed_steps (tests/test_judge_probe.py: a longer one)."""
     server.mode = "429"
-    path = judge_run(tmp_path, server, "limited", retries=0)
+    path = judge_run(tmp_path, server, "limited", retries=0, max_failed_steps=4)
     done = launch(tmp_path, path)
     assert done.returncode == 0, done.stdout + done.stderr
     got = rows(tmp_path / "logs" / "limited")

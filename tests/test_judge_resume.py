@@ -30,7 +30,7 @@ def started(tmp_path):
 
 @pytest.mark.parametrize("change", [
     {"base_url": "http://judge.example:9000/v1"}, {"api_key_env": "JUDGE_KEY"},
-    {"timeout_s": 5.0}, {"retries": 0}, {"max_concurrent": 16},
+    {"timeout_s": 5.0}, {"retries": 0}, {"max_concurrent": 16}, {"max_failed_steps": 9},
     {"base_url": "http://judge.example:9000/v1", "timeout_s": 5.0, "retries": 0,
      "max_concurrent": 16},
 ])

@@ -9,12 +9,14 @@ tests/test_docgen.py fails when the committed file differs from what this produc
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from retrain.campaign.plan import FILE_SECTIONS
 from retrain.config import loader as config_file
 from retrain.config import toml_io
+from retrain.config.judge_section import JudgeConfig
 from retrain.config.schema import fields_of, format_bound, hints_of
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -37,6 +39,13 @@ SECTION_INTROS = {
     "campaign": "Turns one file into a matrix of runs (conditions x seeds [x grid]). "
                 "A file with `seeds`, `conditions` or `grid` is a campaign.",
     "logging": "Where runs write, and optional trackers.",
+}
+
+# Tables inside a section, checked key by key like one: section -> (name, keys, intro).
+TABLES = {
+    "reward": [("reward.judge", JudgeConfig,
+                "The judge of `type = \"judge\"`: an LLM behind an OpenAI-compatible URL "
+                "(`base_url` and `model` are required). See docs/judges.md.")],
 }
 
 HEADER = """# Configuration reference
@@ -75,12 +84,13 @@ to its own folder, so it can be re-run as is.
 """
 
 
-def _range(section: str, key: str) -> str:
-    meta = fields_of(FILE_SECTIONS[section])[key].metadata
+def _range(section: str | type, key: str) -> str:
+    cls = FILE_SECTIONS[section] if isinstance(section, str) else section
+    meta = fields_of(cls)[key].metadata
     if meta.get("choices"):
         return " \\| ".join(f"`{c}`" for c in meta["choices"])
     lo, hi = meta.get("lo"), meta.get("hi")
-    if hints_of(FILE_SECTIONS[section])[key] == bool | str:
+    if hints_of(cls)[key] == bool | str:
         return " \\| ".join(["`true`", "`false`", *(f'`"{w}"`' for w in meta["words"])])
     if lo is None and hi is None:
         return ""
@@ -119,6 +129,12 @@ def configuration_markdown() -> str:
                 lines.append(f"| `{key}` | {_default(default)} | {_range(section, key)} | "
                              f"{_meaning(help_text)} |")
         lines.append("")
+        for name, cls, intro in TABLES.get(section, ()):
+            lines += [f"### [{name}]", "", intro, "", "| key | default | allowed | meaning |",
+                      "|---|---|---|---|"]
+            lines += [f"| `{f.name}` | {_default(f.default)} | {_range(cls, f.name)} | "
+                      f"{_meaning(f.metadata.get('help', ''))} |" for f in dataclasses.fields(cls)]
+            lines.append("")
     lines.append(CONDITIONS)
     return "\n".join(lines).rstrip() + "\n"
 

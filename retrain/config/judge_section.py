@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from retrain.config.schema import (
+    MAX_STEPS,
     MAX_TOKENS,
     MAX_WAIT_S,
     MAX_WORKERS,
@@ -40,6 +41,9 @@ class JudgeConfig:
                        lo=0, hi=20)
     max_tokens: int = opt(512, "the longest judge reply", lo=1, hi=MAX_TOKENS)
     temperature: float = opt(0.0, "the judge's sampling temperature", lo=0, hi=2)
+    max_failed_steps: int = opt(3, "stop the run after this many steps in a row in which "
+                                "every judge request failed (no answer after its retries)",
+                                lo=1, hi=MAX_STEPS)
 
 
 def judge_config(reward) -> JudgeConfig:

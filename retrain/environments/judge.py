@@ -5,7 +5,8 @@ the rollout and the held-out eval use it unchanged. Pointwise mode sends one req
 completion; group mode one request per prompt with all its completions (the rollout passes a
 group's completions next to each other). Requests run `max_concurrent` at a time. A reply
 with no readable score, or no reply after the retries, scores 0 and is counted
-(`judge_parse_errors`, `judge_errors`); `score()` never raises.
+(`judge_parse_errors`, `judge_errors`); `score()` raises only once `max_failed_steps`
+calls in a row had every request fail (a UserError: the run stops in one line).
 
 Scores are cached in the run folder (`judge_cache.jsonl`, one line per answer, keyed by a
 hash of the mode, model, rubric, prompt, answer and completion(s)): a resumed run replays its
@@ -134,6 +135,7 @@ class JudgeScorer:
         self.client.probe()
         self.cache = JudgeCache(Path(run_dir) / CACHE_FILE if run_dir is not None else None)
         self._pool = ThreadPoolExecutor(self.cfg.max_concurrent, thread_name_prefix="judge")
+        self.failed_streak = 0  # score() calls in a row in which every request failed
 
     def score(self, texts: list[str], problems: list[Problem]) -> Scores:
         if len(texts) != len(problems):
@@ -154,7 +156,23 @@ class JudgeScorer:
                        "judge_parse_errors": tally.parse_errors,
                        "judge_seconds": time.perf_counter() - start,
                        "judge_cache_hits": tally.cache_hits}
+        if batches:
+            self._count_failures(tally.errors == len(batches), tally.messages)
         return out
+
+    def _count_failures(self, all_failed: bool, messages: list[str]) -> None:
+        """A UserError once `max_failed_steps` calls in a row had every request fail: a judge
+        that answers nothing (a wrong route, a model it does not serve, an outage) must not
+        let the run "finish" having learned nothing."""
+        self.failed_streak = self.failed_streak + 1 if all_failed else 0
+        limit = self.cfg.max_failed_steps
+        if self.failed_streak >= limit:
+            last = messages[-1] if messages else "no answer"
+            raise UserError(f"reward.judge: every judge request failed in {self.failed_streak} "
+                            f"steps in a row ({last}); check that the judge at "
+                            f"{self.cfg.base_url} serves {self.cfg.model!r}, then resume with "
+                            "the same command (reward.judge.max_failed_steps = "
+                            f"{limit} allows that many)")
 
     def _score_batch(self, texts: list[str], problem: Problem, tally: _Tally) -> list[float]:
         """Scores of one request's completions (one, or a whole group); zeros on failure."""

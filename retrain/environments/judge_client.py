@@ -67,19 +67,61 @@ class JudgeClient:
             cfg.max_concurrent)
 
     def probe(self) -> None:
-        """UserError naming the URL when nothing answers there (or it refuses the key)."""
+        """UserError naming the key and the fix when the judge cannot serve this run: nothing
+        answers at base_url, it refuses the key, base_url is not its OpenAI route (a missing
+        /v1: /models and /chat/completions both 404), or it does not serve `model`. A model
+        /models does not list, or a judge without /models, costs one 1-token request."""
         o, url = self._openai, self.cfg.base_url
+        client = self.client.with_options(timeout=min(PROBE_TIMEOUT_S, self.cfg.timeout_s))
         try:
-            self.client.with_options(timeout=min(PROBE_TIMEOUT_S, self.cfg.timeout_s)) \
-                .models.list()
+            listed = [str(m.id) for m in client.models.list()]
         except o.AuthenticationError:
-            raise UserError(f"reward.judge.base_url = {url}: the judge refused the API key "
-                            f"(from ${self.cfg.api_key_env or '<none>'})") from None
+            raise UserError(self._refused_key()) from None
         except o.APIConnectionError as exc:  # timeouts included
             raise UserError(f"reward.judge.base_url = {url}: the judge cannot be reached "
                             f"({type(exc).__name__}); start it or fix the URL") from None
-        except o.APIStatusError:
-            pass  # it answered: a server without /models is still a judge
+        except o.APIStatusError as exc:
+            if exc.status_code in (404, 405):  # no /models here: is there a judge at all?
+                self._probe_request(client, None)
+            return  # it answered otherwise: the run's counted failures will say more
+        except Exception:  # a /models body the SDK cannot read: nothing to check against
+            return
+        if self.cfg.model not in listed:  # some servers (llama.cpp's) take any name
+            self._probe_request(client, listed)
+
+    def _probe_request(self, client: Any, listed: list[str] | None) -> None:
+        """One 1-token request with the configured model; a UserError when the route or the
+        model is refused (`listed`: the models /models lists; None: it has no /models)."""
+        o, url = self._openai, self.cfg.base_url
+        try:
+            with self._slot:
+                client.chat.completions.create(
+                    model=self.cfg.model, messages=[{"role": "user", "content": "Say OK."}],
+                    max_tokens=1, temperature=0.0)
+        except o.AuthenticationError:
+            raise UserError(self._refused_key()) from None
+        except o.APIStatusError as exc:
+            said = clip_message(getattr(exc, "message", "") or str(exc), 120)
+            if listed is None and exc.status_code in (404, 405):
+                raise UserError(
+                    f"reward.judge.base_url = {url}: HTTP {exc.status_code} at {url}/models "
+                    f"and at {url}/chat/completions ({said}): this is not the judge's "
+                    "OpenAI-compatible route; set base_url to it (it usually ends in /v1"
+                    f"{'' if url.rstrip('/').endswith('/v1') else ': ' + _with_v1(url)}) "
+                    "and check reward.judge.model") from None
+            if listed is not None and exc.status_code in (400, 404):
+                shown = ", ".join(repr(m) for m in listed[:8]) + (" ..." if len(listed) > 8
+                                                                  else "")
+                raise UserError(
+                    f"reward.judge.model = {self.cfg.model!r}: the judge at {url} does not "
+                    f"serve it (HTTP {exc.status_code}: {said}); it lists "
+                    f"{shown or 'no models'}: set reward.judge.model to one of them") from None
+        except Exception:  # no answer in time, a 5xx, an unreadable body: not settled here
+            return
+
+    def _refused_key(self) -> str:
+        return (f"reward.judge.base_url = {self.cfg.base_url}: the judge refused the API key "
+                f"(from ${self.cfg.api_key_env or '<none>'})")
 
     def ask(self, prompt: str) -> Answer:
         o, out = self._openai, Answer(text=None)
@@ -109,6 +151,10 @@ class JudgeClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _with_v1(url: str) -> str:
+    return url.rstrip("/") + "/v1"
 
 
 def _content(reply: Any) -> str:
