@@ -1,5 +1,5 @@
-"""`retrain compare`: means, Student t intervals and Welch differences checked against scipy
-computed here, independently (the textbook formulas), and the edge cases."""
+"""`retrain compare`: means, Student t intervals, paired and Welch differences checked against
+scipy computed here, independently (the textbook formulas), and the edge cases."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def _welch(xs, ys):
     return mx - my, mx - my - half, mx - my + half, df
 
 
+def _paired(xs, ys):
+    ds = [x - y for x, y in zip(xs, ys, strict=True)]
+    n, mean = len(ds), sum(ds) / len(ds)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in ds) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half, n - 1
+
+
 def _campaign(tmp_path, extra=None):
     runs = {("good", s): {"rewards": r, "evals": {2: 0.0, 4: EVALS_A[s]}} for s, r in A.items()}
     runs |= {("slow", s): {"rewards": r, "evals": {2: 0.0, 4: EVALS_B[s]}}
@@ -45,7 +53,9 @@ def _campaign(tmp_path, extra=None):
     return write_campaign(tmp_path / "camp", runs)
 
 
-def test_means_intervals_and_welch_match_scipy(tmp_path):
+def test_means_intervals_and_paired_differences_match_the_textbook(tmp_path):
+    """Both conditions ran seeds 1, 2, 3: the difference is the paired t interval of the
+    per-seed differences, and the verdict names the test and the seeds."""
     report = build(_campaign(tmp_path), baseline="slow", last=2)
     good, slow = report.conditions
     finals_a = [sum(r[-2:]) / 2 for r in A.values()]
@@ -54,13 +64,16 @@ def test_means_intervals_and_welch_match_scipy(tmp_path):
                     (good.eval_accuracy, list(EVALS_A.values()))):
         assert got.n == 3
         assert (got.mean, got.lo, got.hi) == pytest.approx(_t_interval(xs), abs=1e-12)
-    diff, lo, hi, df = _welch(finals_a, finals_b)
+    diff, lo, hi, df = _paired(finals_a, finals_b)
     d = good.vs_baseline[0]
     assert (d.diff, d.lo, d.hi, d.df) == pytest.approx((diff, lo, hi, df), abs=1e-12)
-    assert lo > 0 and "good is higher than slow" in d.verdict
+    assert (d.test, d.seeds, d.unpaired) == ("paired t", (1, 2, 3), ())
+    assert lo > 0 and d.verdict.endswith("(paired t, seeds 1, 2, 3): good is higher than slow")
     e = good.vs_baseline[1]
     assert (e.diff, e.lo, e.hi) == pytest.approx(
-        _welch(list(EVALS_A.values()), list(EVALS_B.values()))[:3], abs=1e-12)
+        _paired(list(EVALS_A.values()), list(EVALS_B.values()))[:3], abs=1e-12)
+    # Welch on the same values is wider: the seeds' shared luck is not taken out.
+    assert _welch(finals_a, finals_b)[2] - _welch(finals_a, finals_b)[1] > hi - lo
     assert (good.rank, slow.rank) == (1, 2) and slow.vs_baseline == []
     assert good.tokens_per_second.mean == 100.0 and good.best_eval_step.mean == 4.0
 
@@ -82,12 +95,25 @@ def test_default_window_threshold_and_time_to_threshold(tmp_path):
     assert slow.reached == 0 and slow.steps_to_threshold.n == 0
 
 
-def test_one_side_without_spread_still_has_an_interval(tmp_path):
+def test_conditions_without_shared_seeds_fall_back_to_welch(tmp_path):
+    """Seeds 1, 2 against seeds 3, 4: nothing to pair, Welch over every value (one side
+    without spread still has an interval)."""
     camp = write_campaign(tmp_path / "c", {
         ("x", 1): {"rewards": [0.5]}, ("x", 2): {"rewards": [0.5]},
-        ("y", 1): {"rewards": [0.1]}, ("y", 2): {"rewards": [0.3]}})
+        ("y", 3): {"rewards": [0.1]}, ("y", 4): {"rewards": [0.3]}})
     d = build(camp).conditions[1].vs_baseline[0]
-    assert (d.diff, d.lo, d.hi) == pytest.approx(_welch([0.1, 0.3], [0.5, 0.5])[:3])
+    assert (d.diff, d.lo, d.hi, d.df) == pytest.approx(_welch([0.1, 0.3], [0.5, 0.5]))
+    assert d.test == "Welch" and "(Welch, 2 and 2 seeds): not distinguishable" in d.verdict
+
+
+def test_seeds_only_one_side_has_are_left_out_of_the_pairs_and_named(tmp_path):
+    camp = write_campaign(tmp_path / "c", {
+        ("x", 1): {"rewards": [0.5]}, ("x", 2): {"rewards": [0.4]}, ("x", 3): {"rewards": [0.9]},
+        ("y", 1): {"rewards": [0.1]}, ("y", 2): {"rewards": [0.3]}, ("y", 4): {"rewards": [0.0]}})
+    d = build(camp).conditions[1].vs_baseline[0]
+    assert (d.diff, d.lo, d.hi) == pytest.approx(_paired([0.1, 0.3], [0.5, 0.4])[:3])
+    assert (d.seeds, d.unpaired) == ((1, 2), (3, 4))
+    assert "(paired t, seeds 1, 2; seeds 3, 4 unpaired, left out)" in d.verdict
 
 
 def test_indistinguishable_conditions_say_so(tmp_path):
@@ -157,6 +183,37 @@ def test_torn_and_garbage_metrics_lines_are_skipped_and_counted(tmp_path):
     torn = build(camp, last=2)
     assert torn.bad_lines == 3 and clean.bad_lines == 0
     assert torn.conditions[0].final_reward == clean.conditions[0].final_reward
+
+
+def test_torn_lines_are_named_with_their_run_and_file(tmp_path, capsys):
+    camp = _campaign(tmp_path)
+    with open(camp / "good_s1" / "metrics.jsonl", "ab") as fh:
+        fh.write(b"not json\n{\"step\": 5, \"mean_rew")
+    assert run_app(["compare", str(camp)]) == 0
+    out = capsys.readouterr().out
+    assert (f"rows left out of good_s1: {camp / 'good_s1' / 'metrics.jsonl'}: 2 torn or garbage "
+            "lines") in out
+
+
+def test_duplicate_step_and_non_finite_rows_are_dropped_not_averaged(tmp_path, capsys):
+    """A step logged twice (which row is the step?) loses both rows; a row whose figures are
+    NaN, infinite or null (the trainer's non-finite) is dropped whole; both are named."""
+    camp = _campaign(tmp_path)
+    with open(camp / "good_s1" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 4, "mean_reward": 100.0, "step_time_s": 2.0}\n'
+                 '{"step": 5, "mean_reward": NaN}\n{"step": 6, "mean_reward": 1e999}\n'
+                 '{"step": 7, "mean_reward": 0.5, "tokens_per_second": null}\n')
+    report = build(camp, last=2)
+    (fig,) = [r for r in report.runs if r.name == "good_s1"]
+    assert fig.final_reward == pytest.approx((0.2 + 0.4) / 2)  # steps 2 and 3: 4 is dropped
+    assert (fig.duplicate_rows, fig.non_finite_rows, fig.bad_lines) == (2, 3, 0)
+    assert fig.tokens_per_second == 100.0
+    assert run_app(["compare", str(camp), "--last", "2"]) == 0
+    out = capsys.readouterr().out
+    assert (f"rows left out of good_s1: {camp / 'good_s1' / 'metrics.jsonl'}: 2 rows of step "
+            "logged more than once (step 4), 3 rows with a non-finite figure (steps 5, 6, 7)"
+            ) in out
+    assert out.count("rows left out of") == 1  # the clean runs are not named
 
 
 def test_json_output_is_the_report(tmp_path, capsys):
@@ -262,7 +319,7 @@ def test_rewards_near_the_float_limit_are_compared_and_plotted(tmp_path, capsys)
 
 
 def test_the_statistics_of_huge_values_match_the_scaled_textbook_ones():
-    from retrain.results.stats import estimate, welch
+    from retrain.results.stats import estimate, paired, welch
 
     xs, ys = [1.0e308, 1.2e308, 0.9e308], [0.95e308, 1.1e308, 1.0e308]  # sums overflow
     scale = 1e300  # the textbook formulas on values that do not overflow, scaled back
@@ -272,6 +329,9 @@ def test_the_statistics_of_huge_values_match_the_scaled_textbook_ones():
     d, dlo, dhi, df = _welch([x / scale for x in xs], [y / scale for y in ys])
     w = welch("r", xs, ys, "x", "y")
     assert (w.diff, w.lo, w.hi, w.df) == pytest.approx((d * scale, dlo * scale, dhi * scale, df))
+    d, dlo, dhi, df = _paired([x / scale for x in xs], [y / scale for y in ys])
+    p = paired("r", xs, ys, "x", "y")
+    assert (p.diff, p.lo, p.hi, p.df) == pytest.approx((d * scale, dlo * scale, dhi * scale, df))
 
 
 def test_mean_and_median_of_huge_values():

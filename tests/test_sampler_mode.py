@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from retrain.backends.sampler_mode import resolve
+from retrain.backends.sampler_mode import FAST_FAMILIES, choose, resolve
 from retrain.cli.explain import sampler_line
+from retrain.cli.explain_memory import model_family
 from retrain.config.sections import ConfigError, from_dict
 
 
@@ -33,6 +34,32 @@ def test_explain_names_the_resolved_sampler():
         sampler_line("auto", "cpu")
     assert sampler_line("auto", "cuda").startswith("fast (")
     assert sampler_line("fast", "cpu").startswith("fast (")
+
+
+def test_the_choice_says_why_for_the_models_family():
+    assert set(FAST_FAMILIES) == {"llama", "qwen2", "qwen3"}
+    assert choose("auto", "cuda", "qwen3").mode == "fast"
+    gpt2 = choose("auto", "cuda", "gpt2")
+    assert gpt2.mode == "exact" and "model type 'gpt2'" in gpt2.why
+    assert choose("auto", "cuda", "qwen2", ["full_attention", "sliding_attention"]).mode == \
+        "exact"
+    assert choose("auto", "cpu", "qwen3").mode == "exact"
+    assert "config error" in choose("fast", "cuda", "gpt2").why
+    assert choose("exact", "cuda", "llama").mode == "exact"
+    line = sampler_line("auto", "cuda", "gpt2")
+    assert line.startswith("exact (") and "cannot run model type 'gpt2'" in line
+    assert "checked when it loads" in sampler_line("auto", "cuda")
+
+
+def test_explain_reads_the_family_from_the_model_folder(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen3", "layer_types": '
+                                        '["full_attention"]}')
+    assert model_family("m", tmp_path) == ("qwen3", ["full_attention"])
+    assert model_family("not-here", tmp_path) == (None, None)
+    (folder / "config.json").write_text("{not json")
+    assert model_family("m", tmp_path) == (None, None)
 
 
 torch = pytest.importorskip("torch")
@@ -83,7 +110,12 @@ def test_fast_on_a_model_it_cannot_run_is_a_config_error(tiny_model):
     with pytest.raises(UserError, match="model type 'gpt2'.*sampler = \"exact\""):
         model.use_sampler("fast")
     model.use_sampler("auto")
+    assert model.fast is None and "exact sampler" not in model.summary  # CPU: never fast
+    model.device = torch.device("cuda")  # what auto resolves against (nothing runs there)
+    model.use_sampler("auto")
     assert model.fast is None
+    assert model.summary.endswith(", exact sampler (auto: the fast sampler cannot run model "
+                                  "type 'gpt2' (the fast sampler knows llama, qwen2, qwen3))")
 
 
 def _far_from_the_sampler(backend, gap: float) -> list[Datum]:

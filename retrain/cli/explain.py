@@ -18,7 +18,7 @@ from typing import Any
 from retrain.algorithms import losses
 from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
-from retrain.cli.explain_memory import memory_line
+from retrain.cli.explain_memory import memory_line, model_family
 from retrain.cli.explain_warnings import warnings
 from retrain.config import loader as config_file
 from retrain.config import sections as config
@@ -109,6 +109,8 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
     if cfg.backend.backend == "local":  # a campaign's line: its first full run's, if any
         shown = next((c for c in run_cfgs if c.model.finetune == "full"), run_cfgs[0])
         settings["memory"] = memory_line(shown, path.parent)
+        settings["sampler"] = sampler_line(cfg.backend.sampler, cfg.model.device,
+                                           *model_family(cfg.model.name, path.parent))
     return Report(
         config_file=str(path), kind="campaign" if camp.is_campaign else "single run", name=name,
         settings=settings,
@@ -324,7 +326,8 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
                         f", lr {s['training.lr']}, seed {s['training.seed']}"),
            ("back-pressure", "on" if s["backpressure.enabled"] else "off")]
     if "backend.sampler" in s:
-        out.append(("sampler", sampler_line(s["backend.sampler"], s["model.device"])))
+        out.append(("sampler", s.get("sampler") or sampler_line(s["backend.sampler"],
+                                                                 s["model.device"])))
     if "memory" in s:
         out.append(("memory", s["memory"]))
     if "judge" in s:
@@ -350,17 +353,21 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     return out
 
 
-def sampler_line(setting: str, device: str) -> str:
-    """The local sampler a run gets: `auto` resolved for the device (a guess for auto)."""
-    from retrain.backends.sampler_mode import resolve
+def sampler_line(setting: str, device: str, model_type: str | None = None,
+                 layer_types: list[str] | None = None) -> str:
+    """The local sampler a run gets and why: `auto` resolved for the device (a guess for
+    device auto) and the model's family (`model_type`, None when not on this machine yet)."""
+    from retrain.backends.sampler_mode import choose
 
     # device auto: cuda where an NVIDIA driver is loaded (as explain_warnings guesses)
     kind = device if device != "auto" else (
         "cuda" if Path("/proc/driver/nvidia").exists() else "cpu")
-    mode = resolve(setting, kind)
+    choice = choose(setting, kind, model_type, layer_types)
     how = {"exact": "step by step through the adapter, torch.Generator draws",
-           "fast": "static KV cache, merged LoRA, CUDA graphs on CUDA, counter draws"}[mode]
-    return f"{mode} ({how})" + (f"; auto on {kind}" if setting == "auto" else "")
+           "fast": "static KV cache, merged LoRA, CUDA graphs on CUDA, counter draws"}
+    unknown = ("; the model's family is checked when it loads"
+               if model_type is None and choice.mode == "fast" else "")
+    return f"{choice.mode} ({how[choice.mode]}): {choice.why}{unknown}"
 
 
 def _executor_line(r: Report) -> str:

@@ -168,6 +168,20 @@ def model_folder(name: str, config_dir: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
+def model_family(name: str, config_dir: Path) -> tuple[str | None, list[str] | None]:
+    """`model_type` and `layer_types` from the model folder's config.json, if the model is
+    on this machine already ((None, None) otherwise)."""
+    folder = model_folder(name, config_dir)
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder \
+            else {}
+    except (OSError, ValueError):
+        cfg = {}
+    kind, layers = cfg.get("model_type"), cfg.get("layer_types")
+    return (kind if isinstance(kind, str) else None,
+            layers if isinstance(layers, list) else None)
+
+
 def read_shapes(folder: Path) -> Shapes | None:
     """Every tensor's shape from the folder's safetensors headers; None when it has none or
     one is unreadable."""

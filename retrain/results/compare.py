@@ -1,8 +1,11 @@
 """`retrain compare logs/<campaign>`: each condition (grid cell) across its seeds, as means
-with 95% intervals, and each condition against a baseline (Welch) with a verdict.
+with 95% intervals, and each condition against a baseline with a verdict: a paired t interval
+over the seeds both have (runs of one seed share their luck), Welch where they share fewer than
+two. A raced campaign also carries its race's decisions (manifest.json's `race`).
 
 One report model (`CompareReport`), rendered plain, rich or as JSON by `compare_view`.
 Only completed runs enter the means; failed, running and unfinished runs are listed apart.
+Rows a run's metrics file cannot vouch for are dropped and named (`run_rows`).
 """
 
 from __future__ import annotations
@@ -14,39 +17,12 @@ from typing import Any
 
 from retrain.cli.status import RunStatus, scan_campaign
 from retrain.errors import UserError
-from retrain.results.run_rows import number, read_rows, series
-from retrain.results.stats import Difference, Estimate, estimate, mean, median, welch
+from retrain.results.run_figures import RunFigures, figures, reach
+from retrain.results.run_rows import read_rows
+from retrain.results.stats import Difference, Estimate, difference, estimate, median
 from retrain.runfiles import runlog
 
-LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
 COMPARED = (("final_reward", "final reward"), ("eval_accuracy", "eval accuracy"))
-
-
-@dataclass
-class RunFigures:
-    """One run's figures (None where its metrics lack them)."""
-
-    name: str
-    path: str
-    condition: str
-    seed: int | None
-    state: str
-    steps: int = 0
-    bad_lines: int = 0
-    last_k: int = 0                         # steps averaged into final_reward
-    final_reward: float | None = None
-    eval_accuracy: float | None = None      # at the last eval
-    eval_step: int | None = None
-    best_eval: float | None = None
-    best_eval_step: int | None = None
-    steps_to_threshold: int | None = None   # None: never reached
-    seconds_to_threshold: float | None = None
-    tokens_per_second: float | None = None
-    error: str = ""
-
-    @property
-    def included(self) -> bool:
-        return self.state == "completed"
 
 
 @dataclass
@@ -80,10 +56,12 @@ class CompareReport:
     conditions: list[ConditionSummary] = field(default_factory=list)
     runs: list[RunFigures] = field(default_factory=list)
     bad_lines: int = 0
+    race: dict = field(default_factory=dict)  # manifest.json's race, for a raced campaign
 
     @property
     def excluded(self) -> list[RunFigures]:
-        return [r for r in self.runs if not r.included]
+        """Runs left out of the means (runs a race did not need were never run: not these)."""
+        return [r for r in self.runs if not r.included and r.state != "skipped"]
 
 
 def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | None = None,
@@ -114,8 +92,10 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
     rows_of = {r.path: read_rows(Path(r.path)) for r in runs if r.included}
     for r in runs:
         if r.included and report.threshold is not None:
-            _reach(r, rows_of[r.path], report.threshold, last)
-    overrides = _overrides(folder)
+            reach(r, rows_of[r.path], report.threshold, last)
+    manifest = runlog.read_json(folder / runlog.MANIFEST_FILE) or {}
+    report.race = manifest.get("race") if isinstance(manifest.get("race"), dict) else {}
+    overrides = _overrides(manifest)
     report.conditions = [_summary(n, [r for r in runs if r.condition == n],
                                   overrides.get(n, {})) for n in names]
     _rank(report.conditions)
@@ -124,8 +104,8 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
     for c in report.conditions:
         if c is not base:
             mine = _included(runs, c.name)
-            c.vs_baseline = [welch(label, _values(mine, key), _values(base_runs, key), c.name,
-                                   base.name) for key, label in COMPARED]
+            c.vs_baseline = [difference(label, _seeded(mine, key), _seeded(base_runs, key),
+                                        c.name, base.name) for key, label in COMPARED]
     return report
 
 
@@ -140,43 +120,9 @@ def _check_folder(folder: Path) -> None:
                         f"compare takes the folder a campaign writes, e.g. logs/<campaign>{hint}")
 
 
-def _window(n_steps: int, last: int | None) -> int:
-    return max(1, last if last is not None else int(n_steps * LAST_FRACTION))
-
-
 def _figures(status: RunStatus, last: int | None) -> RunFigures:
-    rows = read_rows(Path(status.path))
-    fig = RunFigures(name=status.name, path=status.path, condition=status.condition or "-",
-                     seed=status.seed, state=status.state, steps=status.step,
-                     bad_lines=status.bad_lines, error=status.error)
-    rewards = [x for _, x in series(rows, "mean_reward")]
-    if rewards:
-        fig.last_k = min(_window(len(rewards), last), len(rewards))
-        fig.final_reward = mean(rewards[-fig.last_k:])
-    evals = series(rows, "eval_accuracy")
-    if evals:
-        fig.eval_step, fig.eval_accuracy = evals[-1]
-        fig.best_eval_step, fig.best_eval = max(evals, key=lambda e: (e[1], -e[0]))
-    speeds = [x for _, x in series(rows, "tokens_per_second")]
-    fig.tokens_per_second = mean(speeds) if speeds else None
-    return fig
-
-
-def _reach(fig: RunFigures, rows: list[dict], threshold: float, last: int | None) -> None:
-    """The first step whose trailing mean reward (over the final-reward window) reaches the
-    threshold, and the summed step_time_s up to it."""
-    rewards = series(rows, "mean_reward")
-    k = _window(len(rewards), last)
-    seconds = {}
-    total = 0.0
-    for r in rows:
-        total += number(r.get("step_time_s")) or 0.0
-        seconds[r["step"]] = total
-    for i, (step, _) in enumerate(rewards):
-        window = [x for _, x in rewards[max(0, i - k + 1):i + 1]]
-        if mean(window) >= threshold:
-            fig.steps_to_threshold, fig.seconds_to_threshold = step, seconds[step]
-            return
+    return figures(Path(status.path), last, name=status.name, condition=status.condition or "-",
+                   seed=status.seed, state=status.state, steps=status.step, error=status.error)
 
 
 def _included(runs: list[RunFigures], condition: str) -> list[RunFigures]:
@@ -185,6 +131,11 @@ def _included(runs: list[RunFigures], condition: str) -> list[RunFigures]:
 
 def _values(runs: list[RunFigures], key: str) -> list[float]:
     return [v for r in runs if (v := getattr(r, key)) is not None]
+
+
+def _seeded(runs: list[RunFigures], key: str) -> list[tuple[int | None, float]]:
+    """(seed, value) of the runs that have the figure."""
+    return [(r.seed, v) for r in runs if (v := getattr(r, key)) is not None]
 
 
 def _summary(name: str, runs: list[RunFigures], overrides: dict) -> ConditionSummary:
@@ -208,9 +159,8 @@ def _rank(conditions: list[ConditionSummary]) -> None:
         c.rank = i
 
 
-def _overrides(folder: Path) -> dict[str, dict]:
+def _overrides(manifest: dict) -> dict[str, dict]:
     """Each condition label's overrides (its grid cell's values included), from the manifest."""
-    manifest = runlog.read_json(folder / runlog.MANIFEST_FILE) or {}
     entries = manifest.get("runs") if isinstance(manifest.get("runs"), list) else []
     out: dict[str, dict] = {}
     for e in entries:

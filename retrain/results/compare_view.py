@@ -12,6 +12,7 @@ from retrain.cli.render import Block
 from retrain.errors import UserError
 from retrain.results.compare import CompareReport, ConditionSummary, build
 from retrain.results.stats import Estimate
+from retrain.runfiles.runlog import METRICS_FILE
 
 HEADERS = ["condition", "rank", "seeds", "final reward", "eval accuracy", "best eval",
            "best eval step", "steps to thr", "seconds to thr", "tok/s"]
@@ -73,20 +74,25 @@ def excluded_lines(report: CompareReport) -> list[str]:
     return out
 
 
+def skipped_lines(report: CompareReport) -> list[str]:
+    """Each run whose metrics file had rows dropped: the file, and what was dropped."""
+    return [f"rows left out of {r.name}: {Path(r.path) / METRICS_FILE}: {r.skipped_note}"
+            for r in report.runs if r.skipped_note]
+
+
 def blocks(report: CompareReport) -> list[Block]:
     out = [Block(header(report), style="bold"),
            *[Block(line, style="dim") for line in method_lines(report)],
            Block(table=table(report), gap=True)]
     verdicts = verdict_lines(report)
     if verdicts:
-        out.append(Block(f"against the baseline '{report.baseline}' (Welch 95% interval of "
-                         "the difference):", gap=True))
+        out.append(Block(f"against the baseline '{report.baseline}' (95% interval of the "
+                         "difference: paired t over the seeds both have, else Welch):", gap=True))
         out += [Block(line, indent="  ") for line in verdicts]
     excluded = excluded_lines(report)
     out += [Block(line, style="yellow", gap=i == 0) for i, line in enumerate(excluded)]
-    if report.bad_lines:
-        out.append(Block(f"{report.bad_lines} torn or garbage metrics lines were skipped",
-                         gap=True))
+    skipped = skipped_lines(report)
+    out += [Block(line, style="yellow", gap=i == 0) for i, line in enumerate(skipped)]
     return out
 
 

@@ -1,8 +1,12 @@
-"""The statistics of `retrain compare`: a mean with its Student t interval across seeds, and
-Welch's difference of two means with its interval. scipy.stats does the distributions."""
+"""The statistics of `retrain compare` and of a race: a mean with its Student t interval across
+seeds; the difference of two conditions as a paired t interval over the seeds both have (seed s
+fixes the data order, the sampling stream and the adapter init, so two conditions' runs of one
+seed share their luck), else Welch's interval of two means. scipy.stats does the distributions.
+Pure: no I/O (floor 1, so the race's decisions use the same intervals)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -22,8 +26,9 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Difference:
-    """mean(condition) - mean(baseline), with Welch's 95% interval (None when either side has
-    fewer than 2 values) and the one-line verdict."""
+    """mean(condition) - mean(baseline) with its 95% interval (None when there is none) and the
+    one-line verdict. `test` is "paired t" (over `seeds`, the seeds both sides have; `unpaired`
+    are the seeds only one side has, left out) or "Welch" (every value, unpaired)."""
 
     metric: str
     diff: float | None
@@ -31,6 +36,9 @@ class Difference:
     hi: float | None
     df: float | None
     verdict: str
+    test: str = ""
+    seeds: tuple[int, ...] = ()
+    unpaired: tuple[int, ...] = ()
 
 
 def mean(values: list[float]) -> float:
@@ -64,6 +72,61 @@ def estimate(values: list[float]) -> Estimate:
     return Estimate(n, centre * scale, float(lo) * scale, float(hi) * scale)
 
 
+def difference(metric: str, values: list[tuple[int | None, float]],
+               baseline: list[tuple[int | None, float]], name: str,
+               baseline_name: str) -> Difference:
+    """values - baseline, each a list of (seed, value): a paired t interval over the seeds both
+    sides have when there are at least 2 of them, else Welch over every value."""
+    ours = {s: v for s, v in values if s is not None}
+    theirs = {s: v for s, v in baseline if s is not None}
+    shared = sorted(ours.keys() & theirs.keys())
+    if len(shared) >= 2:
+        unpaired = tuple(sorted(ours.keys() ^ theirs.keys()))
+        return paired(metric, [ours[s] for s in shared], [theirs[s] for s in shared],
+                      name, baseline_name, seeds=tuple(shared), unpaired=unpaired)
+    return welch(metric, [v for _, v in values], [v for _, v in baseline], name, baseline_name)
+
+
+def paired(metric: str, values: list[float], baseline: list[float], name: str,
+           baseline_name: str, seeds: tuple[int, ...] = (), unpaired: tuple[int, ...] = (),
+           confidence: float = CONFIDENCE) -> Difference:
+    """values[i] - baseline[i] (the same seed), as the paired t interval of the differences."""
+    diff, lo, hi = paired_interval(values, baseline, confidence)
+    how = f"paired t, seeds {_seed_list(seeds)}" if seeds else "paired t"
+    if unpaired:
+        how += f"; seed{'s' if len(unpaired) > 1 else ''} {_seed_list(unpaired)} unpaired, " \
+               "left out"
+    return Difference(metric, diff, lo, hi, float(len(values) - 1),
+                      verdict(metric, diff, lo, hi, name, baseline_name, how), "paired t",
+                      seeds, unpaired)
+
+
+def paired_interval(values: list[float], baseline: list[float],
+                    confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, lo, hi) of values[i] - baseline[i]: the t interval of the differences at
+    `confidence`, with n - 1 degrees of freedom (n >= 2). Differences without spread give the
+    point. Huge values are scaled so that the differences cannot overflow."""
+    n = len(values)
+    if n < 2 or len(baseline) != n:
+        raise ValueError(f"a paired interval needs >= 2 pairs, got {n} and {len(baseline)}")
+    both, scale = _scaled([*values, *baseline])
+    diffs = [a - b for a, b in zip(both[:n], both[n:], strict=True)]
+    centre = math.fsum(diffs) / n
+    if _spread(diffs) == 0:
+        return centre * scale, centre * scale, centre * scale
+    sd = math.sqrt(math.fsum((d - centre) ** 2 for d in diffs) / (n - 1))
+    half = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
+    return centre * scale, (centre - half) * scale, (centre + half) * scale
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(df: int, confidence: float) -> float:
+    """The two-sided Student t critical value: P(|T_df| <= q) = confidence."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
+
+
 def welch(metric: str, values: list[float], baseline: list[float], name: str,
           baseline_name: str) -> Difference:
     """Difference of means (values - baseline), Welch's interval and the verdict."""
@@ -76,9 +139,10 @@ def welch(metric: str, values: list[float], baseline: list[float], name: str,
     if len(values) < 2 or len(baseline) < 2:
         return Difference(metric, diff, None, None, None,
                           f"{_signed(diff)}, n = 1 on one side: no interval; more seeds needed")
+    how = f"Welch, {len(values)} and {len(baseline)} seeds"
     if _spread(values) == 0 and _spread(baseline) == 0:  # identical seeds on both sides
         return Difference(metric, diff, diff, diff, None,
-                          verdict(metric, diff, diff, diff, name, baseline_name))
+                          verdict(metric, diff, diff, diff, name, baseline_name, how), "Welch")
     from scipy import stats
 
     with warnings.catch_warnings():  # one side without spread is fine for Welch
@@ -87,7 +151,7 @@ def welch(metric: str, values: list[float], baseline: list[float], name: str,
     ci = result.confidence_interval(CONFIDENCE)
     lo, hi, df = float(ci.low) * scale, float(ci.high) * scale, float(result.df)
     return Difference(metric, diff, lo, hi, df, verdict(metric, diff, lo, hi, name,
-                                                        baseline_name))
+                                                        baseline_name, how), "Welch")
 
 
 def _scaled(values: list[float]) -> tuple[list[float], float]:
@@ -101,9 +165,10 @@ def _scaled(values: list[float]) -> tuple[list[float], float]:
 
 
 def verdict(metric: str, diff: float, lo: float, hi: float, name: str,
-            baseline_name: str) -> str:
-    """One line: which is higher, or that the interval spans 0."""
-    span = f"{_signed(diff)} [{_signed(lo)}, {_signed(hi)}]"
+            baseline_name: str, how: str = "") -> str:
+    """One line: the difference, its interval and the test that gave it (`how`), then which is
+    higher, or that the interval spans 0."""
+    span = f"{_signed(diff)} [{_signed(lo)}, {_signed(hi)}]" + (f" ({how})" if how else "")
     if lo <= 0 <= hi:
         return f"{metric} {span}: not distinguishable with these seeds"
     word = "higher" if diff > 0 else "lower"
@@ -116,3 +181,7 @@ def _spread(values: list[float]) -> float:
 
 def _signed(x: float) -> str:
     return f"{x:+.3g}"
+
+
+def _seed_list(seeds: tuple[int, ...]) -> str:
+    return ", ".join(str(s) for s in seeds)

@@ -77,7 +77,8 @@ class LocalModel:
     @classmethod
     def from_config(cls, cfg: Config, config_dir: Path | None = None) -> LocalModel:
         """`[model]` loaded (model.name resolved from `config_dir`), checked against
-        training.max_tokens; a folder or id that is no model is the config's fault."""
+        training.max_tokens when the run samples; a folder or id that is no model is the
+        config's fault."""
         from retrain.backends.models import resolve_model
 
         m = cfg.model
@@ -86,7 +87,8 @@ class LocalModel:
             model = cls.load(path, m.dtype, m.device, m.threads)
         except BackendError as exc:
             raise UserError(f"model.name = {m.name!r}: {exc}") from None
-        check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
+        if cfg.training.max_steps:  # an SFT run (max_steps = 0) samples nothing
+            check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
         return model
 
     def cost_model(self) -> ModelCost:
@@ -116,7 +118,7 @@ class LocalModel:
     def use_sampler(self, setting: str) -> None:
         """`[backend] sampler`: exact (sample_batch) or fast (a StaticSampler); see
         sampler_mode. Explicit "fast" on a model it cannot run is the config's error; "auto"
-        then stays exact."""
+        then stays exact, and the run log's model line says why."""
         from retrain.backends import sampler_mode
         from retrain.backends.local.sampling import fast
 
@@ -130,6 +132,8 @@ class LocalModel:
         elif setting == "fast":
             raise UserError(f"backend.sampler = \"fast\" cannot sample {self.name_or_path}: "
                             f"{why}; use sampler = \"exact\"")
+        else:
+            self.summary += f", exact sampler (auto: the fast sampler cannot run {why})"
 
     @property
     def net(self) -> Any:

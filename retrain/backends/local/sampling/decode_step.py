@@ -1,7 +1,8 @@
 """The fast sampler's decoding step: one token for every row of a static cache, on the device.
 
-A hand-written forward of Llama-like models (Llama, Qwen2: embedding, RMSNorm, rotary
-attention with grouped KV heads, gated MLP), calling the model's own modules, so that peft's
+A hand-written forward of Llama-like models (Llama, Qwen2, Qwen3: embedding, RMSNorm, rotary
+attention with grouped KV heads, gated MLP; Qwen3's RMSNorm on each query and key head),
+calling the model's own modules, so that peft's
 LoRA layers run as in training (or `MergedWeights` stands in for them). It exists because
 transformers' forward builds its attention mask and cache positions with host-side logic
 (and differently from one version to the next); this one reads and writes only fixed
@@ -23,8 +24,7 @@ from retrain.backends.base import SamplingParams
 from retrain.backends.local.sampling import counter_rng
 from retrain.backends.local.sampling.exact import draw, token_logprobs
 from retrain.backends.local.sampling.static_cache import Geometry, StaticState
-
-SUPPORTED = ("llama", "qwen2")
+from retrain.backends.sampler_mode import family_problem
 
 
 @dataclass
@@ -44,10 +44,9 @@ class Arch:
 def unsupported(base: Any) -> str | None:
     """Why `base` (a transformers causal LM) cannot use the fast sampler (None if it can)."""
     cfg = base.config
-    if cfg.model_type not in SUPPORTED:
-        return f"model type {cfg.model_type!r} (the fast sampler knows {', '.join(SUPPORTED)})"
-    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
-        return "sliding-window attention layers"
+    problem = family_problem(cfg.model_type, getattr(cfg, "layer_types", None))
+    if problem:
+        return problem
     inner = getattr(base, "model", None)
     if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm",
                                                             "rotary_emb")):
@@ -82,6 +81,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + _rotate_half(x) * sin
 
 
+def _head_norm(attn: Any, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Qwen3's RMSNorm over each head's features (`q_norm`, `k_norm`), where it has one."""
+    norm = getattr(attn, name, None)
+    return x if norm is None else norm(x)
+
+
 def forward(arch: Arch, st: StaticState, window: int, linear=_plain) -> torch.Tensor:
     """Logits [bucket, vocab] of `st.tok` at positions `st.pos`; its keys and values are
     written at cache column `st.col`, and attention reads the first `window` columns.
@@ -97,8 +102,9 @@ def forward(arch: Arch, st: StaticState, window: int, linear=_plain) -> torch.Te
     for i, layer in enumerate(arch.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = linear(attn.q_proj, x).view(b, 1, arch.heads, hd).transpose(1, 2)
-        k = linear(attn.k_proj, x).view(b, 1, arch.kv_heads, hd).transpose(1, 2)
+        q = _head_norm(attn, "q_norm", linear(attn.q_proj, x).view(b, 1, arch.heads, hd))
+        k = _head_norm(attn, "k_norm", linear(attn.k_proj, x).view(b, 1, arch.kv_heads, hd))
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = linear(attn.v_proj, x).view(b, 1, arch.kv_heads, hd).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         st.k[i].index_copy_(2, col, k)

@@ -100,6 +100,7 @@ class StaticSampler:
 
     def __init__(self, base: Any, device: torch.device, *, merged: bool = True,
                  graphs: bool | None = None, check_every: int = CHECK_EVERY):
+        self.base = base
         self.arch = decode_step.arch_of(base)
         self.device = device
         self.merged = merged
@@ -110,11 +111,12 @@ class StaticSampler:
         self.compactions = 0
         self.pool: StatePool | None = None
         self.weights: dict[str, MergedWeights] = {}
-        self._params = list(base.parameters())
         self._fingerprint = self._addresses()
 
     def _addresses(self) -> tuple[int, ...]:
-        return tuple(p.data_ptr() for p in self._params)
+        """Where every parameter of the model lives: a weight replaced (a reloaded model) or
+        a module wrapped (peft adding an adapter on `lm_head`) changes it."""
+        return tuple(p.data_ptr() for p in self.base.parameters())
 
     def linear_for(self, net: Any, adapter: str | None):
         """What runs a projection for `adapter`: its merged buffers (refreshed if the
@@ -153,8 +155,9 @@ class StaticSampler:
 
     def _check_addresses(self) -> None:
         now = self._addresses()
-        if now != self._fingerprint:  # weights replaced, not updated in place
+        if now != self._fingerprint:  # weights replaced or modules wrapped, not updated in place
             self._fingerprint = now
+            self.arch = decode_step.arch_of(self.base)
             self.weights.clear()
             if self.graphs is not None:
                 self.graphs.clear()
