@@ -264,6 +264,10 @@ def serve(
     adapter: Annotated[list[str] | None, typer.Option(
         help="Serve a run's checkpoint under a model name on the OpenAI-compatible routes: "
              "NAME=RUN_DIR[@STEP] (the newest kept step without @STEP). Repeatable.")] = None,
+    max_queued_tokens: Annotated[int, typer.Option(
+        help="Sampling taken on at once, in tokens of KV cache (rows x (prompt + "
+             "max_tokens)); a request past it gets HTTP 429 (0 = what half the device's "
+             "memory holds).", min=0)] = 0,
 ) -> None:
     """Serve the Tinker API (for the official tinker SDK) and an OpenAI-compatible API (for
     the openai client: /v1/chat/completions, /v1/completions, /v1/models) over the local
@@ -277,7 +281,8 @@ def serve(
         raise UserError(f"--load-model {load_model!r}: {exc}; expected e.g. "
                         "'base_ms=50,sigma=0.05,kappa=0.005,fail_above=24'") from None
     serve_forever(model=model, host=host, port=port, api_key=api_key, dtype=dtype,
-                  delay_ms=delay_ms, max_sessions=max_sessions, load=load, adapters=adapter)
+                  delay_ms=delay_ms, max_sessions=max_sessions, load=load, adapters=adapter,
+                  max_queued_tokens=max_queued_tokens)
 
 
 COMMANDS = ("run", "init", "explain", "status", "compare", "plot", "eval", "sample",

@@ -27,6 +27,7 @@ from tinker import types
 
 from retrain.backends.tinker.rate_limit import QUEUES_429_HEADER
 from retrain.serve import wire
+from retrain.serve.backlog import Backlog
 from retrain.serve.engine import LOSS_INPUTS, Engine
 from retrain.serve.errors import ApiError
 from retrain.serve.futures import FutureStore
@@ -290,7 +291,8 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
               session_timeout_s: float = SESSION_TIMEOUT_S,
               max_body_bytes: int = MAX_BODY_BYTES, load: LoadModel | None = None,
               openai: OpenAIServing | None = None, order_gap_s: float = GAP_S,
-              unpolled_s: float = UNPOLLED_S) -> tuple[Guard, TinkerService]:
+              unpolled_s: float = UNPOLLED_S, max_queued_tokens: int | None = None
+              ) -> tuple[Guard, TinkerService]:
     """The ASGI app (Starlette behind the Guard middleware) and its service; with `openai`,
     the OpenAI-compatible routes too.
 
@@ -298,11 +300,13 @@ def build_app(engine: Engine, state_dir: Path, *, api_key: str | None = None,
     endpoint's capacity curve (`--load-model`); `max_sessions` caps the
     training clients alive at once (`--max-sessions`, 0 = no cap; beyond it: HTTP 429);
     `order_gap_s`: how long a model's queued ops wait for a seq_id that never came;
-    `unpolled_s`: how long a sample request runs with nobody polling for it.
+    `unpolled_s`: how long a sample request runs with nobody polling for it;
+    `max_queued_tokens`: the bound on sampling taken on at once (`backlog`; None: none).
     """
     service = TinkerService(engine, state_dir, FutureStore(hold_s=hold_s),
                             max_sessions=max_sessions, session_timeout_s=session_timeout_s,
-                            order_gap_s=order_gap_s, unpolled_s=unpolled_s)
+                            order_gap_s=order_gap_s, unpolled_s=unpolled_s,
+                            backlog=Backlog(max_queued_tokens))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

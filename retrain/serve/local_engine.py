@@ -19,6 +19,7 @@ import logging
 import math
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from retrain.backends.local.checkpoint import ADAPTER_WEIGHTS
 from retrain.backends.local.model import LocalModel
 from retrain.backends.local.sampling.exact import OnToken, SamplingStopped
 from retrain.config.sections import ModelConfig
+from retrain.serve.backlog import default_bound
 from retrain.serve.engine import EngineError, SampleResult
 
 log = logging.getLogger("retrain.serve")
@@ -73,6 +75,16 @@ class LocalEngine:
 
         path = resolve_model(name)
         return cls(LocalModel.load(path, dtype, device, threads), name)
+
+    def queued_tokens_bound(self) -> int:
+        """The default bound on the sampling taken on at once (serve.backlog): the tokens of
+        KV cache that half the device's memory holds."""
+        total = None
+        if self.model.device.type == "cuda":
+            import torch
+
+            total = torch.cuda.get_device_properties(self.model.device).total_memory
+        return default_bound(self.model.cost_model().kv_bytes_per_token, total)
 
     def accepts(self, base_model: str) -> bool:
         return base_model in (self.base_model, self.model.name_or_path)
@@ -205,8 +217,8 @@ class LocalEngine:
         together (padding changes the numbers, in bfloat16 enough to flip a draw), so a seeded
         request's completions do not depend on what it was batched with. `on_token` hears
         of this request's tokens as they are drawn (index among its `n`, token, log-prob,
-        top log-probs). A batch stops between decoding steps once every request in it is
-        cancelled."""
+        top log-probs). A request cancelled while it is decoded (`cancel` set: its client is
+        gone) leaves the batch at the next decoding step, the others decode on."""
         key = (snap, n, params.max_tokens, params.temperature, params.top_p,
                params.stop_tokens, params.stop_strings, params.top_logprobs)
         mine = _Queued(prompt, params.seed, on_token, cancel)
@@ -254,14 +266,16 @@ class LocalEngine:
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
-                prompt_seeds=seeds, on_token=_tell(batch, n),
-                stop=lambda: all(q.cancelled for q in batch))
+                prompt_seeds=seeds, on_token=_tell(batch, n), leave=_gone(batch, n))
         except BaseException as exc:
             for q in batch:
                 q.error = exc
             return
         for q, group in zip(batch, groups, strict=True):
-            q.result = group
+            if q.cancelled:  # it left the batch part-way: nobody reads its completions
+                q.error = SamplingStopped("sampling cancelled: its client is gone")
+            else:
+                q.result = group
 
 
 @dataclass
@@ -294,6 +308,14 @@ def _tell(batch: list[_Queued], n: int) -> OnToken | None:
                 log.exception("a token listener failed; it hears no more")
                 q.on_token = None
     return on_token
+
+
+def _gone(batch: list[_Queued], n: int) -> Callable[[], list[int]]:
+    """The batch's `leave`: the rows of every request cancelled so far (row r is sample
+    r % n of request r // n), which leave the decode at its next step."""
+    def gone() -> list[int]:
+        return [k * n + j for k, q in enumerate(batch) if q.cancelled for j in range(n)]
+    return gone
 
 
 def _by_length(batch: list[_Queued]) -> list[list[_Queued]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ from starlette.routing import Route
 
 from retrain.serve import openai_reply, openai_stream, validate
 from retrain.serve.adapters import ServedAdapter
+from retrain.serve.backlog import owed
 from retrain.serve.engine import EngineError, SampleResult
 from retrain.serve.errors import ApiError
 from retrain.serve.openai_models import Catalog, Target
@@ -69,13 +71,30 @@ def error_reply(status: int, message: str, param: str | None = None) -> JSONResp
     return JSONResponse(OpenAIError(status, message, param, kind).body(), status_code=status)
 
 
+async def _unless_gone(work: asyncio.Future, request: Request) -> Any:
+    """`work`'s result, or None once the client hangs up first (its body was read)."""
+    async def hangup() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(hangup())
+    try:
+        await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    return work.result() if work.done() else None
+
+
 def _openai(handler: Callable[[Request], Awaitable[Response]]):
     """Every failure as OpenAI's error JSON: what the client sent (4xx) names its field."""
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except OpenAIError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            reply = JSONResponse(exc.body(), status_code=exc.status)
+            if exc.status == 429:  # the backlog is full: the openai SDK retries after this
+                reply.headers["retry-after"] = "1"
+            return reply
         except validate.RequestError as exc:
             return error_reply(400, str(exc))
         except EngineError as exc:
@@ -119,7 +138,7 @@ class OpenAIApi:
         except BaseException:
             await self.catalog.release(target)
             raise
-        return await self._answer(job, target)
+        return await self._answer(job, target, request)
 
     async def complete(self, request: Request) -> Response:
         call = completion_call(parse(await request.body(), CompletionBody))
@@ -130,7 +149,7 @@ class OpenAIApi:
         except BaseException:
             await self.catalog.release(target)
             raise
-        return await self._answer(job, target)
+        return await self._answer(job, target, request)
 
     # ------------------------------------------------------------------ prompts
 
@@ -177,42 +196,61 @@ class OpenAIApi:
 
     # ------------------------------------------------------------------ sampling
 
-    async def _answer(self, job: Job, target: Target) -> Response:
+    async def _answer(self, job: Job, target: Target, request: Request) -> Response:
+        """Sample the job and answer it (streamed or whole). Once its client is gone (the
+        connection closed: noticed at once) its completions leave the decode batch at the
+        next step."""
+        n = job.call.n
+        try:
+            taken = self.service.backlog.take(owed([len(p) for p in job.prompts], n,
+                                                   job.params.max_tokens))
+        except ApiError as exc:
+            await self.catalog.release(target)
+            raise OpenAIError(429, exc.message, code="rate_limit_exceeded") from None
+        cancel = self.service.running.start(job.rid, "")  # also set when the server stops
         if job.call.stream:
-            events = openai_stream.Events(job, self.tok)
-            futures = self._sample(job, target, events.hook)
+            events = openai_stream.Events(job, self.tok, cancel)
+            futures = self._sample(job, target, cancel, taken, events.hook)
             events.watch(futures)
             return StreamingResponse(events.sse(), media_type="text/event-stream",
                                      headers={"cache-control": "no-cache"})
-        done = await asyncio.gather(*self._sample(job, target), return_exceptions=True)
+        futures = self._sample(job, target, cancel, taken)
+        done = await _unless_gone(asyncio.gather(*futures, return_exceptions=True), request)
+        if done is None:
+            cancel.set()
+            log.info("%s: its client is gone; its sampling stops", job.rid)
+            return Response(status_code=499)  # nobody reads it
         failed = next((r for r in done if isinstance(r, BaseException)), None)
         if failed is not None:
             raise failed
         results: list[SampleResult] = list(done)
-        n, stops = job.call.n, job.params.stop_strings
+        stops = job.params.stop_strings
         choices = [openai_reply.choice(p * n + j, c, self.tok, stops)
                    for p, r in enumerate(results) for j, c in enumerate(r.sequences)]
         body = openai_reply.chat_body if job.chat else openai_reply.completion_body
         return JSONResponse(body(job.rid, job.created, job.call.model, choices, self.tok,
                                  job.call.logprobs, sum(len(p) for p in job.prompts)))
 
-    def _sample(self, job: Job, target: Target,
+    def _sample(self, job: Job, target: Target, cancel: threading.Event, taken: int,
                 hook: Callable[[int], Callable] | None = None) -> list[asyncio.Future]:
         """One engine call per prompt, as the Tinker route makes it, on the service's pool;
-        a snapshot loaded for this request is dropped once every call is over."""
+        once every call is over the backlog is given back and a snapshot loaded for this
+        request dropped."""
         loop = asyncio.get_running_loop()
         futures = []
         for p, prompt in enumerate(job.prompts):
             extra = {} if hook is None else {"on_token": hook(p)}
             work = functools.partial(self.engine.sample, target.snap, prompt, job.call.n,
-                                     job.params, False, **extra)
+                                     job.params, False, cancel, **extra)
             futures.append(loop.run_in_executor(self.service.pool, work))
-        if target.owned:
-            self._keep(loop.create_task(self._release_after(futures, target)))
+        self._keep(loop.create_task(self._release_after(futures, job.rid, target, taken)))
         return futures
 
-    async def _release_after(self, futures: list[asyncio.Future], target: Target) -> None:
+    async def _release_after(self, futures: list[asyncio.Future], rid: str, target: Target,
+                             taken: int) -> None:
         await asyncio.gather(*futures, return_exceptions=True)
+        self.service.running.finish(rid)
+        self.service.backlog.give_back(taken)
         await self.catalog.release(target)
 
     def _keep(self, task: asyncio.Task) -> None:

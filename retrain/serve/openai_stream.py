@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -32,8 +33,9 @@ def _data(obj: dict) -> str:
 class Events:
     """One streamed request: the queue its engine calls feed, and the events it sends."""
 
-    def __init__(self, job: Job, tok: Tokens):
+    def __init__(self, job: Job, tok: Tokens, cancel: threading.Event):
         self.job = job
+        self.cancel = cancel  # set when the stream ends before its last event (client gone)
         self.tok = tok
         self.n = job.call.n
         self.loop = asyncio.get_running_loop()
@@ -45,7 +47,7 @@ class Events:
     def hook(self, prompt_index: int) -> Callable[[int, int, float, Any], None]:
         """The engine's `on_token` for one prompt (runs in the decoding thread)."""
         def on_token(i: int, token: int, logprob: float, top: Any) -> None:
-            if self.loop.is_closed():  # the server is shutting down: nobody to tell
+            if self.cancel.is_set() or self.loop.is_closed():  # nobody to tell any more
                 return
             self.loop.call_soon_threadsafe(
                 self.queue.put_nowait, ("token", prompt_index * self.n + i, token, logprob, top))
@@ -57,6 +59,23 @@ class Events:
             future.add_done_callback(lambda f, p=p: self.queue.put_nowait(("done", p, f)))
 
     async def sse(self) -> AsyncIterator[str]:
+        """The events; when the client hangs up, Starlette cancels this generator (it listens
+        for the disconnect), and the request's completions leave the decode batch."""
+        finished = False
+        try:
+            async for event in self._events():
+                yield event
+                # Let the loop run between two events: tokens already queued would otherwise
+                # be written in one go, past a closed connection (asyncio logs each such write
+                # as `socket.send() raised exception`) before the disconnect is heard.
+                await asyncio.sleep(0)
+            finished = True
+        finally:
+            if not finished:
+                self.cancel.set()
+                log.info("%s: the stream's client is gone; its sampling stops", self.job.rid)
+
+    async def _events(self) -> AsyncIterator[str]:
         if self.job.chat:
             for i in range(len(self.streams)):
                 yield _data(self._chunk(i, {"role": "assistant", "content": ""}))

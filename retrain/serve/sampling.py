@@ -19,6 +19,7 @@ from typing import Any
 from tinker import types
 
 from retrain.serve import validate, wire
+from retrain.serve.backlog import Backlog, owed
 from retrain.serve.checkpoints import CheckpointStore
 from retrain.serve.engine import Engine
 from retrain.serve.errors import ApiError
@@ -45,9 +46,14 @@ class RunningSamples:
 
     def __init__(self):
         self._flags: dict[str, tuple[threading.Event, str]] = {}
+        self.stopped = 0  # requests that ended cancelled (their client gone, the server stopping)
 
     def __len__(self) -> int:
         return len(self._flags)
+
+    def cancelled(self) -> int:
+        """Requests still running whose cancel flag is set (they leave at the next step)."""
+        return sum(flag.is_set() for flag, _ in self._flags.values())
 
     def start(self, request_id: str, session_id: str) -> threading.Event:
         flag = threading.Event()
@@ -55,7 +61,8 @@ class RunningSamples:
         return flag
 
     def finish(self, request_id: str) -> None:
-        self._flags.pop(request_id, None)
+        flag, _ = self._flags.pop(request_id, (None, ""))
+        self.stopped += flag is not None and flag.is_set()
 
     def cancel(self, why: str, keep: Callable[[str, str], bool] = lambda rid, sid: False
                ) -> list[str]:
@@ -77,6 +84,7 @@ class SamplingOps:
     sessions: dict
     samplers: dict[str, Sampler]
     running: RunningSamples
+    backlog: Backlog
     _samples: dict[tuple[str, int], dict]
     _session: Callable
     _check_base: Callable
@@ -136,6 +144,12 @@ class SamplingOps:
                               self.engine.max_context)
         validate.check_sample_extras(req.topk_prompt_logprobs, req.topk_sample_logprobs,
                                      req.target_prompt_logprobs, req.prompt_alt_tokens_k)
+        try:
+            taken = self.backlog.take(owed([len(prompt)], req.num_samples, params.max_tokens))
+        except ApiError:
+            if own_snapshot:
+                await self._in_thread(self.engine.drop_snapshot, sampler.snap)
+            raise
         request_id = self.futures.create()
         reply = {"request_id": request_id,
                  "sample_sequence_ids": [f"{request_id}:{i}" for i in range(req.num_samples)]}
@@ -158,6 +172,7 @@ class SamplingOps:
                 return await self._in_thread(work)
             finally:
                 self.running.finish(request_id)
+                self.backlog.give_back(taken)
 
         self._run(request_id, job, lambda result: Reply(proto=wire.encode_sample(result)))
         return reply

@@ -160,11 +160,13 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
                   api_key: str | None = None, dtype: str = "auto",
                   engine: Engine | None = None, state_dir: Path | None = None,
                   delay_ms: float = 0.0, max_sessions: int = 0,
-                  load: LoadModel | None = None, adapters: list[str] | None = None) -> None:
+                  load: LoadModel | None = None, adapters: list[str] | None = None,
+                  max_queued_tokens: int = 0) -> None:
     """`retrain serve`: the Tinker API and the OpenAI-compatible API over the local backend,
     until Ctrl-C; `adapters` ("NAME=RUN_DIR[@STEP]") are run checkpoints served by name. The
     OpenAI routes need the local engine's tokenizer: a given `engine` serves the Tinker API
-    only."""
+    only. `max_queued_tokens` bounds the sampling taken on at once (`backlog`; 0: the KV
+    cache half the device's memory holds, for the local engine)."""
     from retrain.serve.adapters import find_runs, parse_spec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -181,13 +183,15 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
 
             engine = LocalEngine.load(model, dtype=dtype)
             print(f"retrain serve: model {engine.model.summary}", file=sys.stderr, flush=True)
+            max_queued_tokens = max_queued_tokens or engine.queued_tokens_bound()
         openai = _openai_serving(engine, state_dir, runs) if local else None
     except BaseException:
         sock.close()
         raise
     app, service = build_app(engine, state_dir, api_key=api_key,
                              faults=FaultPlan.from_env(), delay_s=delay_ms / 1000.0,
-                             max_sessions=max_sessions, load=load, openai=openai)
+                             max_sessions=max_sessions, load=load, openai=openai,
+                             max_queued_tokens=max_queued_tokens or None)
     run(app, host, sock, service)
 
 

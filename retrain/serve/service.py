@@ -22,6 +22,7 @@ from tinker import types
 
 from retrain.backends.base import AdamParams
 from retrain.serve import validate, wire
+from retrain.serve.backlog import Backlog
 from retrain.serve.checkpoints import CheckpointStore, string_map
 from retrain.serve.engine import Engine, EngineError
 from retrain.serve.errors import ApiError, final_refusal
@@ -70,8 +71,9 @@ class TinkerService(SamplingOps):
     def __init__(self, engine: Engine, state_dir: Path, futures: FutureStore | None = None,
                  workers: int = 32, max_sessions: int = 0,
                  session_timeout_s: float = SESSION_TIMEOUT_S, order_gap_s: float = GAP_S,
-                 unpolled_s: float = UNPOLLED_S):
+                 unpolled_s: float = UNPOLLED_S, backlog: Backlog | None = None):
         self.engine = engine
+        self.backlog = backlog or Backlog()  # sampling taken on and not done (429 past it)
         self.unpolled_s = unpolled_s  # a sample nobody polls for this long is cancelled
         self.order_gap_s = order_gap_s  # a missing seq_id is given up after this (ordering)
         self.session_timeout_s = session_timeout_s

@@ -24,7 +24,7 @@ every position; `on_token` hears of each token as it is drawn (streaming in `ret
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -194,13 +194,15 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
                  generator: torch.Generator | list[torch.Generator],
                  make_cache, cache_key: str = "past_key_values",
                  decode=None, decoder=None, on_token: OnToken | None = None,
-                 stop: Callable[[], bool] | None = None) -> list[list[Completion]]:
+                 stop: Callable[[], bool] | None = None,
+                 leave: Callable[[], Collection[int]] | None = None) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
     see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
     `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward);
     `on_token`: called with each completion's every token (index in the flat output);
-    `stop`: asked before every decoding step, True ends the decode with SamplingStopped.
+    `stop`, asked before every decoding step: True ends the decode with SamplingStopped;
+    `leave`, asked there too: completions (flat indexes) that leave the batch as they are.
     A prompt + max_tokens beyond the model's context is a BackendError (`check_context`)."""
     check_context(prompts, params.max_tokens, model_context(model.config))
     device = next(model.parameters()).device
@@ -216,6 +218,8 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
         if stop is not None and stop():
             raise SamplingStopped(f"sampling stopped after {step} of {params.max_tokens} "
                                   "tokens")
+        if leave is not None and (gone := leave()):
+            active, mask, logits = _leave(gone, cache, active, mask, logits)
         lp = token_logprobs(logits, params.temperature)
         if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
             raise DivergedError("sampling: the next-token probabilities are not finite (NaN "
@@ -243,6 +247,20 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
             **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     return _completions(rows, n, len(prompts))
+
+
+def _leave(gone: Collection[int], cache, active: torch.Tensor, mask: torch.Tensor,
+           logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch without the rows of the completions in `gone` (SamplingStopped when none
+    stays): their cache rows, attention masks and next-token logits dropped."""
+    stay = ~torch.isin(active, torch.tensor(sorted(gone), device=active.device))
+    if not bool(stay.any()):
+        raise SamplingStopped("every completion left the batch")
+    if bool(stay.all()):
+        return active, mask, logits
+    keep = stay.nonzero().squeeze(-1)
+    cache.batch_select_indices(keep)
+    return active[keep], mask[keep], logits[keep]
 
 
 def _prefill(model, prompts: list[TokenIds], n: int, max_tokens: int, pad_id: int, make_cache,
