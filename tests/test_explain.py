@@ -174,21 +174,18 @@ enabled = true
 max_batch_size = 4
 [backend]
 backend = "tinker"
-[data]
-source = "jsonl"
-path = "missing.jsonl"
 """, "risky.toml")
     text = " ".join(explain.build_report(risky).warnings)
     for fragment in ("backpressure.max_batch_size (4) < training.batch_size (8)",
-                     "group_size = 1", "training.top_p = 0.9", "TINKER_API_KEY",
-                     "data.path = 'missing.jsonl': no such file"):
+                     "group_size = 1", "training.top_p = 0.9", "TINKER_API_KEY"):
         assert fragment in text
 
 
 def test_quiet_config_has_no_warnings(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
-    path = write(tmp_path, SINGLE_RUN + '[data]\nsource = "jsonl"\npath = "d.jsonl"\n')
+    path = write(tmp_path, SINGLE_RUN + '[data]\nsource = "jsonl"\npath = "d.jsonl"\n'
+                           'eval_size = 0\n')
     assert explain.build_report(path).warnings == []
 
 
@@ -301,3 +298,70 @@ name = "bp"
 """
     r = explain.build_report(write(tmp_path, one_condition, "o.toml"))
     assert any("shared API" in w for w in r.warnings)
+
+
+# ---------------------------------------------------------------------------- the data it reads
+
+
+def _chat_file(tmp_path, n=8) -> None:
+    rows = [{"messages": [{"role": "user", "content": f"{i}+{i}?"},
+                          {"role": "assistant", "content": str(2 * i)}]} for i in range(n)]
+    (tmp_path / "chat.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+
+
+def test_an_sft_run_is_explained_as_one(tmp_path, monkeypatch, capsys):
+    """training.max_steps = 0: no RL task, sampler or loss, the SFT steps counted in the total,
+    no warning about a key only RL steps use (max_tokens on a CPU), save_every against the
+    run's own steps."""
+    monkeypatch.chdir(tmp_path)
+    _chat_file(tmp_path)
+    path = write(tmp_path, """
+[model]
+device = "cpu"
+[training]
+max_steps = 0
+max_tokens = 10240
+save_every = 5
+[sft]
+steps = 3
+batch_size = 4
+[sft.data]
+path = "chat.jsonl"
+""", "sft.toml")
+    assert run_app(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    shown = {line.split()[0] for line in out.splitlines()[1:] if line.startswith("  ")}
+    assert {"task", "per", "loss", "sampler", "data"}.isdisjoint(shown), out
+    assert "  total steps    3" in out and "0 RL steps after them" in out
+    assert "max_tokens = 10240 on a CPU" not in out
+    assert "training.save_every (5) > the run's 3 [sft] steps + training.max_steps (0)" in out
+
+    report = explain.build_report(path, {"training.max_steps": 2})  # 3 SFT + 2 RL steps
+    assert report.total_steps == 5 and report.runs[0].sft_steps == 3
+    assert report.data == "built-in arithmetic: 36 training problems, 64 held out"  # of 100
+
+
+def test_explain_reads_data_as_the_run_will(tmp_path, monkeypatch, capsys):
+    """A missing [data] file, or a parquet without the prompt column, is the run's one-line
+    error in explain too (it said OK, then the run failed at start)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    missing = write(tmp_path, SINGLE_RUN + '[data]\nsource = "jsonl"\npath = "gone.jsonl"\n')
+    assert run_app(["explain", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: data.path: ") and "gone.jsonl does not exist" in err
+    assert "\n" not in err
+
+    pq.write_table(pa.table({"question": [f"{i}+1?" for i in range(4)],
+                             "answer": [str(i + 1) for i in range(4)]}), tmp_path / "q.parquet")
+    columns = write(tmp_path, SINGLE_RUN + '[data]\nsource = "hf"\npath = "q.parquet"\n'
+                                           'eval_size = 1\n', "hf.toml")
+    assert run_app(["explain", str(columns)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "prompt" in err and "question" in err and "\n" not in err, err
+    good = write(tmp_path, SINGLE_RUN + '[data]\nsource = "hf"\npath = "q.parquet"\n'
+                                        'prompt_field = "question"\neval_size = 1\n', "ok.toml")
+    assert run_app(["explain", str(good)]) == 0
+    assert "q.parquet: 3 training problems, 1 held out" in capsys.readouterr().out

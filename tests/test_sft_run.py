@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
+from retrain.errors import UserError  # noqa: E402
 from retrain.results import model_card  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402
 from tests import warm  # noqa: E402
@@ -198,3 +199,17 @@ def test_a_stage_in_which_nothing_trains_is_refused(tmp_path, cli_env, python):
     assert "\n" not in line and "Traceback" not in line
     assert "no conversation of" in line and "sft.max_tokens = 16" in line
     assert not (tmp_path / "logs" / "run" / "metrics.jsonl").exists()
+
+
+def test_an_sft_run_is_not_refused_for_a_key_only_rl_steps_use(tmp_path, monkeypatch,
+                                                               tiny_model):
+    """training.max_tokens past the tiny model's 1024-token context: an RL run is refused at
+    start, an SFT run (training.max_steps = 0) samples nothing and runs."""
+    monkeypatch.chdir(tmp_path)
+    path = sft_config(tmp_path, steps=2)
+    too_long = {"training.max_steps": 0, "training.max_tokens": 4096}
+    assert run_single(load_config(path, too_long), path) == 0
+    assert [r["phase"] for r in rows(tmp_path / "logs" / "run")] == ["sft"] * 2
+    with pytest.raises(UserError, match="training.max_tokens = 4096: model 'tiny-random'"):
+        run_single(load_config(path, {"training.max_tokens": 4096,
+                                      "logging.run_name": "rl"}), path)

@@ -18,6 +18,7 @@ from typing import Any
 from retrain.algorithms import losses
 from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
+from retrain.cli.explain_data import DataReader
 from retrain.cli.explain_memory import memory_line, model_family
 from retrain.cli.explain_warnings import warnings
 from retrain.config import loader as config_file
@@ -43,6 +44,7 @@ class RunPlan:
     overrides: dict = field(default_factory=dict)
     max_steps: int = 0
     completions_per_step: int = 0
+    sft_steps: int = 0             # the [sft] stage's steps before the RL ones
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Report:
     runs_at_once: int | None = None  # executor = "ray": runs the cluster fits at once (capped)
     machine: str = ""              # local runs: this machine's load now, when it is busy
     sft: str = ""                  # the [sft] stage: its data, conversations and steps
+    data: str = ""                 # [data]: where, training problems, held out (RL steps)
 
 
 # ---------------------------------------------------------------------------- building
@@ -86,15 +89,17 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
     cfg, camp = config_file.read_file(path, overrides)  # camp: [campaign], even if idle
     path = Path(path)
     log_dir = Path(cfg.logging.log_dir)
+    reader = DataReader(path.parent)  # every data source the runs read, read as they will
     if camp.is_campaign:
         folder = campaign_folder(camp, cfg, path)
         name = folder.name
-        plans, run_cfgs = _campaign_plans(cfg, camp, folder)
+        plans, run_cfgs = _campaign_plans(cfg, camp, folder, reader)
     else:
         name = cfg.logging.run_name or path.stem
-        plans = [_plan(name, str(log_dir / name), cfg)]
+        plans = [_plan(name, str(log_dir / name), cfg, reader)]
         run_cfgs = [cfg]
-    steps = capacity.total_steps(p.max_steps for p in plans)
+    data = reader.read(cfg)
+    steps = capacity.total_steps(p.sft_steps + p.max_steps for p in plans)
     par = capacity.effective_parallelism(camp.parallel if camp.is_campaign else False,
                                          camp.max_workers, len(plans))
     pilot = find_pilot(log_dir, {signature(c) for c in run_cfgs})
@@ -120,19 +125,9 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         seeds=_unique(p.seed for p in plans) if camp.is_campaign else [],
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
-        warnings=warnings(cfg, camp, path, len(plans), par, overrides),
+        warnings=warnings(cfg, camp, path, len(plans), par, overrides, data.sft_steps),
         executor=camp.executor, cluster=cluster, runs_at_once=fits, machine=_machine_note(cfg),
-        sft=sft_line(cfg, path))
-
-
-def sft_line(cfg: Config, path: Path) -> str:
-    """The SFT stage before the RL steps, its data read as the run will (bad data: the
-    run's one-line error now)."""
-    if not cfg.sft.enabled:
-        return ""
-    from retrain.environments.sft_data import describe, load_sft
-
-    return describe(cfg.sft, load_sft(cfg.sft, path.resolve().parent))
+        sft=data.sft, data=data.task)
 
 
 def _machine_note(cfg: Config) -> str:
@@ -161,15 +156,16 @@ def _unique(items: Any) -> list:
     return list(dict.fromkeys(items))
 
 
-def _plan(name: str, folder: str, cfg: Config, condition: str = "",
+def _plan(name: str, folder: str, cfg: Config, reader: DataReader, condition: str = "",
           overrides: dict | None = None) -> RunPlan:
     t = cfg.training
     return RunPlan(name=name, folder=folder, condition=condition, seed=t.seed,
                    overrides=dict(overrides or {}), max_steps=t.max_steps,
-                   completions_per_step=capacity.completions_per_step(t.batch_size, t.group_size))
+                   completions_per_step=capacity.completions_per_step(t.batch_size, t.group_size),
+                   sft_steps=reader.read(cfg).sft_steps)
 
 
-def _campaign_plans(cfg: Config, camp: CampaignPlan, folder: Path
+def _campaign_plans(cfg: Config, camp: CampaignPlan, folder: Path, reader: DataReader
                     ) -> tuple[list[RunPlan], list[Config]]:
     """Expand the matrix (retrain.campaign.matrix) into plans and per-run configs."""
     from retrain.campaign.matrix import expand, run_config_for
@@ -177,7 +173,7 @@ def _campaign_plans(cfg: Config, camp: CampaignPlan, folder: Path
     plans, cfgs = [], []
     for spec in expand(cfg, camp):
         run_cfg = run_config_for(cfg, spec, folder)  # exactly what the runner will write
-        plans.append(_plan(spec.name, str(folder / spec.name), run_cfg, spec.condition,
+        plans.append(_plan(spec.name, str(folder / spec.name), run_cfg, reader, spec.condition,
                            spec.overrides))
         cfgs.append(run_cfg)
     return plans, cfgs
@@ -320,6 +316,7 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
                         f"{s['training.batch_size']} groups x {s['training.group_size']} "
                         f"episodes = {r.completions_per_step} episodes, up to "
                         f"{s['training.max_tokens']} tokens per reply"),
+           *([("data", r.data)] if r.data and s["environment.kind"] == "task" else []),
            ("loss", s["loss"]),
            *([("sft", r.sft)] if r.sft else []),
            ("training", f"{s['training.max_steps']} {'RL steps after them' if r.sft else 'steps'}"
@@ -350,7 +347,12 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     out.append(("wall time", _wall_line(r)))
     if r.machine:
         out.append(("machine", r.machine))
+    if not s["training.max_steps"]:  # an SFT run: nothing is sampled, scored or RL-trained
+        out = [(k, v) for k, v in out if k not in RL_ONLY]
     return out
+
+
+RL_ONLY = ("task", "environment", "per step", "data", "loss", "sampler")
 
 
 def sampler_line(setting: str, device: str, model_type: str | None = None,
@@ -395,7 +397,8 @@ def runs_table(r: Report) -> render.Table:
     rows = []
     for p in r.runs:
         over = ", ".join(f"{k}={toml_io.format_value(v)}" for k, v in p.overrides.items())
-        row = [p.name, p.condition or "-", str(p.seed), str(p.max_steps), over or "-"]
+        row = [p.name, p.condition or "-", str(p.seed), str(p.sft_steps + p.max_steps),
+               over or "-"]
         if varied:
             row.insert(4, str(p.completions_per_step))
         rows.append(row)

@@ -20,15 +20,33 @@ from retrain.environments.kinds import default_max_turns
 
 
 def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism: int,
-             overrides: dict[str, Any]) -> list[str]:
-    """Settings that are legal but likely to hurt: each says what and what to do instead."""
+             overrides: dict[str, Any], sft_steps: int = 0) -> list[str]:
+    """Settings that are legal but likely to hurt: each says what and what to do instead.
+    `sft_steps`: the [sft] stage's steps before the RL ones (an SFT run has no RL steps, and
+    nothing is said of the settings only RL steps use)."""
     out: list[str] = []
-    t, bp, local = cfg.training, cfg.backpressure, cfg.backend.backend == "local"
+    t, local = cfg.training, cfg.backend.backend == "local"
     if local and parallelism > 1:
         out.append(f"{parallelism} local runs at once share this machine's "
                    f"{_device_word(cfg)} and memory; each gets a fraction of it. Consider "
                    "campaign.parallel = false, a smaller campaign.max_workers, or "
                    "backend.backend = 'tinker'")
+    if t.max_steps:
+        out += _rl_warnings(cfg, path, parallelism, camp)
+    if t.save_every and t.save_every > sft_steps + t.max_steps:
+        steps = f"{sft_steps} [sft] steps + " if sft_steps else ""
+        out.append(f"training.save_every ({t.save_every}) > the run's {steps}"
+                   f"training.max_steps ({t.max_steps}): only the final checkpoint is saved")
+    out += _backend_warnings(cfg)
+    out += finetune_warnings(cfg)
+    out += _campaign_warnings(cfg, camp, runs, overrides)
+    return out
+
+
+def _rl_warnings(cfg: Config, path: Path, parallelism: int, camp: CampaignPlan) -> list[str]:
+    """The settings only RL steps use: sampling, scoring, the controller, the schedule."""
+    out: list[str] = []
+    t, bp, local = cfg.training, cfg.backpressure, cfg.backend.backend == "local"
     if local and _runs_on_cpu(cfg) and t.max_tokens > 2048:
         out.append(f"training.max_tokens = {t.max_tokens} on a CPU: a completion that runs to "
                    "the limit takes minutes; the smoke profile uses 1024")
@@ -52,14 +70,8 @@ def warnings(cfg: Config, camp: CampaignPlan, path: Path, runs: int, parallelism
     out += _environment_warnings(cfg)
     if warmup := warmup_problem(t.max_steps, t.warmup_steps, t.lr_schedule):
         out.append(warmup)
-    if t.save_every and t.save_every > t.max_steps:
-        out.append(f"training.save_every ({t.save_every}) > training.max_steps ({t.max_steps}): "
-                   "only the final checkpoint is saved")
-    out += _backend_warnings(cfg)
-    out += finetune_warnings(cfg)
     out += _roofline_hints(cfg)
     out += _file_warnings(cfg, path)
-    out += _campaign_warnings(cfg, camp, runs, overrides)
     out += _shared_api_backpressure(cfg, camp, parallelism)
     return out
 
@@ -152,9 +164,6 @@ def _file_warnings(cfg: Config, path: Path) -> list[str]:
     """Files the config names, resolved against the config file's folder."""
     out = []
     here = path.parent
-    data_file = here / cfg.data.path
-    if cfg.data.source == "jsonl" and not data_file.is_file():
-        out.append(f"data.path = '{cfg.data.path}': no such file (looked for {data_file})")
     if cfg.data.path and cfg.data.source != "jsonl":
         out.append(f"data.path is ignored because data.source = '{cfg.data.source}' "
                    "(set data.source = 'jsonl' to use it)")
