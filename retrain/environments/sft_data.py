@@ -20,8 +20,12 @@ from retrain.config.sections import DataConfig
 from retrain.config.sft_section import SftConfig, sft_data_config
 from retrain.environments.answers import Problem
 from retrain.environments.chat_problems import opening_messages
+from retrain.environments.ledger import Renderer
 from retrain.environments.protocol import Message
+from retrain.environments.sft_datums import EMPTY, LONG, never_trains
 from retrain.environments.tasks import data_path, read_jsonl
+
+SHOWN_ROWS = 5  # rows named in a message; the rest are counted
 
 
 @dataclass
@@ -73,3 +77,28 @@ def describe(sft: SftConfig, data: SftData) -> str:
     return (f"{data.where} ({data.data.source}, {data.rows} conversations): {how}{steps} steps "
             f"x {sft.batch_size} conversations, lr {sft.lr}, up to {sft.max_tokens} tokens "
             "each; only the assistant tokens are trained")
+
+
+def never_trained(data: SftData, renderer: Renderer, max_tokens: int) -> str:
+    """The conversations that can never train a token, counted by why with their first rows
+    (numbered from 1), for `retrain explain`; "" when every one can."""
+    found: dict[str, list[int]] = {LONG: [], EMPTY: []}
+    for row, messages in enumerate(data.conversations, start=1):
+        why = never_trains(renderer, messages, max_tokens)
+        if why is not None:
+            found[why].append(row)
+    if not any(found.values()):
+        return ""
+    said = {LONG: f"{LONG} = {max_tokens}", EMPTY: EMPTY}
+    parts = [f"{len(rows)} with {said[why]} ({_rows(rows)})" for why, rows in found.items()
+             if rows]
+    total = sum(len(rows) for rows in found.values())
+    return (f"sft.data: {total} of {data.rows} conversations of {data.where} can never train "
+            f"a token: {'; '.join(parts)}; the run skips them (fix or drop those rows"
+            + (", or raise sft.max_tokens)" if found[LONG] else ")"))
+
+
+def _rows(rows: list[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:SHOWN_ROWS])
+    return f"row{'s' if len(rows) > 1 else ''} {shown}" + (" ..." if len(rows) > SHOWN_ROWS
+                                                           else "")

@@ -61,16 +61,16 @@ def weighted_tokens(renderer: Renderer, messages: list[Message],
     weights = [0] * len(full)
     skipped = 0
     for k, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
+        if message["role"] != "assistant" or not message["content"].strip():
+            continue  # an empty reply is not trained: it would only teach stopping at once
         span = _turn_span(renderer, messages, k, full)
         if span is None:
             skipped += 1
             continue
         weights[span[0]:span[1]] = [1] * (span[1] - span[0])
     if not renderer.chat and eos is not None and messages and \
-            messages[-1]["role"] == "assistant":
-        full, weights = [*full, eos], [*weights, 1]  # the plain join has no end of turn
+            messages[-1]["role"] == "assistant":  # the plain join has no end of turn
+        full, weights = [*full, eos], [*weights, int(bool(messages[-1]["content"].strip()))]
     return full, weights, skipped
 
 
@@ -102,3 +102,19 @@ def sft_example(renderer: Renderer, messages: list[Message], max_tokens: int,
     tokens, weights, skipped = weighted_tokens(renderer, messages, eos)
     return SftExample(array("l", tokens[:max_tokens]), bytes(weights[:max_tokens]),
                       len(tokens) > max_tokens, skipped)
+
+
+EMPTY, LONG = "an empty reply", "a prompt longer than sft.max_tokens"
+
+
+def never_trains(renderer: Renderer, messages: list[Message], max_tokens: int) -> str | None:
+    """Why a conversation can never train a token (EMPTY: every reply is blank; LONG: its
+    first reply starts past `max_tokens`, so the cut leaves none of it), or None. One render
+    at most: `retrain explain` counts every row with it."""
+    replies = [k for k, m in enumerate(messages)
+               if m["role"] == "assistant" and k and m["content"].strip()]
+    if not replies:
+        return EMPTY
+    if len(renderer.render(messages[:replies[0]], generation=True)) >= max_tokens:
+        return LONG
+    return None

@@ -150,6 +150,7 @@ class SftStage:
     def _step(self, step: int) -> dict:
         """One SFT step's update and its metrics row."""
         start = time.perf_counter()
+        epoch = self.cursor.epoch  # the epoch of the step's first row (take may end it)
         index = self.cursor.take(self.sft.batch_size)
         examples = [self._example(i) for i in index]
         datums = [e.datum() for e in examples if e.trained_tokens]
@@ -168,7 +169,7 @@ class SftStage:
         seconds = time.perf_counter() - start
         return {"step": step, "phase": SFT, "sft_loss": loss, "grad_norm": grad_norm,
                 "lr": self.sft.lr, "skipped_nonfinite": skipped,
-                **sft_counts(examples, len(datums), self.cursor.epoch, seconds)}
+                **sft_counts(examples, len(datums), epoch, seconds)}
 
     def _example(self, i: int) -> SftExample:
         """Conversation `i` as trained, tokenized once for the whole run."""
