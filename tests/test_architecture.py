@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parents[1] / "retrain"
 FLOORS = {
     1: ["errors", "config", "config.*", "algorithms", "algorithms.*", "control", "control.*",
         "environments.answers", "environments.protocol", "campaign.matrix", "campaign.plan",
-        "campaign.ray_address", "run.seeds"],
+        "campaign.ray_address", "campaign.race", "campaign.race_plan", "results.stats",
+        "run.seeds"],
     2: ["backends", "backends.*", "slots", "slots.*", "environments", "environments.*",
-        "machine", "machine.*", "runfiles", "runfiles.*"],
+        "machine", "machine.*", "runfiles", "runfiles.*", "results.run_rows",
+        "results.run_figures"],
     3: ["run", "run.*", "environments.rollout"],
     4: ["campaign", "campaign.*"],
     5: ["cli", "cli.*", "__main__", "serve", "serve.*", "results", "results.*"],

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrain.campaign import ray_address
+from retrain.campaign import race_plan, ray_address
 from retrain.config import toml_io
 from retrain.config.schema import (
     MAX_WAIT_S,
@@ -64,6 +64,10 @@ class CampaignPlan:
     run_resources: dict = opt({}, "ray: resources per run, {cpu = N, gpu = M} (default: cpu = "
                               "model.threads or 1, gpu = 1 when the model runs on cuda)",
                               factory=True)
+    race: dict = opt({}, "[campaign.race]: race the conditions seed by seed, eliminating the "
+                     "ones behind beyond doubt (metric, direction, min_seeds, max_seeds, "
+                     "round_seeds, confidence, margin, budget_runs, threshold; "
+                     "docs/campaigns.md#racing)", factory=True)
 
     @property
     def is_campaign(self) -> bool:
@@ -102,6 +106,8 @@ def set_keys(plan: CampaignPlan, body: dict, issues: list[ConfigIssue]) -> None:
             plan.conditions = _conditions(value, issues)
         elif key == "grid":
             plan.grid = _grid(value, issues)
+        elif key == "race":
+            plan.race = race_plan.parse(value, issues)
         elif key == "ray_address" and (bad := check_value(key, value)[1]):
             issues.append(ConfigIssue(f"{SECTION}.{key}", bad))
         else:
@@ -197,7 +203,18 @@ def checks(plan: CampaignPlan) -> list[ConfigIssue]:
         issues.append(ConfigIssue("campaign.seeds", "seeds must be >= 0, got "
                                   + show(plan.seeds)))
     issues += _run_resources_issues(plan.run_resources)
+    race = race_plan.race_of(plan.race)
+    if race is not None:
+        issues += race_plan.plan_issues(race, plan.seeds, cell_count(plan))
     return issues
+
+
+def cell_count(plan: CampaignPlan) -> int:
+    """How many conditions the matrix has, a grid cell counting as one."""
+    cells = max(1, len(plan.conditions))
+    for values in plan.grid.values():
+        cells *= len(values) if isinstance(values, list) else 1
+    return cells
 
 
 def _run_resources_issues(value: dict) -> list[ConfigIssue]:
@@ -224,10 +241,13 @@ def run_resources(cfg: Config, plan: CampaignPlan, cluster_gpus: float = 0.0) ->
 
 
 def to_table(plan: CampaignPlan) -> dict:
-    """The plan as its TOML table (every key, defaults included; conditions as tables)."""
+    """The plan as its TOML table (every key, defaults included; conditions as tables; no race
+    table without a race: an empty [campaign.race] is a race at its defaults)."""
     body: dict[str, Any] = {}
     for name in fields_of(CampaignPlan):
         value = getattr(plan, name)
+        if name == "race" and not value:
+            continue
         if name == "conditions":
             value = [{"name": c.name, **c.overrides} for c in value]
         body[name] = copy.deepcopy(value)
