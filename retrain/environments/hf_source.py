@@ -10,6 +10,7 @@ an answer (`answer_field`); a field the dataset lacks is a UserError listing its
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ def _offline_datasets(key: str) -> Any:
 
 
 def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors: our one line
     try:
         if path.is_file():
             kind = _FILE_KINDS.get(path.suffix.lower())
@@ -62,6 +65,7 @@ def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
         if path.is_dir():
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
                 return datasets.load_from_disk(str(path))
+            _say_files_used(datasets.load_dataset_builder(str(path)), path, where, key)
             return datasets.load_dataset(str(path))
         return datasets.load_dataset(name)
     except UserError:
@@ -71,8 +75,43 @@ def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
                 f"no file or folder {path}, and {name!r} is not a dataset in the local "
                 "Hugging Face cache (runs never download: load it once online, or "
                 f"save_to_disk / to_parquet it and point {key}.path there)")
-        raise UserError(f"{where}: {what}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise UserError(f"{where}: {what}: {_why(exc)}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+
+
+def _why(exc: BaseException) -> str:
+    """The error that caused `exc`, in one line: the library wraps a parse error in its own
+    (DatasetGenerationError: "An error occurred while generating the dataset")."""
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        exc = exc.__cause__  # `raise ... from`: the error it stands for
+        seen.add(id(exc))
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _say_files_used(builder: Any, folder: Path, where: str, key: str) -> None:
+    """A warning naming the files `datasets` read and those it ignored, when the folder holds
+    data files of several formats (it reads those of one format only)."""
+    used = {Path(str(f)).resolve() for files in builder.config.data_files.values()
+            for f in files}
+    data = sorted(p for p in folder.rglob("*") if p.is_file()
+                  and p.suffix.lower() in _FILE_KINDS
+                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    ignored = [p for p in data if p.resolve() not in used]
+    if not ignored:
+        return
+    print(f"warning: {where}: the folder holds data files of several formats and `datasets` "
+          f"reads one: it read {_names(folder, [p for p in data if p not in ignored])} "
+          f"({builder.name}) and ignored {_names(folder, ignored)}; point {key}.path at one "
+          "file, or keep one format in the folder", file=sys.stderr, flush=True)
+
+
+def _names(folder: Path, paths: list[Path], shown: int = 5) -> str:
+    names = [p.relative_to(folder).as_posix() for p in paths]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more"
+                                       if len(names) > shown else "")
 
 
 def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:
@@ -99,7 +138,7 @@ def _problems(table: Any, data: DataConfig, where: str, key: str) -> list[Proble
     if not rows:
         raise UserError(f"{where}: split {data.split!r} has no rows")
     return [_row_problem(row, prompt_key, answer_key, bool(data.messages_field),
-                         f"{where}, row {i}") for i, row in enumerate(rows)]
+                         f"{where}, row {i}") for i, row in enumerate(rows, start=1)]
 
 
 def _need(key: str, name: str, columns: list[str], where: str) -> None:

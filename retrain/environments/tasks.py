@@ -217,6 +217,10 @@ def read_jsonl(path: Path, key: str = "data.path") -> list[Problem]:
         raw = path.read_bytes()
     except OSError as exc:
         raise UserError(f"{key}: {path} cannot be read: {exc.strerror}") from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UserError(f"{key}: {path} is UTF-16 text (it starts with a UTF-16 byte order "
+                        "mark); save it as UTF-8")
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark (Windows editors)
     problems = []
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if line.strip():
