@@ -2,7 +2,8 @@
 `retrain explain` can say it too.
 
 - exact: `sampling.exact.sample_batch`, through the trainer's adapter modules, with
-  torch.Generator draws (what every CPU result so far was measured with);
+  torch.Generator draws (what every CPU result so far was measured with); on CUDA it reads
+  the host every `EXACT_WINDOW` steps, on the CPU every step;
 - fast: `sampling.fast.StaticSampler`, a static KV cache with LoRA merged into fixed
   buffers, k device steps per host look, CUDA graphs on CUDA, counter-based draws; for the
   model families in `FAST_FAMILIES` only;
@@ -20,6 +21,10 @@ MODES = ("auto", "exact", "fast")
 # computes: rotary attention with grouped KV heads, RMSNorm, gated MLP; qwen3 adds RMSNorm
 # on each query and key head and a head size that need not be hidden / heads
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
+# decoding steps the exact sampler runs between two host reads, by device type (default 1:
+# every step; a CPU waits for its own matmuls anyway, and a longer window decodes finished
+# rows for nothing). 16 = the fast sampler's CHECK_EVERY.
+EXACT_WINDOW = {"cuda": 16}
 
 
 @dataclass(frozen=True)
@@ -73,3 +78,7 @@ def choose(setting: str, device_type: str, model_type: str | None,
     known = "" if model_type is None else f" and a {model_type} model"
     return Choice("fast", f"auto on {device_type}{known}")
 
+
+def exact_window(device_type: str) -> int:
+    """Decoding steps between the exact sampler's host reads on `device_type`."""
+    return EXACT_WINDOW.get(device_type, 1)

@@ -183,7 +183,8 @@ class LocalBackend:
                                 pad_id=self.model.pad_id, generator=gen,
                                 make_cache=self._make_cache, cache_key=self.model.cache_key,
                                 decode=self.model.tokenizer.decode, decoder=self.model.decoder,
-                                on_token=on_token, stop=stop, leave=leave)
+                                on_token=on_token, stop=stop, leave=leave,
+                                window=self.model.exact_window)
 
     def _sample_fast(self, prompts: list[TokenIds], n: int, params: SamplingParams,
                      adapter: str | None, prompt_seeds: list[int] | None

@@ -20,6 +20,7 @@ from retrain.backends.local.sampling.exact import (
     eos_ids,
     model_context,
 )
+from retrain.backends.sampler_mode import exact_window
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
 from retrain.machine.cpu import auto_threads
@@ -48,6 +49,7 @@ class LocalModel:
         self._active: str | None = None  # what we last activated; peft's own flag can lag
         self.decoder: CompiledDecoder | None = None  # the sampler's compiled decoding step
         self.fast: Any = None  # the StaticSampler, when [backend] sampler resolves to fast
+        self.exact_window = exact_window(device.type)  # the exact sampler's steps per read
         self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
 
     @classmethod

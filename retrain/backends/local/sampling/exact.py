@@ -7,7 +7,10 @@ choices that follow from owning the loop:
 - each distinct prompt is prefilled once; its KV cache is then repeated for its `n` samples;
 - the KV cache reserves room for prompt + max_tokens (`sampling.reserved_cache`): no copy per token;
 - rows that reached EOS, a stop token or a stop string (`stop_strings.StopWatch`, asked
-  after every token) leave the batch, so finished completions cost nothing more;
+  after every token) leave the batch at the next host read, so finished completions cost
+  nothing more: the host reads every step (`window` 1, the CPU's) or every `window` steps
+  (CUDA's, `sampler_mode.EXACT_WINDOW`: the device is not stalled by a read per token; a
+  row that ended is decoded on until the read, its extra tokens dropped there);
 - a seeded `torch.Generator` drives sampling, so the global RNG is untouched; with one
   generator per prompt, a prompt's draws do not depend on what else shares the batch;
 - every step draws one uniform for every row, finished or not, so a row's draws do not
@@ -25,18 +28,18 @@ every position; `on_token` hears of each token as it is drawn (streaming in `ret
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from retrain.backends.base import (
     BackendError,
     Completion,
-    DivergedError,
     SamplingParams,
     TokenIds,
     context_overflow,
 )
+from retrain.backends.local.sampling.exact_rows import OnToken, Rows, Window
 from retrain.backends.local.sampling.reserved_cache import reserve
 from retrain.backends.stop_strings import StopWatch
 from retrain.errors import UserError
@@ -44,20 +47,6 @@ from retrain.errors import UserError
 
 class SamplingStopped(BackendError):
     """The caller's `stop` said so between two decoding steps (its client is gone)."""
-
-
-@dataclass
-class _Rows:
-    """The completions being decoded: token and log-prob lists, indexed by row."""
-
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    finished: list[bool]
-    top: list[list[list[tuple[int, float]]]] | None = None  # per row, per position
-
-
-# (completion index, token, its log-prob, the top (token, log-prob) pairs or None)
-OnToken = Callable[[int, int, float, list[tuple[int, float]] | None], None]
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -195,59 +184,69 @@ def sample_batch(model, prompts: list[TokenIds], n: int, params: SamplingParams,
                  make_cache, cache_key: str = "past_key_values",
                  decode=None, decoder=None, on_token: OnToken | None = None,
                  stop: Callable[[], bool] | None = None,
-                 leave: Callable[[], Collection[int]] | None = None) -> list[list[Completion]]:
+                 leave: Callable[[], Collection[int]] | None = None,
+                 window: int = 1) -> list[list[Completion]]:
     """`n` completions for each prompt, decoded together; see the module docstring.
     `generator`: one for the whole batch, or one per prompt (for its `n` rows); `cache_key`:
     see `cache_keyword`; `decode` (the tokenizer's) is needed for `params.stop_strings`;
     `decoder`: what runs a decoding step instead of `model` (e.g. its compiled forward);
     `on_token`: called with each completion's every token (index in the flat output);
     `stop`, asked before every decoding step: True ends the decode with SamplingStopped;
-    `leave`, asked there too: completions (flat indexes) that leave the batch as they are.
+    `leave`, asked there too: completions (flat indexes) that leave the batch as they are;
+    `window`: decoding steps between two host reads (`exact_rows.Window`; 1 = every step).
     A prompt + max_tokens beyond the model's context is a BackendError (`check_context`)."""
     check_context(prompts, params.max_tokens, model_context(model.config))
     device = next(model.parameters()).device
     cache, mask, logits = _prefill(model, prompts, n, params.max_tokens, pad_id, make_cache,
                                    cache_key)
     total = len(prompts) * n
-    rows = _Rows([[] for _ in range(total)], [[] for _ in range(total)], [False] * total,
-                 [[] for _ in range(total)] if params.top_logprobs > 0 else None)
+    rows = Rows.empty(total, params.top_logprobs > 0)
     active = torch.arange(total, device=device)  # batch row -> completion index
-    ends = torch.tensor(sorted(set(eos_ids) | set(params.stop_tokens)), device=device)
-    watch = _stop_watch(params, decode)
+    read = partial(_read, rows=rows, ends=set(eos_ids) | set(params.stop_tokens),
+                   watch=_stop_watch(params, decode), on_token=on_token)
+    steps = Window(params.top_logprobs)
     for step in range(params.max_tokens):
         if stop is not None and stop():
             raise SamplingStopped(f"sampling stopped after {step} of {params.max_tokens} "
                                   "tokens")
         if leave is not None and (gone := leave()):
+            if len(steps):  # the steps not read yet first: rows may have ended in them
+                kept = read(steps, active, cache, mask, logits)
+                if kept is None:
+                    break
+                active, mask, logits = kept
             active, mask, logits = _leave(gone, cache, active, mask, logits)
         lp = token_logprobs(logits, params.temperature)
-        if not bool(torch.isfinite(lp.amax(dim=-1)).all()):
-            raise DivergedError("sampling: the next-token probabilities are not finite (NaN "
-                                "or infinite logits): the weights diverged", sampling=True)
         u = None if params.temperature == 0 else \
             step_uniforms(total, n, generator, device)[active]
         tok = draw(lp, params, u)
-        tok_lp = lp.gather(-1, tok[:, None]).squeeze(-1)
-        done = torch.isin(tok, ends)
-        ids_now = active.tolist()
-        _record(rows, ids_now, tok.tolist(), tok_lp.tolist(), done.tolist(),
-                _top(lp, params.top_logprobs), on_token)
-        if watch:
-            done = _stopped(rows, ids_now, watch, done)
-        if step == params.max_tokens - 1 or bool(done.all()):
-            break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            active, mask, tok = active[keep], mask[keep], tok[keep]
+        steps.add(lp, tok)
+        if len(steps) == window or step == params.max_tokens - 1:
+            kept = read(steps, active, cache, mask, tok)
+            if step == params.max_tokens - 1 or not kept:
+                break
+            active, mask, tok = kept
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         positions = mask.sum(dim=1, keepdim=True) - 1
         out = (model if decoder is None else decoder)(
             input_ids=tok[:, None], attention_mask=mask, position_ids=positions,
             **{cache_key: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
-    return _completions(rows, n, len(prompts))
+    return rows.completions(n, len(prompts))
 
+
+def _read(steps: Window, active: torch.Tensor, cache, mask: torch.Tensor, last: torch.Tensor,
+          *, rows: Rows, ends: set[int], watch: StopWatch, on_token: OnToken | None):
+    """Read the window back into `rows`; the batch without the rows that ended (their cache
+    rows, masks and `last`, the per-row tensor fed next), or None when none goes on."""
+    ended = steps.read(rows, active.tolist(), ends, watch, on_token)
+    if all(ended):
+        return None
+    if any(ended):
+        keep = torch.tensor([i for i, e in enumerate(ended) if not e], device=active.device)
+        cache.batch_select_indices(keep)
+        active, mask, last = active[keep], mask[keep], last[keep]
+    return active, mask, last
 
 def _leave(gone: Collection[int], cache, active: torch.Tensor, mask: torch.Tensor,
            logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -278,50 +277,7 @@ def _prefill(model, prompts: list[TokenIds], n: int, max_tokens: int, pad_id: in
     return cache, mask, logits
 
 
-def _completions(rows: _Rows, n: int, n_prompts: int) -> list[list[Completion]]:
-    """The rows as Completions, grouped by prompt."""
-    flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if f else "length",
-                       top_logprobs=rows.top[i] if rows.top is not None else None)
-            for i, (t, lp, f) in enumerate(zip(rows.tokens, rows.logprobs, rows.finished,
-                                               strict=True))]
-    return [flat[i * n:(i + 1) * n] for i in range(n_prompts)]
-
-
 def _stop_watch(params: SamplingParams, decode) -> StopWatch:
     if params.stop_strings and decode is None:
         raise ValueError("sample_batch: stop_strings need the tokenizer's decode")
     return StopWatch(params.stop_strings, decode)
-
-
-def _stopped(rows: _Rows, active: list[int], watch: StopWatch,
-             done: torch.Tensor) -> torch.Tensor:
-    """`done`, and the rows whose newest token completed a stop string (marked finished)."""
-    hits = [not d and watch.hit(rows.tokens[row]) for row, d in zip(active, done.tolist(),
-                                                                    strict=True)]
-    if not any(hits):
-        return done
-    for row, h in zip(active, hits, strict=True):
-        if h:
-            rows.finished[row] = True
-    return done | torch.tensor(hits, device=done.device)
-
-
-def _top(lp: torch.Tensor, k: int) -> list[list[tuple[int, float]]] | None:
-    """Each row's k most likely (token, log-prob), most likely first; None when k is 0."""
-    if k <= 0:
-        return None
-    values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
-    return [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(),
-                                                         strict=True)]
-
-
-def _record(rows: _Rows, active: list[int], toks: list[int], lps: list[float],
-            done: list[bool], top: list | None, on_token: OnToken | None) -> None:
-    for i, (row, t, lp, d) in enumerate(zip(active, toks, lps, done, strict=True)):
-        rows.tokens[row].append(t)
-        rows.logprobs[row].append(lp)
-        rows.finished[row] = d
-        if rows.top is not None and top is not None:
-            rows.top[row].append(top[i])
-        if on_token is not None:
-            on_token(row, t, lp, top[i] if top is not None else None)
