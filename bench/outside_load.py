@@ -1,5 +1,7 @@
-"""A quickstart-shaped step alone and beside one busy process, with OpenMP's default (spinning)
-waits and with the passive waits `retrain` sets (issue 37, docs/training.md 'A busy machine').
+"""A quickstart-shaped step alone and beside one busy process, under OpenMP wait settings:
+libgomp's default (spin 300,000 times at a barrier, then sleep), passive waits (sleep at once:
+what `retrain` set since issue 37), and short spin counts (GOMP_SPINCOUNT) in between (issue 47
+item 15, docs/training.md 'A busy machine').
 
 Each measurement is a fresh process (bench/_retrain_worker.py) running warm-up + steps RL steps
 of SmolLM2-135M in float32, 4 prompts x 8 completions of at most 48 tokens. "busy" starts
@@ -7,6 +9,7 @@ of SmolLM2-135M in float32, 4 prompts x 8 completions of at most 48 tokens. "bus
 round by round to cancel machine drift:
 
     .venv/bin/python -m bench.outside_load --rounds 2
+    .venv/bin/python -m bench.outside_load --rounds 2 --settings default passive spin-10k
 
 Needs an otherwise quiet machine: it measures what one extra busy process costs.
 """
@@ -25,7 +28,13 @@ from bench.step_time import SMOLLM2, run_one
 
 SPEC = {**SMOLLM2, "dtype": "float32", "max_tokens": 48, "warmup": 1, "steps": 2, "seed": 7,
         "threads": 0}
-POLICIES = {"default (spinning)": None, "PASSIVE (retrain's)": "PASSIVE"}
+SETTINGS = {  # name -> the environment a run gets (libgomp reads it when torch loads)
+    "default": {},                                 # spin 300,000 times, then sleep
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},     # sleep at once
+    "spin-1k": {"GOMP_SPINCOUNT": "1000"},
+    "spin-10k": {"GOMP_SPINCOUNT": "10000"},
+    "spin-100k": {"GOMP_SPINCOUNT": "100000"},
+}
 
 
 @contextlib.contextmanager
@@ -42,30 +51,36 @@ def busy_process(on: bool) -> Iterator[None]:
         proc.wait()
 
 
-def measure(policy: str | None, busy: bool) -> float:
-    """The median step time of one fresh run."""
+def measure(env: dict[str, str], busy: bool) -> float:
+    """The median step time of one fresh run (OpenMP variables not in `env` unset)."""
     with busy_process(busy):
-        out = run_one("retrain", SPEC, env={"OMP_WAIT_POLICY": policy})
+        out = run_one("retrain", SPEC, env={"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None,
+                                            **env})
     return statistics.median(s["step_time_s"] for s in out["steps"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     args = parser.parse_args()
     times: dict[tuple[str, bool], list[float]] = {}
     for _ in range(args.rounds):
-        for name, policy in POLICIES.items():
+        for name in args.settings:
             for busy in (False, True):
-                times.setdefault((name, busy), []).append(measure(policy, busy))
-                print(json.dumps({"policy": name, "busy": busy,
+                times.setdefault((name, busy), []).append(measure(SETTINGS[name], busy))
+                print(json.dumps({"setting": name, "busy": busy,
                                   "step_time_s": times[(name, busy)][-1]}), flush=True)
-    print("\n| OpenMP waits | alone: step s | beside one busy process: step s | slowdown |")
-    print("|---|---|---|---|")
-    for name in POLICIES:
+    best_alone = min(statistics.median(times[(n, False)]) for n in args.settings)
+    print("\n| OpenMP waits | alone: step s | vs fastest alone | beside one busy process: "
+          "step s | slowdown |")
+    print("|---|---|---|---|---|")
+    for name in args.settings:
         alone = statistics.median(times[(name, False)])
         busy = statistics.median(times[(name, True)])
-        print(f"| {name} | {alone:.2f} | {busy:.2f} | {busy / alone:.2f}x |")
+        env = " ".join(f"{k}={v}" for k, v in SETTINGS[name].items()) or "(unset)"
+        print(f"| {name}: {env} | {alone:.2f} | {alone / best_alone:.2f}x | {busy:.2f} | "
+              f"{busy / alone:.2f}x |")
 
 
 if __name__ == "__main__":
