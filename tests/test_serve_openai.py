@@ -114,6 +114,24 @@ def test_completion_logprobs_are_the_samplers(client, server, sdk_env):
     assert got.usage.completion_tokens == len(want.tokens)
 
 
+def test_echo_puts_the_prompt_and_its_logprobs_first(client):
+    """`echo` (lm-eval's loglikelihood requests): the prompt's text and tokens before the
+    choice's own, its log-probs None first, each a top alternative's when it is the top one."""
+    prompt = [5, 77, 104, 101, 108]
+    got = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=2,
+                                    temperature=0, logprobs=1, echo=True)
+    plain = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=2,
+                                      temperature=0, logprobs=1)
+    lp, own = got.choices[0].logprobs, plain.choices[0].logprobs
+    assert got.choices[0].text.endswith(plain.choices[0].text)
+    assert lp.tokens[5:] == own.tokens and lp.token_logprobs[5:] == own.token_logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:5])
+    for value, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+        assert len(top) == 1 and value <= max(top.values()) + 1e-5
+    assert got.usage.completion_tokens == plain.usage.completion_tokens
+
+
 def test_n_choices_are_seeded_and_streamed_alike(client):
     def texts(**kw):
         out = client.completions.create(model="tiny-random", prompt=["hello", "abc"],
@@ -233,7 +251,7 @@ def test_bad_chat_requests_are_400s_naming_the_field(client, kwargs, param):
     ({"prompt": [[3, 999999]]}, "prompt"),           # a token id outside the vocabulary
     ({"prompt": ""}, "prompt"),
     ({"prompt": "hi", "logprobs": 50}, "logprobs"),
-    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "echo": True, "stream": True}, "echo"),
     ({"prompt": "hi", "best_of": 3}, "best_of"),
 ])
 def test_bad_completion_requests_are_400s_naming_the_field(client, kwargs, param):

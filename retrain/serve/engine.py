@@ -33,6 +33,8 @@ class SampleResult:
 
     sequences: list[Completion]
     prompt_logprobs: list[float] | None = None  # NaN at position 0
+    # the most likely (token, log-prob) at each prompt position (None at 0), when asked for
+    prompt_top: list[list[tuple[int, float]] | None] | None = None
 
 
 class Engine(Protocol):

@@ -76,6 +76,11 @@ class LocalEngine:
         path = resolve_model(name)
         return cls(LocalModel.load(path, dtype, device, threads), name)
 
+    @property
+    def dtype_name(self) -> str:
+        """The dtype the model computes in, e.g. "float32" or "bfloat16"."""
+        return str(self.model.base.dtype).removeprefix("torch.")
+
     def queued_tokens_bound(self) -> int:
         """The default bound on the sampling taken on at once (serve.backlog): the tokens of
         KV cache that half the device's memory holds."""
@@ -236,6 +241,25 @@ class LocalEngine:
             raise mine.error
         return SampleResult(mine.result, self._prompt_logprobs(snap, prompt) if prompt_logprobs
                             else None)
+
+    def prompt_alternatives(self, snap: Any, prompt: list[int], k: int
+                            ) -> list[list[tuple[int, float]] | None]:
+        """The `k` most likely tokens at each prompt position under `snap`, at temperature
+        1 (the distribution `_prompt_logprobs` scores the prompt by), most likely first; None
+        at position 0, which nothing predicts."""
+        import torch
+
+        if len(prompt) < 2:
+            return [None] * len(prompt)
+        with self.model.lock, torch.no_grad():
+            self.model.activate(snap or self._sampler.adapter)
+            net = self.model.net
+            net.eval()
+            ids = torch.tensor([prompt[:-1]], device=self.model.device)
+            lp = torch.log_softmax(net(input_ids=ids).logits[0].float(), dim=-1)
+            values, tokens = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        return [None, *(list(zip(t, v, strict=True)) for t, v in
+                         zip(tokens.tolist(), values.tolist(), strict=True))]
 
     def _prompt_logprobs(self, snap: Any, prompt: list[int]) -> list[float]:
         """log p(prompt[i] | prompt[:i]) under `snap` at temperature 1; NaN for the first."""

@@ -31,14 +31,34 @@ class Tokens:
 
 @dataclass
 class Choice:
-    """One completion as OpenAI shows it."""
+    """One completion as OpenAI shows it; with `echo`, its first `echoed` tokens are the
+    prompt's (log-prob None for the first, which nothing predicts)."""
 
     index: int
     text: str
     finish_reason: str
     tokens: list[int]
-    logprobs: list[float]
-    top: list[Top] | None
+    logprobs: list[float | None]
+    top: list[Top | None] | None
+    echoed: int = 0
+
+
+@dataclass(frozen=True)
+class Echo:
+    """A prompt as `echo` shows it before each of its choices: its text, tokens, their
+    log-probs (None first) and, when asked for, the top alternatives at each position."""
+
+    text: str
+    tokens: list[int]
+    logprobs: list[float | None]
+    top: list[Top | None] | None
+
+
+def echoed(c: Choice, e: Echo) -> Choice:
+    """`c` after its prompt."""
+    top = e.top + c.top if e.top is not None and c.top is not None else None
+    return Choice(c.index, e.text + c.text, c.finish_reason, e.tokens + c.tokens,
+                  e.logprobs + c.logprobs, top, echoed=len(e.tokens))
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
@@ -57,7 +77,9 @@ def choice(index: int, c: Completion, tok: Tokens, stops: tuple[str, ...]) -> Ch
                   list(c.logprobs[:keep]), top)
 
 
-def _lp(value: float) -> float:
+def _lp(value: float | None) -> float | None:
+    if value is None:
+        return None
     return value if math.isfinite(value) else NEG_INF_AS
 
 
@@ -77,8 +99,8 @@ def chat_logprobs(tok: Tokens, tokens: list[int], logprobs: list[float],
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(tok: Tokens, tokens: list[int], logprobs: list[float],
-                        top: list[Top] | None, offset: int = 0) -> dict:
+def completion_logprobs(tok: Tokens, tokens: list[int], logprobs: list[float | None],
+                        top: list[Top | None] | None, offset: int = 0) -> dict:
     """`choices[i].logprobs` of a completion: tokens, their log-probs, the top
     alternatives as {text: log-prob}, and each token's offset into the text."""
     pieces = [tok.piece(t) for t in tokens]
@@ -87,7 +109,8 @@ def completion_logprobs(tok: Tokens, tokens: list[int], logprobs: list[float],
         offsets.append(offset)
         offset += len(p)
     return {"tokens": pieces, "token_logprobs": [_lp(lp) for lp in logprobs],
-            "top_logprobs": [_by_text(tok, row) for row in top] if top is not None else None,
+            "top_logprobs": [_by_text(tok, row) if row is not None else None for row in top]
+            if top is not None else None,
             "text_offset": offsets}
 
 
@@ -101,15 +124,23 @@ def _by_text(tok: Tokens, row: Top) -> dict[str, float]:
 
 
 def usage(prompt_tokens: int, choices: list[Choice]) -> dict:
-    done = sum(len(c.tokens) for c in choices)
+    done = sum(len(c.tokens) - c.echoed for c in choices)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": done,
             "total_tokens": prompt_tokens + done}
 
 
+def seeding(dtype: str) -> dict:
+    """What every reply says of its seed's reach: `system_fingerprint` names the dtype the
+    server decodes in, and `seed_batch_invariant` whether a seeded request gives the same
+    tokens whatever else is decoded with it: in float32 (tested on the CPU), not in bfloat16
+    or float16, whose matrix kernels round differently for another batch size."""
+    return {"system_fingerprint": f"retrain-{dtype}", "seed_batch_invariant": dtype == "float32"}
+
+
 def chat_body(rid: str, created: int, model: str, choices: list[Choice], tok: Tokens,
-              logprobs: bool, prompt_tokens: int) -> dict:
+              logprobs: bool, prompt_tokens: int, meta: dict) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": None,
+            **meta,
             "choices": [{"index": c.index,
                          "message": {"role": "assistant", "content": c.text},
                          "logprobs": chat_logprobs(tok, c.tokens, c.logprobs, c.top)
@@ -119,9 +150,9 @@ def chat_body(rid: str, created: int, model: str, choices: list[Choice], tok: To
 
 
 def completion_body(rid: str, created: int, model: str, choices: list[Choice], tok: Tokens,
-                    logprobs: bool, prompt_tokens: int) -> dict:
+                    logprobs: bool, prompt_tokens: int, meta: dict) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": None,
+            **meta,
             "choices": [{"index": c.index, "text": c.text,
                          "logprobs": completion_logprobs(tok, c.tokens, c.logprobs, c.top)
                          if logprobs else None,

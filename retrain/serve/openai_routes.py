@@ -122,6 +122,7 @@ class OpenAIApi:
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             piece=piece, end_ids=serving.end_ids)
         self._tasks: set[asyncio.Task] = set()
+        self.seeding = openai_reply.seeding(getattr(self.engine, "dtype_name", "unknown"))
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": self.catalog.models()})
@@ -209,7 +210,7 @@ class OpenAIApi:
             raise OpenAIError(429, exc.message, code="rate_limit_exceeded") from None
         cancel = self.service.running.start(job.rid, "")  # also set when the server stops
         if job.call.stream:
-            events = openai_stream.Events(job, self.tok, cancel)
+            events = openai_stream.Events(job, self.tok, cancel, self.seeding)
             futures = self._sample(job, target, cancel, taken, events.hook)
             events.watch(futures)
             return StreamingResponse(events.sse(), media_type="text/event-stream",
@@ -227,9 +228,13 @@ class OpenAIApi:
         stops = job.params.stop_strings
         choices = [openai_reply.choice(p * n + j, c, self.tok, stops)
                    for p, r in enumerate(results) for j, c in enumerate(r.sequences)]
+        if job.call.echo:
+            echoes = [self._echo(job, p, r) for p, r in enumerate(results)]
+            choices = [openai_reply.echoed(c, echoes[c.index // n]) for c in choices]
         body = openai_reply.chat_body if job.chat else openai_reply.completion_body
         return JSONResponse(body(job.rid, job.created, job.call.model, choices, self.tok,
-                                 job.call.logprobs, sum(len(p) for p in job.prompts)))
+                                 job.call.logprobs, sum(len(p) for p in job.prompts),
+                                 self.seeding))
 
     def _sample(self, job: Job, target: Target, cancel: threading.Event, taken: int,
                 hook: Callable[[int], Callable] | None = None) -> list[asyncio.Future]:
@@ -240,11 +245,39 @@ class OpenAIApi:
         futures = []
         for p, prompt in enumerate(job.prompts):
             extra = {} if hook is None else {"on_token": hook(p)}
-            work = functools.partial(self.engine.sample, target.snap, prompt, job.call.n,
-                                     job.params, False, cancel, **extra)
+            work = functools.partial(self._one, target.snap, prompt, job, cancel, extra)
             futures.append(loop.run_in_executor(self.service.pool, work))
         self._keep(loop.create_task(self._release_after(futures, job.rid, target, taken)))
         return futures
+
+    def _one(self, snap: Any, prompt: list[int], job: Job, cancel: threading.Event,
+             extra: dict) -> SampleResult:
+        """One prompt's engine call (in a worker thread): its completions and, for `echo`
+        with log-probs, its own log-probs and alternatives (the Tinker route's prompt
+        log-probs, at temperature 1)."""
+        scored = job.call.echo and job.call.logprobs
+        result = self.engine.sample(snap, prompt, job.call.n, job.params, scored, cancel,
+                                    **extra)
+        if scored and job.call.top_logprobs:
+            result.prompt_top = self.engine.prompt_alternatives(snap, prompt,
+                                                                job.call.top_logprobs)
+        return result
+
+    def _echo(self, job: Job, p: int, result: SampleResult) -> openai_reply.Echo:
+        """Prompt `p` as `echo` shows it: its text as sent (token ids decoded), and where
+        log-probs were asked for, each token's, the first None. An alternative that is the
+        prompt's own token carries the token's own number (one log-prob for one token)."""
+        given, tokens = job.call.prompts[p], job.prompts[p]
+        text = given if isinstance(given, str) else self.tok.decode(tokens)
+        if result.prompt_logprobs is None:
+            return openai_reply.Echo(text, tokens, [None] * len(tokens), None)
+        logprobs = [None, *result.prompt_logprobs[1:]]
+        top = None
+        if result.prompt_top is not None:
+            top = [None if row is None else [(t, logprobs[i] if t == tokens[i] else v)
+                                             for t, v in row]
+                   for i, row in enumerate(result.prompt_top)]
+        return openai_reply.Echo(text, tokens, logprobs, top)
 
     async def _release_after(self, futures: list[asyncio.Future], rid: str, target: Target,
                              taken: int) -> None:

@@ -33,8 +33,9 @@ def _data(obj: dict) -> str:
 class Events:
     """One streamed request: the queue its engine calls feed, and the events it sends."""
 
-    def __init__(self, job: Job, tok: Tokens, cancel: threading.Event):
+    def __init__(self, job: Job, tok: Tokens, cancel: threading.Event, meta: dict):
         self.job = job
+        self.meta = meta  # system_fingerprint and seed_batch_invariant (openai_reply.seeding)
         self.cancel = cancel  # set when the stream ends before its last event (client gone)
         self.tok = tok
         self.n = job.call.n
@@ -137,7 +138,7 @@ class Events:
         choice["delta" if job.chat else "text"] = delta
         chunk = {"id": job.rid, "object": "chat.completion.chunk" if job.chat
                  else "text_completion", "created": job.created, "model": job.call.model,
-                 "system_fingerprint": None, "choices": [choice]}
+                 **self.meta, "choices": [choice]}
         if job.call.include_usage:
             chunk["usage"] = None
         return chunk

@@ -31,7 +31,7 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "repetition_penalty": (None, 1, 1.0), "logit_bias": (None, {}),
     "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
     "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-    "echo": (None, False), "suffix": (None, ""), "top_k": (None, -1, 0),
+    "echo": (None, False), "suffix": (None, ""), "top_k": (None, -1, 0),  # echo: chat's
     "min_tokens": (None, 0), "audio": (None,), "prediction": (None,),
     "modalities": (None, ["text"]),
 }
@@ -83,6 +83,7 @@ class ChatBody(_Common):
 class CompletionBody(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
+    echo: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Call:
     top_logprobs: int
     stream: bool
     include_usage: bool
+    echo: bool = False  # completions: the prompt, its log-probs too, before each choice's own
     messages: list[dict] = field(default_factory=list)
     prompts: list[str | list[int]] = field(default_factory=list)
 
@@ -149,7 +151,11 @@ def completion_call(body: CompletionBody) -> Call:
     logprobs = body.logprobs is not None
     top = _in_range("logprobs", body.logprobs or 0, 0, MAX_TOP_LOGPROBS)
     max_tokens = COMPLETIONS_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    call = _call(body, max_tokens, "max_tokens", logprobs, top, prompts=prompts)
+    if body.echo and body.stream:
+        raise OpenAIError(400, "echo with stream is not supported by retrain serve (leave "
+                          "one out)", "echo")
+    call = _call(body, max_tokens, "max_tokens", logprobs, top, prompts=prompts,
+                 echo=bool(body.echo))
     if len(prompts) * call.n > MAX_CHOICES:
         raise OpenAIError(400, f"n x prompts = {len(prompts) * call.n} completions; at most "
                           f"{MAX_CHOICES} a request", "n")
