@@ -97,3 +97,48 @@ def test_a_plain_sft_run_says_an_empty_reply_once_and_numbers_epochs_by_first_ro
     assert [r["sft_sequences"] for r in got] == [1, 2, 1]  # row 2 is skipped both times
     said = (done.stdout + done.stderr).count("conversation 2 of ")
     assert said == 1, done.stdout + done.stderr
+
+
+def test_retrain_explain_warns_with_the_count(tmp_path, monkeypatch, tiny_model):
+    from retrain.cli import explain
+    from tests.run_helpers import write_config
+
+    monkeypatch.chdir(tmp_path)
+    chats = [[USER, reply(str(i))] for i in range(6)]
+    chats[1], chats[3] = [LONG_USER, reply("5")], [USER, reply(" ")]
+    write_rows(tmp_path, chats)
+    sft = {"steps": 2, "max_tokens": MAX, "data": {"path": "chat.jsonl"}}
+    path = write_config(tmp_path, training={"max_steps": 0}, sft=sft)
+    report = explain.build_report(path)
+    found = [w for w in report.warnings if w.startswith("sft.data: ")]
+    assert found == [f"sft.data: 2 of 6 conversations of {tmp_path / 'chat.jsonl'} can never "
+                     "train a token: 1 with a prompt longer than sft.max_tokens = 200 (row 2); "
+                     "1 with an empty reply (row 4); the run skips them (fix or drop those "
+                     "rows, or raise sft.max_tokens)"]
+    assert found[0] in "\n".join(explain.plain_lines(report))
+    away = write_config(tmp_path, "away", training={"max_steps": 0}, sft=sft,
+                        model={"name": "someone/not-on-this-machine"})
+    assert "sft.data: rows not checked against sft.max_tokens: the tokenizer of model.name = " \
+        "'someone/not-on-this-machine' is not on this machine yet (the run loads it)" in \
+        explain.build_report(away).warnings
+
+
+def test_a_row_the_template_refuses_is_the_runs_one_line(tmp_path, tok):
+    """A template that refuses a system turn (as Gemma's does): explain says what the run says."""
+    from retrain.errors import UserError
+
+    write_rows(tmp_path, [[USER, reply("5")], [{"role": "system", "content": "Be brief."},
+                                               USER, reply("5")]])
+    data = load_sft(SftConfig(data={"path": "chat.jsonl"}, steps=1), tmp_path)
+    refusing = Renderer(tok)
+    original = tok.chat_template
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception("
+                         "'System role not supported') }}{% endif %}" + original)
+    try:
+        with pytest.raises(UserError) as err:
+            never_trained(data, refusing, MAX)
+    finally:
+        tok.chat_template = original
+    assert str(err.value).startswith(f"sft.data: conversation 2 of {tmp_path / 'chat.jsonl'} "
+                                     "cannot be rendered with the model's chat template")
+    assert "System role not supported" in str(err.value) and "\n" not in str(err.value)

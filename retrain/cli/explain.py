@@ -125,7 +125,8 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         seeds=_unique(p.seed for p in plans) if camp.is_campaign else [],
         total_steps=steps, effective_parallelism=par, pilot=pilot, wall_time_s=wall,
         wall_time=capacity.human_duration(wall) if wall is not None else UNKNOWN_TIME,
-        warnings=warnings(cfg, camp, path, len(plans), par, overrides, data.sft_steps),
+        warnings=warnings(cfg, camp, path, len(plans), par, overrides, data.sft_steps)
+        + ([data.sft_warning] if data.sft_warning else []),
         executor=camp.executor, cluster=cluster, runs_at_once=fits, machine=_machine_note(cfg),
         sft=data.sft, data=data.task)
 

@@ -18,6 +18,7 @@ class DataPlan:
     sft: str = ""        # the SFT stage's line ("" without one)
     sft_steps: int = 0   # the stage's steps, before the RL steps
     task: str = ""       # [data]'s line ("" without RL steps)
+    sft_warning: str = ""  # conversations that can never train, counted (cli/explain_sft.py)
 
 
 class DataReader:
@@ -31,20 +32,23 @@ class DataReader:
         """Every data source the run will read, read now."""
         rl = cfg.training.max_steps > 0  # 0: an SFT run, which reads no [data]
         key = toml_io.dumps({"sft": to_dict(cfg)["sft"], "data": to_dict(cfg)["data"],
-                             "rl": {"on": rl, "seed": cfg.training.seed}})
+                             "rl": {"on": rl, "seed": cfg.training.seed},
+                             "model": {"name": cfg.model.name}})
         if key not in self._read:
             self._read[key] = self._plan(cfg, rl)
         return self._read[key]
 
     def _plan(self, cfg: Config, rl: bool) -> DataPlan:
-        sft, steps = "", 0
+        sft, steps, warning = "", 0, ""
         if cfg.sft.enabled:
+            from retrain.cli.explain_sft import never_trained_warning
             from retrain.environments.sft_data import describe, load_sft, sft_steps
 
             data = load_sft(cfg.sft, self.config_dir)
             sft, steps = describe(cfg.sft, data), sft_steps(cfg.sft, data.rows)
+            warning = never_trained_warning(cfg, data, self.config_dir)
         task = task_line(cfg, self.config_dir) if rl else ""
-        return DataPlan(sft=sft, sft_steps=steps, task=task)
+        return DataPlan(sft=sft, sft_steps=steps, task=task, sft_warning=warning)
 
 
 def task_line(cfg: Config, config_dir: Path) -> str:

@@ -24,6 +24,7 @@ from retrain.environments.ledger import Renderer
 from retrain.environments.protocol import Message
 from retrain.environments.sft_datums import EMPTY, LONG, never_trains
 from retrain.environments.tasks import data_path, read_jsonl
+from retrain.errors import UserError
 
 SHOWN_ROWS = 5  # rows named in a message; the rest are counted
 
@@ -84,7 +85,13 @@ def never_trained(data: SftData, renderer: Renderer, max_tokens: int) -> str:
     (numbered from 1), for `retrain explain`; "" when every one can."""
     found: dict[str, list[int]] = {LONG: [], EMPTY: []}
     for row, messages in enumerate(data.conversations, start=1):
-        why = never_trains(renderer, messages, max_tokens)
+        try:
+            why = never_trains(renderer, messages, max_tokens)
+        except Exception as exc:  # the template refuses it (roles, order): the run's line
+            raise UserError(f"sft.data: conversation {row} of {data.where} cannot be rendered "
+                            f"with the model's chat template ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); fix the row, or set sft.data.chat_template = "
+                            "false") from None
         if why is not None:
             found[why].append(row)
     if not any(found.values()):
