@@ -57,6 +57,27 @@ def test_a_cancelled_request_leaves_the_batch_at_the_next_step(tiny_engine):
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
 
 
+def test_a_batch_every_client_left_frees_its_cache_at_once(tiny_engine):
+    """Not at the garbage collector's next pass: the stopped batch's error must not hold the
+    decode's frames (and their KV cache) in a reference cycle. A server that kept them held
+    gigabytes after abandoned requests (bench/RESULTS.md)."""
+    import gc
+
+    from transformers import DynamicCache
+
+    cancel = threading.Event()
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(EngineError):
+            tiny_engine.sample(None, [5, 6, 7], 4, SamplingParams(max_tokens=50), False,
+                               cancel, on_token=lambda *heard: cancel.set())
+        alive = [o for o in gc.get_objects() if isinstance(o, DynamicCache)]
+    finally:
+        gc.enable()
+    assert alive == []
+
+
 def test_a_client_that_gives_up_on_its_reply_is_dropped(tiny_engine, tmp_path):
     """The openai SDK times out while the request waits for the model: the server notices the
     closed connection, and the request never decodes."""

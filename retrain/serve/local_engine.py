@@ -13,6 +13,8 @@ same adapter as a local run with the same seed.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import itertools
 import logging
@@ -41,10 +43,11 @@ from retrain.backends.local.checkpoint import ADAPTER_WEIGHTS
 from retrain.backends.local.model import LocalModel
 from retrain.backends.local.sampling.exact import OnToken, SamplingStopped
 from retrain.config.sections import ModelConfig
-from retrain.serve.backlog import default_bound
+from retrain.serve.backlog import default_bound, owed
 from retrain.serve.engine import EngineError, SampleResult
 
 log = logging.getLogger("retrain.serve")
+TRIM_AFTER = 2**20  # a batch owing more tokens of KV cache gives its memory back once done
 
 
 class LocalEngine:
@@ -235,6 +238,8 @@ class LocalEngine:
                     batch = self._queued.pop(key, [])
                 for part in _by_length(batch):
                     self._decode(part, snap, n, params)
+                if owed([len(q.prompt) for q in batch], n, params.max_tokens) > TRIM_AFTER:
+                    _give_memory_back()
         if isinstance(mine.error, DivergedError | SamplingStopped):  # not a server fault
             raise EngineError(str(mine.error))
         if mine.error is not None:
@@ -292,6 +297,8 @@ class LocalEngine:
                 [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
                 prompt_seeds=seeds, on_token=_tell(batch, n), leave=_gone(batch, n))
         except BaseException as exc:
+            if isinstance(exc, SamplingStopped):  # its traceback's frames hold the KV cache
+                exc = exc.with_traceback(None)
             for q in batch:
                 q.error = exc
             return
@@ -332,6 +339,13 @@ def _tell(batch: list[_Queued], n: int) -> OnToken | None:
                 log.exception("a token listener failed; it hears no more")
                 q.on_token = None
     return on_token
+
+
+def _give_memory_back() -> None:
+    """Hand the heap's free pages back to the OS: glibc keeps them after a large batch's KV
+    cache is freed, and the server's RSS would stay gigabytes high for good."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _gone(batch: list[_Queued], n: int) -> Callable[[], list[int]]:
