@@ -179,3 +179,17 @@ def test_a_pair_with_fewer_than_two_shared_seeds_decides_nothing():
     assert state.standings["y"].seeds == 1
     with pytest.raises(ValueError, match="the race is over"):
         decide(state, race, {})
+
+
+def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zero():
+    """An accuracy over few problems can differ by exactly 2/64 on three seeds by chance: that
+    is no evidence (the simulation's false verdicts rose to 5.7% when it counted as some)."""
+    race = RacePlan(min_seeds=3, max_seeds=3, margin=0.1)
+    same = {1: 0.5, 2: 0.25, 3: 0.75}
+    shifted = {s: v + 2 / 64 for s, v in same.items()}
+    state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": shifted, "y": same})
+    assert state.looks[0].eliminated == [] and compare(state.looks[0], "x", "y") is None
+    assert state.outcome == "max_seeds"
+    state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(same), "y": same})
+    c = compare(state.looks[0], "x", "y")
+    assert (c.diff, c.lo, c.hi) == (0.0, 0.0, 0.0) and state.outcome == "equivalent"

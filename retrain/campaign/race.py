@@ -20,7 +20,7 @@ condition is never eliminated, no "winner" is false, and no "equivalent" is fals
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from retrain.campaign.race_plan import RacePlan
@@ -183,11 +183,10 @@ def decide(state: RaceState, race: RacePlan,
     vals = {c: {s: float(values[c][s]) for s in seeds if s in values.get(c, {})}
             for c in racing}
     look = Look(number=k + 1, seeds=list(seeds), confidence=sched.confidences[k], values=vals)
-    new = RaceState.from_dict(state.to_dict())
-    new.looks.append(look)
     means = {c: _mean(v) for c, v in vals.items()}
-    for c in racing:
-        new.standings[c].mean, new.standings[c].seeds = means[c], len(vals[c])
+    standings = {c: replace(s, mean=means[c], seeds=len(vals[c])) if c in vals else s
+                 for c, s in state.standings.items()}  # (earlier looks are never changed)
+    new = replace(state, looks=[*state.looks, look], standings=standings)
     look.eliminated = _eliminate(new, race, look, leader(racing, means, race.direction))
     _conclude(new, race, sched, look, means)
     return new
@@ -203,12 +202,17 @@ def leader(racing: list[str], means: dict[str, float | None], direction: str) ->
 
 
 def compare(look: Look, a: str, b: str) -> Comparison | None:
-    """a - b over the seeds both have at this look (None with fewer than 2)."""
+    """a - b over the seeds both have at this look. None with fewer than 2, and when every
+    seed differs by the same nonzero amount: no spread, no interval (a figure on a coarse
+    grid, an accuracy over few problems, repeats differences by chance). Runs equal seed by
+    seed are the one exception: the same computation, their interval is [0, 0]."""
     shared = sorted(look.values[a].keys() & look.values[b].keys())
     if len(shared) < 2:
         return None
     diff, lo, hi = paired_interval([look.values[a][s] for s in shared],
                                    [look.values[b][s] for s in shared], look.confidence)
+    if lo == hi and diff != 0:
+        return None
     return Comparison(a, b, diff, lo, hi, shared, look.confidence)
 
 

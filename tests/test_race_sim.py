@@ -1,0 +1,26 @@
+"""bench/race_sim.py drives the real race: its tallies on a few campaigns where the answer is
+known (a huge effect is found with the fewest runs; equal conditions give no winner)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from bench import race_sim  # noqa: E402
+
+
+def test_a_huge_effect_is_found_at_the_first_look_by_race_and_grid():
+    sc = race_sim.Scenario(3, 100.0, noise=0.1, luck=1.0)
+    raced, grid = race_sim.simulate(sc, 20, seed=1)
+    assert raced.found == grid.found == 20 and raced.false_elim == 0
+    assert raced.runs == 20 * 3 * 3 and grid.runs == 20 * 3 * 10  # 3 seeds each vs all 10
+    assert race_sim.row(sc, raced, grid).endswith("| 30.0% |")
+
+
+def test_equal_conditions_rarely_give_a_verdict_and_the_bound_is_clopper_pearson():
+    sc = race_sim.Scenario(2, 0.0)
+    raced, _ = race_sim.simulate(sc, 40, seed=2)
+    assert raced.found == 0 and raced.false_verdict <= 6
+    assert race_sim.upper(0, 100) == pytest.approx(1 - 0.05 ** (1 / 100))
+    assert race_sim.upper(5, 5) == 1.0
