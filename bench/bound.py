@@ -63,7 +63,8 @@ def gemms(body: Counter, head: tuple[int, int], rows: int, head_rows: int) -> li
 def one_step(backend, prompts, spec, seed: int):
     """Sample, then train; the phases' times and shapes, and the lengths for the costs."""
     from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum
-    from retrain.backends.local.training import micro_batches
+    from retrain.backends.local.training.pack import length_buckets
+    from retrain.backends.local.training.plan import split_point
 
     group = spec["group"]
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=1.0, seed=seed)
@@ -78,14 +79,14 @@ def one_step(backend, prompts, spec, seed: int):
     backend.optim_step(AdamParams(learning_rate=spec["lr"]))
     t_train = time.perf_counter() - t0
     units = backend._plan(datums, backend.micro_batch_size)
-    prefix, padded, runs = 0, 0, 0  # the suffixes run in length buckets (micro_batches)
+    prefix, padded, runs = 0, 0, 0  # the suffixes run in length buckets (training/pack.py)
     for u in units:
-        splits = [micro_batches.split_point(datums[i]) for i in u.index]
+        splits = [split_point(datums[i]) for i in u.index]
         distinct = {tuple(datums[i].input_tokens[:s]) for i, s in zip(u.index, splits,
                                                                        strict=True)}
         prefix += sum(len(p) for p in distinct)
         suffix = [len(datums[i]) - s for i, s in zip(u.index, splits, strict=True)]
-        for run in micro_batches.length_buckets(suffix, backend.bucket_overhead):
+        for run in length_buckets(suffix, backend.bucket_overhead):
             padded += len(run) * max(suffix[r] for r in run)
             runs += 1
     tokens = int(out.metrics["tokens"])

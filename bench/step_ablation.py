@@ -22,7 +22,7 @@ them alike):
   their repeated cache, only loss positions through the LM head);
   - plain: every sequence in full, right-padded, LM head on every position, then the same loss;
   - one suffix bucket: the completions of a micro-batch padded to its longest, not run in
-    length buckets (`micro_batches.length_buckets`);
+    length buckets (`training.pack.length_buckets`);
   - second forward: a no-grad pass over the same batch, what recomputing the sampler's
     log-probs (or a reference model) would add.
 
@@ -119,7 +119,7 @@ def main() -> None:
     from retrain.backends.local.sampling import exact
     from retrain.backends.local.sampling.compiled import CompiledDecoder
     from retrain.backends.local.sampling.exact import sample_batch
-    from retrain.backends.local.training import micro_batches
+    from retrain.backends.local.training.pack import BUCKET_OVERHEAD
     from retrain.backends.models import resolve_model
     from retrain.config.sections import DataConfig
     from retrain.environments.tasks import load_task, render_prompt
@@ -204,16 +204,14 @@ def main() -> None:
     def second_forward():
         with torch.inference_mode():
             backend.model.net.eval()
-            for unit in backend._plan(datums, 0):
-                batch = micro_batches.pack(datums, unit, model.pad_id, model.device)
-                backend._target_logprobs(backend.model.net, batch, loss.temperature)
+            backend._forward_logprobs(backend.model.net, datums, loss.temperature)
 
     def one_bucket():
         backend.bucket_overhead = 10**9  # a bucket then costs more than any padding
         try:
             return backend.forward_backward(datums, loss)
         finally:
-            backend.bucket_overhead = micro_batches.BUCKET_OVERHEAD
+            backend.bucket_overhead = BUCKET_OVERHEAD
             backend._zero_grad()
 
     t = interleaved({"train": lambda: (backend.forward_backward(datums, loss),

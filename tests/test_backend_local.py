@@ -16,7 +16,7 @@ from retrain.backends.base import (  # noqa: E402
     make_datum,
 )
 from retrain.backends.local.backend import LocalBackend  # noqa: E402
-from retrain.backends.local.training.micro_batches import plan  # noqa: E402
+from retrain.backends.local.training.plan import cpu_budget, plan  # noqa: E402
 from retrain.backends.local.training.policy_losses import token_losses  # noqa: E402
 
 EOS = 2
@@ -173,9 +173,10 @@ def test_plan_shares_prompts_and_respects_the_size():
         return make_datum(prompt, Completion([5] * n, [-1.0] * n, "length"), 1.0)
 
     ds = [d([1, 2, 3], 4), d([1, 2, 3], 1), d([7, 8], 3), d([1, 2, 3], 2), d([9], 2)]
-    units = plan(ds, 2, vocab_size=10)
+    units = plan(ds, 2, cpu_budget(), vocab_size=10)
     assert [u.index for u in units] == [[1, 3], [0, 2], [4]]  # prompt-mates together
-    assert sorted(i for u in plan(ds, 0, vocab_size=10) for i in u.index) == [0, 1, 2, 3, 4]
+    auto = plan(ds, 0, cpu_budget(), vocab_size=10)
+    assert sorted(i for u in auto for i in u.index) == [0, 1, 2, 3, 4]
 
 
 def test_gradient_equals_a_plain_full_sequence_reference(model, backend, eos_bias):
@@ -388,7 +389,7 @@ def test_the_automatic_plan_counts_logits_of_the_loss_carrying_targets_only():
     short ones are one micro-batch: 1130 x 2**14 logits, not 4 padded rows x 1100 x 2**14
     (past AUTO_LOGITS = 2**26). Targets past the budget still split."""
     from retrain.backends.base import Completion
-    from retrain.backends.local.training.micro_batches import AUTO_LOGITS
+    from retrain.backends.local.training.plan import AUTO_LOGITS
 
     vocab = 2**14
     prompt = [1, 2, 3]
@@ -398,10 +399,10 @@ def test_the_automatic_plan_counts_logits_of_the_loss_carrying_targets_only():
 
     mixed = [datum(1100), datum(10), datum(10), datum(10)]
     assert 4 * 1100 * vocab > AUTO_LOGITS >= 1130 * vocab
-    assert [u.index for u in plan(mixed, 0, vocab)] == [[1, 2, 3, 0]]
+    assert [u.index for u in plan(mixed, 0, cpu_budget(), vocab)] == [[1, 2, 3, 0]]
     long = [datum(1100)] * 4
-    assert len(plan(long, 0, vocab)) == 2  # 4400 kept targets: over the logits budget
+    assert len(plan(long, 0, cpu_budget(), vocab)) == 2  # 4400 kept targets: over the logits budget
     # A multi-turn episode: only its sampled tokens carry loss (mask 1), not the env's part.
     episode = datum(1500)
     episode.mask = episode.mask[:2] + [float(j % 10 == 0) for j in range(1500)]
-    assert len(plan([episode] * 4, 0, vocab)) == 1
+    assert len(plan([episode] * 4, 0, cpu_budget(), vocab)) == 1

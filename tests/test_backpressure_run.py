@@ -155,7 +155,7 @@ def test_one_micro_batch_keeps_no_copy_of_the_gradient():
     fine-tuning each flat copy is as large as the model)."""
     import torch
 
-    from retrain.backends.local.training.micro_batches import GradDiagnostics
+    from retrain.backends.local.training.diagnostics import GradDiagnostics
 
     w = torch.nn.Parameter(torch.randn(5))
     diag = GradDiagnostics([w], 3, micro_batches=1)
@@ -169,7 +169,7 @@ def test_micro_batch_gradients_are_recovered_from_the_accumulation():
     """Each micro-batch's own token-mean gradient, as if it had been computed alone."""
     import torch
 
-    from retrain.backends.local.training.micro_batches import GradDiagnostics
+    from retrain.backends.local.training.diagnostics import GradDiagnostics
 
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(5))

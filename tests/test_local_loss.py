@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrain.backends.local.training.micro_batches import length_buckets
+from retrain.backends.local.training.pack import length_buckets
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=80), min_size=1, max_size=40)
 

@@ -8,24 +8,22 @@ Two objects, so that several trainers can share one base model (e.g. `retrain se
   trains every weight of a model of its own instead (`model.finetune = "full"`).
 
 Log-prob semantics (sampler and trainer agree): float32 `log_softmax(logits / temperature)`;
-see `sampling.exact` for top_p and `training.micro_batches` for the token aggregation.
+see `sampling.exact` for top_p and `training/` for the training pass: `plan` (micro-batches
+from the device's free memory), `pack` and `forward` (the prefix and packed layouts),
+`logprobs` (the LM head in chunks), `accumulate` (the loop, statistics on the device).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from retrain.algorithms import aggregation
-from retrain.algorithms.kl import token_kl
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -44,25 +42,15 @@ from retrain.backends.local import checkpoint, lora
 from retrain.backends.local.device import oom_as_backend_error
 from retrain.backends.local.model import LocalModel
 from retrain.backends.local.sampling import compiled
-from retrain.backends.local.sampling.exact import OnToken, sample_batch, token_logprobs
-from retrain.backends.local.training import micro_batches, policy_losses
+from retrain.backends.local.sampling.exact import OnToken, sample_batch
+from retrain.backends.local.training import accumulate, plan
+from retrain.backends.local.training.forward import Forward, layout_for
+from retrain.backends.local.training.logprobs import Head
+from retrain.backends.local.training.pack import BUCKET_OVERHEAD
 from retrain.control.stepcost import ModelCost
 
 if TYPE_CHECKING:
     from retrain.config.sections import Config
-
-@contextmanager
-def _seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterator[None]:
-    """LoRA dropout draws from the global RNG: seed it from the backend's own generator
-    (saved with checkpoints) so that training resumes exactly, and restore it afterwards."""
-    devices = []
-    if device.type == "cuda":
-        devices = [device.index if device.index is not None else torch.cuda.current_device()]
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=device))
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
-
 
 class LocalBackend:
     """One LoRA adapter of a LocalModel, with its AdamW optimizer and sampling RNG."""
@@ -74,7 +62,10 @@ class LocalBackend:
         self.model = model
         self.adapter = adapter
         self.micro_batch_size = micro_batch_size
-        self.bucket_overhead = micro_batches.BUCKET_OVERHEAD
+        self.bucket_overhead = BUCKET_OVERHEAD
+        self.layout = layout_for(model.device)  # training/forward.py: prefix or packed rows
+        self.compile_training = False  # torch.compile of the packed forward (bench/gpu.py)
+        self._token_bytes: int | None = None  # saved activations per token (CUDA plans)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.params = self._trainable()
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=1e-4)
@@ -234,8 +225,9 @@ class LocalBackend:
         """Accumulate the policy-loss gradient over `datums`, normalised as `loss.aggregation`
         says (algorithms/aggregation.py) over the whole call.
 
-        With `micro_batch_size = 0` an out-of-memory error halves the micro-batch and retries;
-        only a single sequence that does not fit raises BackendOOMError.
+        With `micro_batch_size = 0` the micro-batches fit the device's free memory
+        (training/plan.py) and an out-of-memory error halves the largest and retries; only a
+        single sequence that does not fit raises BackendOOMError.
         """
         size = self.micro_batch_size
         while True:
@@ -251,100 +243,41 @@ class LocalBackend:
                     raise
                 size = largest // 2
 
-    def _plan(self, datums: list[Datum], size: int) -> list[micro_batches.Unit]:
-        return micro_batches.plan(datums, size, self.model.vocab_size)
+    def _forward(self, net: Any) -> Forward:
+        """How micro-batches run through `net` in this backend's layout."""
+        packed = self.layout == "packed"
+        return Forward(Head(net, compile=self.compile_training and packed), self.layout,
+                       self.model.cache_key, self._make_cache, self.bucket_overhead)
+
+    def _plan(self, datums: list[Datum], size: int, net: Any = None) -> list[plan.Unit]:
+        """Micro-batches of `size` sequences, or (0) within the device's budget."""
+        head = Head(net if net is not None else self.model.net)
+        return plan.plan(datums, size, self._budget(head), self.model.vocab_size,
+                         packed=self.layout == "packed")
+
+    def _budget(self, head: Head) -> plan.Budget:
+        """The CPU's budgets; on CUDA what its free memory holds (training/plan.py)."""
+        dev = self.model.device
+        if dev.type != "cuda":
+            return plan.cpu_budget()
+        if self._token_bytes is None:
+            body = head.body or head.net
+            self._token_bytes = plan.saved_bytes_per_token(body, dev, self.model.vocab_size)
+        pending = sum(p.numel() * p.element_size() for p in self.params.values()
+                      if p.grad is None)
+        return plan.memory_budget(plan.free_bytes(dev, pending), self._token_bytes,
+                                  head.chunked)
 
     def _forward_backward(self, datums: list[Datum], loss: LossConfig, size: int) -> LossOutput:
         self.model.activate(self.adapter)
         net = self.model.net
         net.train()
-        tokens = [sum(1 for m in d.mask if m > 0) for d in datums]
-        total_tokens = sum(tokens)
         if self.model.fast is not None and self.fast_ratio_cap:
             loss = replace(loss, ratio_cap=self.fast_ratio_cap)
-        out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
-        if total_tokens == 0:
-            return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
-        norm = aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
-        loss_sum, ratios, kl_sum = 0.0, policy_losses.RatioStats(), 0.0
-        units = self._plan(datums, size)
-        grads = micro_batches.GradDiagnostics(list(self.params.values()), total_tokens, len(units))
-        diagnostics_s = 0.0
-        with _seeded_dropout(self.generator, self.model.device):
-            for unit in units:
-                batch = micro_batches.pack(datums, unit, self.model.pad_id, self.model.device,
-                                        norm.weights)
-                lp = self._target_logprobs(net, batch, loss.temperature)
-                terms = policy_losses.token_losses(lp, batch.old_logprobs, batch.advantages,
-                                                   loss, batch.seq, batch.in_ratio)
-                per_tok = terms.loss
-                if loss.kl_coef:
-                    kl = token_kl(lp, self._ref(datums, batch), loss.kl_estimator)
-                    per_tok = per_tok + loss.kl_coef * kl
-                    kl_sum += float(kl.detach().sum())
-                chunk_loss = (per_tok * batch.weights).sum() / norm.denominator
-                chunk_loss.backward()
-                t0 = time.perf_counter()
-                grads.after_micro_batch(int(batch.targets.numel()))
-                diagnostics_s += time.perf_counter() - t0
-                loss_sum += float(chunk_loss.detach())
-                ratios.add(terms)
-                for (i, pos), value in zip(batch.where, lp.detach().cpu().tolist(),
-                                           strict=True):
-                    out_lp[i][pos] = value
-        metrics = {"tokens": float(total_tokens), **grads.metrics(),
-                   "grad_diagnostics_s": diagnostics_s, **ratios.metrics()}
-        if loss.kl_coef:
-            metrics["kl"] = kl_sum / total_tokens
-        return LossOutput(loss=loss_sum, logprobs=out_lp, metrics=metrics)
-
-    def _ref(self, datums: list[Datum], batch: micro_batches.Packed) -> torch.Tensor:
-        """The reference log-probs of `batch`'s targets, in their order."""
-        missing = [i for i, _ in batch.where if datums[i].ref_logprobs is None]
-        if missing:
-            raise BackendError(f"datum {missing[0]} has no ref_logprobs for the KL term")
-        return torch.tensor([datums[i].ref_logprobs[pos] for i, pos in batch.where],
-                            dtype=torch.float32, device=self.model.device)
-
-    def _target_logprobs(self, net: Any, batch: micro_batches.Packed,
-                         temperature: float) -> torch.Tensor:
-        """Log-probs of the kept targets, in `batch.targets` order: prefixes once, suffixes in
-        length buckets on their rows of the prefix KV cache. Only kept positions reach the LM
-        head."""
-        prefix = None if batch.prefix_ids is None else self._prefix_kv(net, batch)
-        lengths = batch.suffix_mask.sum(-1).tolist()
-        entry = (batch.keep.flatten().cumsum(0) - 1).view_as(batch.keep)  # index in targets
-        parts, order = [], []
-        for run in micro_batches.length_buckets(lengths, self.bucket_overhead):
-            rows = torch.tensor(run, device=batch.input_ids.device)
-            width = max(lengths[r] for r in run)
-            keep = batch.keep[rows, :width]
-            args: dict[str, Any] = {}  # right padding alone needs no attention mask
-            if prefix is not None:
-                prows = batch.row_prefix[rows]
-                cache = self._make_cache()
-                for layer, (k, v) in enumerate(prefix):
-                    cache.update(k[prows], v[prows], layer)
-                args = {"attention_mask": torch.cat([batch.prefix_mask[prows],
-                                                     batch.suffix_mask[rows, :width]], dim=1),
-                        "position_ids": batch.positions[rows, :width],
-                        self.model.cache_key: cache, "use_cache": True}
-            logits = net(input_ids=batch.input_ids[rows, :width], logits_to_keep=keep,
-                         **args).logits
-            parts.append(token_logprobs(logits, temperature))
-            order.append(entry[rows, :width][keep])
-        where = torch.cat(order)
-        lp = torch.cat(parts).gather(-1, batch.targets[where][:, None]).squeeze(-1)
-        return lp[torch.argsort(where)]
-
-    def _prefix_kv(self, net: Any, batch: micro_batches.Packed) -> list[tuple[Any, Any]]:
-        """Each layer's keys and values of the distinct prefixes (with gradients in training)."""
-        cache = self._make_cache()
-        positions = (batch.prefix_mask.cumsum(-1) - 1).clamp(min=0)
-        net(input_ids=batch.prefix_ids, attention_mask=batch.prefix_mask,
-            position_ids=positions, **{self.model.cache_key: cache}, use_cache=True,
-            logits_to_keep=1)
-        return [(layer.keys, layer.values) for layer in cache.layers]
+        trainee = accumulate.Trainee(list(self.params.values()), self.model.pad_id,
+                                     self.model.device, self.generator)
+        return accumulate.forward_backward(self._forward(net), trainee, datums, loss,
+                                           self._plan(datums, size, net))
 
     def logprobs(self, datums: list[Datum], temperature: float = 1.0,
                  adapter: str | None = None) -> list[list[float]]:
@@ -359,11 +292,11 @@ class LocalBackend:
         out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
         with self.model.lock, oom_as_backend_error("forward"), torch.no_grad():
             net.eval()
-            for unit in self._plan(datums, self.micro_batch_size):
-                batch = micro_batches.pack(datums, unit, self.model.pad_id, self.model.device)
-                lp = self._target_logprobs(net, batch, temperature)
-                for (i, pos), value in zip(batch.where, lp.cpu().tolist(), strict=True):
-                    out_lp[i][pos] = value
+            forward = self._forward(net)
+            batches = [forward.pack(datums, unit, self.model.pad_id, self.model.device)
+                       for unit in self._plan(datums, self.micro_batch_size, net)]
+            lps = [forward.logprobs(batch, temperature) for batch in batches]
+            accumulate.write_logprobs(out_lp, [w for b in batches for w in b.t.where], lps)
         return out_lp
 
     def reference_logprobs(self, datums: list[Datum],

@@ -5,7 +5,8 @@ normaliser the caller applies to the per-token losses returned here).
 Tensors are aligned over a batch's loss tokens: the trainer's log-probs `new` (with their
 gradient), the sampler's `old`, the advantages (for cross_entropy: the token weights), and for
 gspo `seq` (which sequence each token belongs to, 0..n-1) and `in_ratio` (whether its log-ratio
-counts in that sequence's ratio).
+counts in that sequence's ratio), with `sequences`, their count, where the caller knows it
+(else read from `seq`, a host read).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ class TokenTerms:
 
 
 def token_losses(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, loss: LossConfig,
-                 seq: torch.Tensor | None = None,
-                 in_ratio: torch.Tensor | None = None) -> TokenTerms:
+                 seq: torch.Tensor | None = None, in_ratio: torch.Tensor | None = None,
+                 sequences: int | None = None) -> TokenTerms:
     """Each token's loss under `loss` (Tinker's definitions; a datum's loss is their sum)."""
     name = loss.name
     if name == "cross_entropy":
         return TokenTerms(-adv * new)
-    ratio = sequence_ratio(new, old, seq, in_ratio) if name == "gspo" else torch.exp(new - old)
+    ratio = (sequence_ratio(new, old, seq, in_ratio, sequences) if name == "gspo"
+             else torch.exp(new - old))
     raw, truncated = ratio.detach(), None
     if loss.ratio_cap and name != "dro":
         ratio, truncated = truncate(ratio, loss.ratio_cap)
@@ -69,13 +71,13 @@ def truncate(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tenso
 
 
 def sequence_ratio(new: torch.Tensor, old: torch.Tensor, seq: torch.Tensor | None,
-                   in_ratio: torch.Tensor | None) -> torch.Tensor:
+                   in_ratio: torch.Tensor | None, sequences: int | None = None) -> torch.Tensor:
     """GSPO-token: each token's ratio has its sequence's value, exp(mean of new - old over the
     sequence's `in_ratio` tokens), and its own log-prob's gradient. A sequence with no such
-    token has ratio 1."""
+    token has ratio 1. `sequences`: how many (else seq's largest + 1)."""
     seq = torch.zeros_like(new, dtype=torch.long) if seq is None else seq
     in_ratio = torch.ones_like(new, dtype=torch.bool) if in_ratio is None else in_ratio
-    n = int(seq.max()) + 1 if seq.numel() else 0
+    n = sequences if sequences is not None else int(seq.max()) + 1 if seq.numel() else 0
     delta = torch.where(in_ratio, new.detach() - old, torch.zeros_like(new))
     sums = torch.zeros(n, dtype=new.dtype, device=new.device).index_add_(0, seq, delta)
     counts = torch.zeros(n, dtype=new.dtype, device=new.device).index_add_(
@@ -87,30 +89,36 @@ def sequence_ratio(new: torch.Tensor, old: torch.Tensor, seq: torch.Tensor | Non
 class RatioStats:
     """The ratio metrics of one forward_backward call, over its loss tokens: `clip_fraction`
     (ratio outside the clip range), `ratio_mean`, `ratio_max` (before any truncation), and
-    with a ratio cap `ratio_truncated` (the share of tokens it cut)."""
+    with a ratio cap `ratio_truncated` (the share of tokens it cut). The sums stay on the
+    device until `metrics` reads them, once."""
 
     def __init__(self) -> None:
         self.tokens = 0
-        self.clipped = 0.0
-        self.truncated: float | None = None
-        self.total = 0.0
-        self.max = float("-inf")
+        self.sums: torch.Tensor | None = None   # clipped, truncated, ratio total, ratio max
+        self.capped = False
 
     def add(self, terms: TokenTerms) -> None:
         if terms.ratio is None or terms.ratio.numel() == 0:
             return
         self.tokens += terms.ratio.numel()
-        self.clipped += float(terms.clipped.sum())
-        if terms.truncated is not None:
-            self.truncated = (self.truncated or 0.0) + float(terms.truncated.sum())
-        self.total += float(terms.ratio.sum())
-        self.max = max(self.max, float(terms.ratio.max()))
+        r = terms.ratio.float()
+        cut = terms.truncated
+        self.capped = self.capped or cut is not None
+        now = torch.stack([terms.clipped.sum().float(),
+                           cut.sum().float() if cut is not None else r.new_zeros(()),
+                           r.sum(), r.max()])
+        if self.sums is None:
+            self.sums = now
+        else:
+            self.sums = torch.cat([self.sums[:3] + now[:3], torch.maximum(self.sums[3:],
+                                                                          now[3:])])
 
     def metrics(self) -> dict[str, float]:
-        if not self.tokens:
+        if not self.tokens or self.sums is None:
             return {}
-        out = {"clip_fraction": self.clipped / self.tokens,
-               "ratio_mean": self.total / self.tokens, "ratio_max": self.max}
-        if self.truncated is not None:
-            out["ratio_truncated"] = self.truncated / self.tokens
+        clipped, truncated, total, top = self.sums.tolist()
+        out = {"clip_fraction": clipped / self.tokens,
+               "ratio_mean": total / self.tokens, "ratio_max": top}
+        if self.capped:
+            out["ratio_truncated"] = truncated / self.tokens
         return out
