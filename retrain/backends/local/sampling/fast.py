@@ -11,7 +11,11 @@ its kernel launches. This one:
   nothing after the token that ended it (at most `check_every - 1` steps are wasted on it);
 - draws from `counter_rng` (u = f(seed, prompt, sample, step)), so a row's tokens do not
   depend on the batch it shares, nor on when the other rows end;
-- compacts the live rows into the next smaller bucket once they fit it.
+- compacts the live rows into the next smaller bucket once they fit it;
+- keeps its static states within a share of the free device memory
+  (`static_cache.CACHE_SHARE`), decoding in several passes of whole prompts when all the rows
+  do not fit at once (the same completions: a row's draws are its own);
+- ends each prompt's rows at its own length limit when given one (`limits`).
 
 With the same draws it gives the exact sampler's tokens and log-probs (float rounding
 aside: tests/test_static_sampler.py). The draw stream differs from the exact sampler's
@@ -20,21 +24,25 @@ aside: tests/test_static_sampler.py). The draw stream differs from the exact sam
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from retrain.backends.base import Completion, DivergedError, SamplingParams, TokenIds
+from retrain.backends.base import BackendOOMError, Completion, SamplingParams, TokenIds
 from retrain.backends.local.sampling import counter_rng, cuda_graphs, decode_step
 from retrain.backends.local.sampling.exact import left_pad
+from retrain.backends.local.sampling.fast_rows import Rows
 from retrain.backends.local.sampling.merged import MergedWeights, mergeable
 from retrain.backends.local.sampling.static_cache import (
+    CACHE_SHARE,
     CAPACITY_STEP,
     StatePool,
     StaticState,
     bucket_for,
     capacity_for,
     compact,
+    device_free_bytes,
 )
 from retrain.backends.stop_strings import StopWatch
 
@@ -44,48 +52,6 @@ CHECK_EVERY = 16
 def unsupported(net: Any, base: Any) -> str | None:
     """Why the fast sampler cannot run this model (None when it can)."""
     return decode_step.unsupported(base) or mergeable(net)
-
-
-class _Rows:
-    """Host side of a decode: each completion's tokens, log-probs, finish, and which live
-    completion sits in which slot of the static state."""
-
-    def __init__(self, total: int, ends: set[int], watch: StopWatch):
-        self.tokens: list[list[int]] = [[] for _ in range(total)]
-        self.logprobs: list[list[float]] = [[] for _ in range(total)]
-        self.stopped = [False] * total
-        self.live = [(row, row) for row in range(total)]  # (slot, completion) still going
-        self.ends, self.watch = ends, watch
-
-    def collect(self, toks: list[list[int]], lps: list[list[float]]) -> None:
-        """Take the steps just read back (`toks[slot]`); rows that ended leave `live`."""
-        self.live = [(slot, row) for slot, row in self.live
-                     if not self._take(row, toks[slot], lps[slot])]
-
-    def moved(self) -> torch.Tensor:
-        """The live rows' slots, which now become slots 0, 1, ... (a compaction)."""
-        slots = [slot for slot, _ in self.live]
-        self.live = [(i, row) for i, (_, row) in enumerate(self.live)]
-        return torch.tensor(slots, dtype=torch.long)
-
-    def _take(self, row: int, toks: list[int], lps: list[float]) -> bool:
-        tokens, logprobs = self.tokens[row], self.logprobs[row]
-        for t, lp in zip(toks, lps, strict=True):
-            if not -float("inf") < lp < float("inf"):
-                raise DivergedError("sampling: the next-token probabilities are not finite "
-                                    "(NaN or infinite logits): the weights diverged",
-                                    sampling=True)
-            tokens.append(t)
-            logprobs.append(lp)
-            if t in self.ends or (self.watch and self.watch.hit(tokens)):
-                self.stopped[row] = True
-                return True
-        return False
-
-    def completions(self, n: int) -> list[list[Completion]]:
-        flat = [Completion(tokens=t, logprobs=lp, finish_reason="stop" if s else "length")
-                for t, lp, s in zip(self.tokens, self.logprobs, self.stopped, strict=True)]
-        return [flat[i:i + n] for i in range(0, len(flat), n)]
 
 
 class StaticSampler:
@@ -108,6 +74,7 @@ class StaticSampler:
         use = cuda_graphs.available(device) if graphs is None else graphs
         self.graphs = cuda_graphs.StepGraphs() if use else None
         self.window_step = CAPACITY_STEP if use else 1
+        self.free_bytes = None  # free memory by device for the cache pool (None: the device's)
         self.compactions = 0
         self.pool: StatePool | None = None
         self.weights: dict[str, MergedWeights] = {}
@@ -139,19 +106,49 @@ class StaticSampler:
     def sample(self, net: Any, adapter: str | None, prompts: list[TokenIds], n: int,
                params: SamplingParams, *, seeds: list[int], prompt_ids: list[int],
                eos_ids: set[int], pad_id: int, make_cache, cache_key: str,
-               decode=None) -> list[list[Completion]]:
+               decode=None, limits: list[int] | None = None) -> list[list[Completion]]:
         """`n` completions per prompt; prompt p's sample j draws from key (seeds[p],
-        prompt_ids[p], j). `net` runs the prefill with `adapter` already active."""
+        prompt_ids[p], j). `net` runs the prefill with `adapter` already active.
+        `limits`: each prompt's own most tokens (at most params.max_tokens; None: that).
+        Prompts whose rows the KV cache budget does not hold at once are decoded in several
+        passes (`_passes`): the same completions, since a row's draws are its own."""
         self._check_addresses()
         linear = self.linear_for(net, adapter)
         if params.stop_strings and decode is None:
             raise ValueError("sample: stop_strings need the tokenizer's decode")
-        rows = _Rows(len(prompts) * n, set(eos_ids) | set(params.stop_tokens),
-                     StopWatch(params.stop_strings, decode))
-        st, width = self._prefill(net, prompts, n, params, seeds, prompt_ids, pad_id,
-                                  make_cache, cache_key)
-        self._decode(st, width, rows, params, linear, adapter)
-        return rows.completions(n)
+        ends, out = set(eos_ids) | set(params.stop_tokens), []
+        for part in self._passes(prompts, n, params):
+            own = None if limits is None else [min(limits[p], params.max_tokens)
+                                              for p in part for _ in range(n)]
+            rows = Rows(len(part) * n, ends, StopWatch(params.stop_strings, decode), own)
+            steps = replace(params, max_tokens=max(own) if own else params.max_tokens)
+            st, width = self._prefill(net, [prompts[p] for p in part], n, steps,
+                                      [seeds[p] for p in part], [prompt_ids[p] for p in part],
+                                      pad_id, make_cache, cache_key)
+            self._decode(st, width, rows, steps, linear, adapter)
+            out += rows.completions(n)
+        return out
+
+    def _passes(self, prompts: list[TokenIds], n: int,
+                params: SamplingParams) -> list[list[int]]:
+        """The prompts (by index) decoded together: all of them, or as many as the cache
+        budget's largest bucket holds at a time."""
+        if self.pool is None:
+            dtype = self.base.get_input_embeddings().weight.dtype
+            self.pool = StatePool(decode_step.geometry(self.arch, dtype, self.device),
+                                  lambda: (self.free_bytes or device_free_bytes)(self.device))
+        capacity = capacity_for(max(len(p) for p in prompts), params.max_tokens)
+        most = self.pool.max_bucket(capacity)
+        if most is None or most >= len(prompts) * n:
+            return [list(range(len(prompts)))]
+        if most < n:
+            need = self.pool.geo.state_bytes(bucket_for(n), capacity)
+            raise BackendOOMError(f"sampling: {n} samples of {capacity} positions need a KV "
+                                  f"cache of {need / 2**30:.2f} GiB, more than the "
+                                  f"{CACHE_SHARE:.0%} of free device memory the sampler "
+                                  f"takes ({(self.pool.budget() or 0) / 2**30:.2f} GiB)")
+        per = most // n
+        return [list(range(i, min(i + per, len(prompts)))) for i in range(0, len(prompts), per)]
 
     def _check_addresses(self) -> None:
         now = self._addresses()
@@ -159,6 +156,7 @@ class StaticSampler:
             self._fingerprint = now
             self.arch = decode_step.arch_of(self.base)
             self.weights.clear()
+            self.pool = None  # its dtype may have changed too
             if self.graphs is not None:
                 self.graphs.clear()
 
@@ -173,8 +171,6 @@ class StaticSampler:
         bucket, width = bucket_for(total), ids.shape[1]
         keys = [layer.keys for layer in cache.layers]
         values = [layer.values for layer in cache.layers]
-        if self.pool is None:
-            self.pool = StatePool(decode_step.geometry(self.arch, keys[0].dtype, self.device))
         st = self._state(bucket, capacity_for(width, params.max_tokens))
         pad = bucket - total
         rows = torch.arange(total, device=self.device) // n
@@ -193,14 +189,12 @@ class StaticSampler:
         self.pool.dropped.clear()
         return st
 
-    def _decode(self, st: StaticState, width: int, rows: _Rows, params: SamplingParams,
+    def _decode(self, st: StaticState, width: int, rows: Rows, params: SamplingParams,
                 linear, adapter: str | None) -> None:
         done, start = 1, 0  # steps drawn; the first not yet read back
         while True:
             if done - start == self.check_every or done == params.max_tokens:
-                toks = st.out_tok[:, start:done].tolist()
-                lps = st.out_lp[:, start:done].tolist()
-                rows.collect(toks, lps)
+                rows.collect(st.out_tok[:, start:done], st.out_lp[:, start:done])
                 start = done
                 if not rows.live or done == params.max_tokens:
                     return
@@ -223,7 +217,7 @@ class StaticSampler:
                self.merged)
         self.graphs.run(key, run)
 
-    def _shrink(self, st: StaticState, rows: _Rows) -> StaticState:
+    def _shrink(self, st: StaticState, rows: Rows) -> StaticState:
         """The live rows, compacted into the smallest bucket that holds them."""
         bucket = bucket_for(len(rows.live))
         if bucket >= st.bucket:

@@ -10,6 +10,15 @@ address from one step to the next, which is what a CUDA graph needs (it records 
   calls with similar prompts share one shape.
 - When the live rows fit the next smaller bucket, they are compacted into that shape's
   buffers (`compact`); finished rows keep their slot until then.
+- The pool's states together hold at most `CACHE_SHARE` of the device memory they may use
+  (what is free, PyTorch's cached blocks included, plus what the pool holds): the least
+  recently used shapes are let go first, and a decode whose rows do not fit runs in several
+  passes (`StatePool.max_bucket`). The rest stays free for the step's activations and
+  logits, the prefill's cache and training. Off the GPU there is no such bound.
+
+The layout, `[bucket, kv_heads, capacity, head_dim]` per layer, serves few KV heads
+(SmolLM2: 3, Qwen2.5: 2) and many (Qwen3: 8 of size 128) alike: a decoding step reads each
+KV head's filled columns once for all the query heads of its group.
 
 Buffers start at zero: a masked column's weight is exactly 0, but 0 x NaN would still be NaN.
 """
@@ -17,13 +26,16 @@ Buffers start at zero: a masked column's weight is exactly 0, but 0 x NaN would 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 CAPACITY_STEP = 64
 MIN_BUCKET = 4
+MAX_BUCKET = 1 << 16
 MAX_SHAPES = 16  # shapes kept in the pool; the least recently used is dropped beyond
+CACHE_SHARE = 0.5  # of the device memory free for the pool (its own included)
 
 
 def bucket_for(rows: int) -> int:
@@ -44,6 +56,13 @@ class Geometry:
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+
+    def state_bytes(self, bucket: int, capacity: int) -> int:
+        """Device bytes of a `StaticState` of this shape: keys and values of every layer,
+        plus the per-column mask and output buffers (bool, int64, float32)."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        kv = 2 * self.layers * self.kv_heads * self.head_dim * element
+        return bucket * capacity * (kv + 1 + 8 + 4) + bucket * 4 * 8
 
 
 class StaticState:
@@ -93,21 +112,63 @@ def compact(src: StaticState, dst: StaticState, keep: torch.Tensor) -> None:
     dst.step.copy_(src.step)
 
 
-class StatePool:
-    """Static states by (bucket, capacity), allocated on first use and reused after."""
+def device_free_bytes(device: torch.device) -> int | None:
+    """Bytes the pool may still take on `device`: free device memory plus PyTorch's cached
+    blocks not in use; None off CUDA (no bound)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
-    def __init__(self, geo: Geometry):
+
+class StatePool:
+    """Static states by (bucket, capacity), allocated on first use and reused after, within
+    `CACHE_SHARE` of the memory `free_bytes()` says is left (None: no bound)."""
+
+    def __init__(self, geo: Geometry,
+                 free_bytes: Callable[[], int | None] | None = None):
         self.geo = geo
+        self.free_bytes = free_bytes or (lambda: device_free_bytes(geo.device))
         self.states: OrderedDict[tuple[int, int], StaticState] = OrderedDict()
         self.dropped: list[tuple[int, int]] = []  # shapes let go (their graphs must go too)
+
+    def held(self) -> int:
+        return sum(self.geo.state_bytes(*key) for key in self.states)
+
+    def budget(self) -> int | None:
+        """Bytes the pool's states may hold in all, None without a bound."""
+        free = self.free_bytes()
+        return None if free is None else int((free + self.held()) * CACHE_SHARE)
+
+    def max_bucket(self, capacity: int) -> int | None:
+        """The largest bucket of `capacity` columns the budget holds (0: not even
+        MIN_BUCKET rows; None: no bound)."""
+        budget = self.budget()
+        if budget is None:
+            return None
+        bucket = 0
+        while bucket < MAX_BUCKET and \
+                self.geo.state_bytes(max(bucket * 2, MIN_BUCKET), capacity) <= budget:
+            bucket = max(bucket * 2, MIN_BUCKET)
+        return bucket
 
     def get(self, bucket: int, capacity: int) -> StaticState:
         key = (bucket, capacity)
         state = self.states.get(key)
         if state is None:
+            self._make_room(self.geo.state_bytes(bucket, capacity))
             state = self.states[key] = StaticState(self.geo, bucket, capacity)
             while len(self.states) > MAX_SHAPES:
-                old, _ = self.states.popitem(last=False)
-                self.dropped.append(old)
+                self._drop_oldest()
         self.states.move_to_end(key)
         return state
+
+    def _make_room(self, need: int) -> None:
+        """Let the least recently used states go until `need` more bytes fit the budget."""
+        budget = self.budget()
+        while budget is not None and self.states and self.held() + need > budget:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        old, _ = self.states.popitem(last=False)
+        self.dropped.append(old)
