@@ -544,3 +544,36 @@ def test_a_raised_max_steps_continues_a_run_with_sft_steps(tmp_path):
     entry.status = "completed"
     assert _merge(Manifest("exp", "exp.toml", "old", runs=[entry]), [plan],
                   "new").runs[0].status == "completed"
+
+
+DIES_AFTER_SPAWN = textwrap.dedent('''
+    import os, signal, sys
+    from retrain.campaign.executor import LocalExecutor
+    from retrain.campaign.runner import run_campaign
+    from retrain.config.loader import load
+
+    class DiesAfterSpawn(LocalExecutor):
+        def launch(self, job):
+            super().launch(job)
+            os.kill(os.getpid(), signal.SIGKILL)  # the runner dies before it records the pid
+
+    path, fake = sys.argv[1], sys.argv[2]
+    sys.exit(run_campaign(*load(path), path, executor=DiesAfterSpawn([sys.executable, fake])))
+''')
+
+
+def test_a_runner_killed_between_starting_a_worker_and_recording_it_starts_nothing_twice(env):
+    """The manifest says 'running' before the worker starts, so the next runner looks for it
+    (by the config in its command line) and watches it instead of starting the run again."""
+    path = _write(env, max_workers=1, stagger=0.0, step_s=0.3)
+    (env / "dies.py").write_text(DIES_AFTER_SPAWN)
+    dead = subprocess.run([sys.executable, str(env / "dies.py"), str(path),
+                           str(env / "fake_worker.py")], capture_output=True, text=True)
+    assert dead.returncode == -signal.SIGKILL
+    entry = load_manifest(env / "logs" / "exp").entry("a_s1")
+    assert (entry.status, entry.attempts, entry.pid) == ("running", 1, 0)
+    assert _run(env, path) == 0
+    m = load_manifest(env / "logs" / "exp")
+    assert all(r.status == "completed" and r.attempts == 1 for r in m.runs)
+    starts = [e["run"] for e in _events(env) if e["tag"] == "start"]
+    assert sorted(starts) == ["a_s1", "a_s2", "b_s1", "b_s2"]  # a_s1 once, by the dead runner

@@ -131,6 +131,26 @@ def is_worker_of(pid: int, config_path: Path) -> bool:
     return str(config_path).encode() in args
 
 
+def find_worker(config_paths: list[Path]) -> tuple[int, Path] | None:
+    """A live process (not this one) whose command line names one of `config_paths`: a worker a
+    killed runner started but had not recorded yet. None when there is none, or no /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    wanted = {str(p).encode(): p for p in config_paths}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found = next((wanted[a] for a in args if a in wanted), None)
+        if found is not None:
+            return int(entry.name), found
+    return None
+
+
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)

@@ -17,7 +17,8 @@ from typing import Any
 from retrain.errors import UserError
 from retrain.runfiles import runlog, safejson
 
-RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
+# skipped: a run a race did not need (docs/campaigns.md, "Racing"); it never started.
+RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted", "skipped")
 CAMPAIGN_STATUSES = ("running", "completed", "failed", "interrupted")
 # The campaign folder: <campaign>/slots/ holds the API semaphore; <campaign>/<run>/worker.log
 # is each worker's output.
@@ -73,6 +74,7 @@ class Manifest:
     seeds: list[int] = field(default_factory=list)
     runs: list[RunEntry] = field(default_factory=list)
     retired_runs: list[RunEntry] = field(default_factory=list)  # left the matrix under --force
+    race: dict[str, Any] = field(default_factory=dict)  # [campaign.race]: plan, state, runs
 
     def entry(self, name: str) -> RunEntry | None:
         return next((r for r in self.runs if r.name == name), None)

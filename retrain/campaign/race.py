@@ -211,7 +211,7 @@ def compare(look: Look, a: str, b: str) -> Comparison | None:
         return None
     diff, lo, hi = paired_interval([look.values[a][s] for s in shared],
                                    [look.values[b][s] for s in shared], look.confidence)
-    if lo == hi and diff != 0:
+    if diff != 0 and hi - lo <= 1e-9 * abs(diff):  # no spread, up to float rounding
         return None
     return Comparison(a, b, diff, lo, hi, shared, look.confidence)
 

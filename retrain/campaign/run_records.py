@@ -204,9 +204,11 @@ def _still_running(executor: object, entry: RunEntry, plan: PlannedRun) -> ex.Wo
     """The live worker of a run left 'running', found the executor's way (Ray: by actor name)."""
     if hasattr(executor, "adopt"):
         return executor.adopt(entry.name, entry.attempts)
-    if ex.is_worker_of(entry.pid, plan.config_path):
+    if entry.pid and ex.is_worker_of(entry.pid, plan.config_path):
         return ex.AdoptedWorker(entry.pid, plan.config_path)
-    return None
+    # A runner killed between starting a worker and recording its pid: find it by its config.
+    found = ex.find_worker([plan.config_path, plan.run_dir / NEXT_CONFIG_FILE])
+    return ex.AdoptedWorker(*found) if found else None
 
 
 def record_placement(entry: RunEntry, worker: ex.Worker) -> bool:

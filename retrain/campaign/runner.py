@@ -29,6 +29,8 @@ from retrain.campaign.manifest import (
 )
 from retrain.campaign.matrix import expand, run_config_for, safe_name
 from retrain.campaign.plan import CampaignPlan
+from retrain.campaign.race_plan import race_of
+from retrain.campaign.race_runs import RaceKeeper, check_resume, check_runs, keeper_for
 from retrain.campaign.report import describe_exit, log_tail, summary
 from retrain.campaign.run_records import (
     PlannedRun,
@@ -72,9 +74,16 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
+        race = race_of(campaign.race)
+        if race is not None:
+            check_runs(race, {p.spec.condition: p.config for p in plans}, str(config_path))
+        check_resume(load_manifest(campaign_dir), campaign.race, force, str(config_path))
         manifest, adopted = prepare_manifest(cfg, campaign, config_path, campaign_dir, plans,
                                              force, executor)
-        runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor, concurrency)
+        keeper = keeper_for(race, manifest, {p.spec.name: p.run_dir for p in plans},
+                            campaign.max_retries)
+        runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor, concurrency,
+                        keeper)
         return runner.run(adopted)
 
 
@@ -161,8 +170,9 @@ class Runner:
 
     def __init__(self, cfg: Config, c: CampaignPlan, campaign_dir: Path,
                  plans: list[PlannedRun], manifest: Manifest, executor: ex.Executor,
-                 concurrency: CampaignConcurrency | None = None):
+                 concurrency: CampaignConcurrency | None = None, race: RaceKeeper | None = None):
         self.dir = campaign_dir
+        self.race = race
         self.plans = {p.spec.name: p for p in plans}
         self.manifest = manifest
         self.executor = executor
@@ -185,10 +195,12 @@ class Runner:
         for name in adopted:
             self.say(f"{name}: still running from a previous runner (pid {adopted[name].pid}); "
                      "watching it")
-        todo = self.todo = [e for e in self.manifest.runs if self._wants_run(e)]
+        todo = self.todo = [e for e in self.manifest.runs if self._wants_run(e)
+                            and (self.race is None or self.race.released(e))]
         gave_up = [e for e in self.manifest.runs if e.status == "failed" and not self._wants_run(e)]
         done = sum(e.status == "completed" for e in self.manifest.runs)
-        self.say(f"campaign {self.manifest.campaign}: {len(self.manifest.runs)} runs, "
+        raced = "" if self.race is None else f" (race: {self.race.progress()})"
+        self.say(f"campaign {self.manifest.campaign}: {len(self.manifest.runs)} runs{raced}, "
                  f"{done} completed, "
                  f"{len(todo)} to run" + (f", {len(gave_up)} failed too often (max_retries = "
                                           f"{self.max_retries})" if gave_up else "")
@@ -213,7 +225,9 @@ class Runner:
         next_launch = 0.0
         next_progress = time.monotonic() + PROGRESS_EVERY_S
         tick = TICK_S  # grows while nothing happens, so a long campaign costs ~no CPU
-        while (todo or self.alive) and self.stop.signum is None:
+        while self.stop.signum is None:
+            if not todo and not self.alive and not self._next_round(todo):
+                break
             if self._reap():
                 tick = TICK_S
             now = time.monotonic()
@@ -235,6 +249,19 @@ class Runner:
             time.sleep(wait)
             tick = min(tick * 1.5, MAX_TICK_S)
 
+    def _next_round(self, todo: list[RunEntry]) -> bool:
+        """A race's next decision once its released runs have ended; True if it released
+        more runs (recorded in the manifest before any of them starts)."""
+        if self.race is None:
+            return False
+        fresh, lines = self.race.next_round()
+        for line in lines:
+            self.say(line)
+        if lines:
+            self._save()
+        todo.extend(fresh)
+        return bool(fresh)
+
     def _launch(self, entry: RunEntry) -> None:
         plan = self.plans[entry.name]
         config_path = write_run_config(plan)
@@ -244,9 +271,11 @@ class Runner:
             log.write(f"\n=== attempt {entry.attempts} of {entry.name} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
         entry.started_at, entry.ended_at, entry.exit_code = time.time(), None, None
+        entry.status, entry.pid, entry.error = "running", 0, ""
+        self._save()  # before the start: a runner killed in between leaves a trace to adopt
         worker = self.executor.launch(ex.Job(entry.name, config_path, log_path, self.env,
                                              attempt=entry.attempts))
-        entry.status, entry.pid, entry.error = "running", worker.pid, ""
+        entry.pid = worker.pid
         self.alive[entry.name] = worker
         self._save()
         where = f"Ray actor {worker.name}" if hasattr(worker, "placement") else f"pid {worker.pid}"
@@ -340,7 +369,7 @@ class Runner:
             self.manifest.status = "interrupted"
         elif counts["failed"]:
             self.manifest.status = "failed"
-        elif counts["completed"] == len(self.manifest.runs):
+        elif counts["completed"] + counts["skipped"] == len(self.manifest.runs):
             self.manifest.status = "completed"
         else:
             self.manifest.status = "interrupted"
