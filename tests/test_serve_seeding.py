@@ -32,10 +32,9 @@ def test_float32_seeded_answers_do_not_depend_on_the_batch(tiny_engine, tmp_path
         with tiny_engine.model.lock:  # the model is busy: all seven queue up together
             together = [pool.submit(client.chat.completions.create, **SEEDED)
                         for _ in range(6)]
-            other = pool.submit(client.chat.completions.create,
-                                **{**SEEDED, "seed": 8, "n": 3})
-            wait_until(lambda: sum(len(q) for q in list(tiny_engine._queued.values())) == 7,
-                       60, "seven requests queued")
+            other = pool.submit(client.chat.completions.create, **{**SEEDED, "seed": 8})
+            wait_until(lambda: [len(q) for q in list(tiny_engine._queued.values())] == [7],
+                       60, "seven requests queued as one batch")
         answers = [f.result(timeout=120) for f in together]
         other.result(timeout=120)
     assert [a.choices[0].message.content for a in answers] == \
