@@ -113,9 +113,13 @@ def measure(repo: Path, model: str, dtype: str, scenario: str, give_up_s: float)
         (abandon_requests if scenario == "abandoned" else abandon_streams)(url, model)
         waited = next_request_s(url, model, give_up_s)
         after = rss_mb(proc.pid)
-    finally:
+    finally:  # a server still decoding abandoned work may not stop on SIGTERM soon
         proc.terminate()
-        proc.wait(60)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
     floods = sum("socket.send() raised exception" in line for line in lines)
     return {"scenario": scenario, "next_request_s": round(waited, 2),
             "rss_mb_before": round(before), "rss_mb_after": round(after),
