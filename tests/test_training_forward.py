@@ -1,8 +1,13 @@
 """The training pass's layouts and heads (training/forward.py, pack.py, logprobs.py) against
 the path before them, the model's own forward of the prefix layout with every kept logit at
-once: the same loss, log-probs and gradients (float32, to 1e-6), for every loss and several
-temperatures, on the tiny model and on a random model of SmolLM2-135M's shape; and packed
-rows that leak attention across sequences fail."""
+once: the same loss, log-probs and gradients to 1e-6, for every loss and several
+temperatures, on a random model of SmolLM2-135M's shape in float32 and on the tiny model;
+and packed rows that leak attention across sequences fail.
+
+The tiny model runs in float64 here (the log-softmax stays float32): its large weights
+(init 0.2) put float32's rounding of any two exact computations at ~1e-6 of a log-prob or
+gradient, the old path against itself split into other micro-batches included (measured
+under both kernel sets), which a 1e-6 test would then read as a difference."""
 
 from __future__ import annotations
 
@@ -29,11 +34,13 @@ KNOBS = {"ppo": {"clip_ratio_c": 2.0}, "gspo": {"clip_eps": 0.05}, "dro": {"dro_
 
 
 @pytest.fixture(scope="module")
-def tiny(model):
-    backend = adapter(model, "layouts")
-    yield backend, random_datums(model.vocab_size)
-    backend.close()
-    model.delete_adapter("layouts")
+def tiny(tiny_model):
+    """The tiny model in float64, an adapter, datums."""
+    from retrain.backends.local.model import LocalModel
+
+    model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    model.base.double()
+    return adapter(model, "layouts"), random_datums(model.vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +152,7 @@ def test_full_finetuning_gets_the_head_and_embedding_gradient_through_the_chunks
     from retrain.backends.local.model import LocalModel
 
     model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    model.base.double()
     backend = FullBackend(model, seed=3)
     datums = random_datums(model.vocab_size, seed=2)
     loss = LossConfig("cispo", temperature=0.8)

@@ -89,12 +89,10 @@ def test_the_probe_counts_saved_activations_once_each_and_leaves_the_rng(model):
     expected = torch.rand(3)
     torch.manual_seed(5)
     body = model.base.get_decoder()
-    model.base.train()
-    try:
-        per_token = plan.saved_bytes_per_token(body, model.device, model.vocab_size)
-    finally:
-        model.base.eval()
+    with torch.no_grad():  # as in a forward-only call: the probe still counts training's
+        per_token = plan.saved_bytes_per_token(body, model.device)
     assert torch.equal(torch.rand(3), expected)
+    assert plan.saved_bytes_per_token(model.base, model.device) >= per_token  # + its head
     cfg = model.base.config  # float32: at least each layer's input, attention and MLP output
     assert per_token >= cfg.num_hidden_layers * (3 * cfg.hidden_size + cfg.intermediate_size) * 4
     assert per_token <= cfg.num_hidden_layers * 64 * (cfg.hidden_size + cfg.intermediate_size)

@@ -261,8 +261,7 @@ class LocalBackend:
         if dev.type != "cuda":
             return plan.cpu_budget()
         if self._token_bytes is None:
-            body = head.body or head.net
-            self._token_bytes = plan.saved_bytes_per_token(body, dev, self.model.vocab_size)
+            self._token_bytes = plan.saved_bytes_per_token(head.body or head.net, dev)
         pending = sum(p.numel() * p.element_size() for p in self.params.values()
                       if p.grad is None)
         return plan.memory_budget(plan.free_bytes(dev, pending), self._token_bytes,

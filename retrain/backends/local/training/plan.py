@@ -71,10 +71,12 @@ def free_bytes(device: torch.device, pending: int = 0) -> int:
     return max(0, int(free + cached - pending))
 
 
-def saved_bytes_per_token(body: Any, device: torch.device, vocab_size: int) -> int:
-    """Bytes of activations a training forward of `body` (the model without its LM head)
-    saves for the backward, per token: counted by saved-tensor hooks (each storage once,
-    parameters not) over a probe forward of PROBE_TOKENS random tokens, its graph dropped."""
+def saved_bytes_per_token(body: Any, device: torch.device) -> int:
+    """Bytes of activations a training forward of `body` (the model, or the model without its
+    LM head) saves for the backward, per token: counted by saved-tensor hooks (each storage
+    once, parameters not) over a probe forward of PROBE_TOKENS random embeddings that want a
+    gradient, so that every layer saves what full fine-tuning saves (an upper bound for LoRA,
+    and the same whichever adapter is active or frozen); its graph is dropped."""
     params = {p.untyped_storage().data_ptr() for p in body.parameters()}
     seen: dict[int, int] = {}
 
@@ -84,11 +86,13 @@ def saved_bytes_per_token(body: Any, device: torch.device, vocab_size: int) -> i
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    ids = torch.randint(0, vocab_size, (1, PROBE_TOKENS), device=device,
-                        generator=torch.Generator(device).manual_seed(0))
-    with torch.random.fork_rng(devices=[] if device.type != "cuda" else [device]), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        body(input_ids=ids, use_cache=False)
+    embed = body.get_input_embeddings()
+    gen = torch.Generator(device).manual_seed(0)
+    ids = torch.randint(0, embed.weight.shape[0], (1, PROBE_TOKENS), device=device, generator=gen)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        embeds = embed(ids).detach().requires_grad_(True)
+        body(inputs_embeds=embeds, use_cache=False)
     return math.ceil(sum(seen.values()) / PROBE_TOKENS)
 
 
