@@ -22,13 +22,13 @@ def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, capsys):
     threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     out = tmp_path / "gpu.json"
     try:
-        code = main(["--smoke", "--out", str(out)])
+        code = main(["--smoke", "--profile", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
         torch.random.set_rng_state(rng)
     printed = capsys.readouterr()
     assert code == 0, printed.err[-2000:]
-    assert "| tiny | 8 |" in printed.out and "speedup" in printed.out
+    assert "| tiny | 8 |" in printed.out and "exact / fast" in printed.out
     report = json.loads(out.read_text())
     tiny = report["models"]["tiny"]
     assert [d["batch"] for d in tiny["decode"]] == [4, 8]
@@ -40,6 +40,14 @@ def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, capsys):
     assert step["completions"] == 4 and step["sample_s"] > 0 and step["peak_gib"] is None
     assert tiny["graph_after_adamw"] == {"skipped": "no CUDA: graphs capture only there"}
     assert report["machine"]["device"] == "cpu"
+    assert tiny["decode"][1]["one_step_tok_s"] > 0  # today's loop, on the first model
+    qwen3 = report["models"]["tiny-qwen3"]  # q/k norms, head_dim 32 != 64 / 4
+    assert qwen3["exact"]["same_completions"] == 1.0 and qwen3["fast"]["mismatch_kl"] < 1e-6
+    for r in (tiny, qwen3):  # nano-vllm's recipe: every row to its own output length
+        nano = r["nano_vllm_recipe"]
+        assert nano["all_tokens"] and nano["sequences"] == 4 and nano["tok_s"] > 0
+        assert "aten::mm" in r["profile"]["table"] and "CPU" in r["profile"]["summary"]
+    assert "| nano-vllm recipe |" in printed.out and "profile of tiny-qwen3" in printed.out
 
 
 def test_without_cuda_the_full_run_says_so(cli_env, python):
