@@ -7,7 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from retrain.backends.local.sampling.counter_rng import CounterDraws, row_keys, uniforms  # noqa: E402
+from retrain.backends.local.sampling.counter_rng import (  # noqa: E402
+    CounterDraws,
+    row_keys,
+    uniforms,
+    uniforms_block,
+)
 
 
 def test_a_rows_draw_depends_only_on_its_key_and_step():
@@ -46,3 +51,10 @@ def test_the_stream_steps_through_the_same_draws():
         assert torch.equal(draws.step_uniforms(6, torch.device("cpu")), uniforms(keys, step))
     with pytest.raises(ValueError, match="6 rows"):
         draws.step_uniforms(5, torch.device("cpu"))
+
+
+def test_a_whole_decodes_draws_at_once_are_the_steps_draws_bit_for_bit():
+    keys = row_keys([3, 2**40 + 1], [0, 7], 3, torch.device("cpu"))
+    block = uniforms_block(keys, 50)
+    assert block.shape == (6, 50) and block.dtype == torch.float64
+    assert torch.equal(block, torch.stack([uniforms(keys, s) for s in range(50)], dim=1))

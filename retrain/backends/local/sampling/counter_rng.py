@@ -63,9 +63,20 @@ def uniforms(keys: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
     """Each row's uniform in (0, 1] (float64, 53 random bits) for `step`: `keys` [rows, 2]
     from `row_keys`, `step` an int or a 0-d int64 tensor on the keys' device (a graph's
     step counter)."""
-    step = torch.as_tensor(step, dtype=torch.long, device=keys.device) & _MASK32
-    hi, lo = keys[:, 0], keys[:, 1]
-    base = _mix32(lo ^ _mix32(hi ^ _mix32(step)))
+    step = torch.as_tensor(step, dtype=torch.long, device=keys.device)
+    return _uniforms(keys[:, 0], keys[:, 1], step)
+
+
+def uniforms_block(keys: torch.Tensor, steps: int) -> torch.Tensor:
+    """[rows, steps]: each row's uniforms for steps 0 .. steps - 1 at once, bit for bit
+    `uniforms(keys, s)` for each s (the fast sampler draws a whole decode's up front, so a
+    decoding step reads its column instead of running the ~60 small hashing ops)."""
+    step = torch.arange(steps, dtype=torch.long, device=keys.device)[None, :]
+    return _uniforms(keys[:, :1], keys[:, 1:], step)
+
+
+def _uniforms(hi: torch.Tensor, lo: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    base = _mix32(lo ^ _mix32(hi ^ _mix32(step & _MASK32)))
     a = _mix32(base ^ 0x3C6EF372)
     b = _mix32(a ^ base ^ 0x1B873593)
     bits = (a >> 5) * (1 << 26) + (b >> 6)  # 27 + 26 = 53 bits

@@ -9,7 +9,8 @@ transformers' forward builds its attention mask and cache positions with host-si
 buffers (`sampling.static_cache.StaticState`) and device counters, so a CUDA graph can replay it.
 
 `emit` turns logits into the step's token exactly as the exact sampler does
-(`sampling.exact.token_logprobs` and `draw`), with the uniforms from `counter_rng`, and
+(`sampling.exact.token_logprobs` and `draw`), with the uniforms from `counter_rng` (drawn for
+the whole decode at prefill, `StaticState.u`), and
 writes the token and its log-prob into the state's output buffers at the step counter.
 """
 
@@ -21,7 +22,6 @@ from typing import Any
 import torch
 
 from retrain.backends.base import SamplingParams
-from retrain.backends.local.sampling import counter_rng
 from retrain.backends.local.sampling.exact import draw, token_logprobs
 from retrain.backends.local.sampling.static_cache import Geometry, StaticState
 from retrain.backends.sampler_mode import family_problem
@@ -126,7 +126,7 @@ def emit(st: StaticState, logits: torch.Tensor, params: SamplingParams) -> None:
     """Draw this step's token for every row from `logits` and record it: the output buffers
     at column `st.step` get the token and its log-prob, and `st.tok` is what is fed next."""
     lp = token_logprobs(logits, params.temperature)
-    u = None if params.temperature == 0 else counter_rng.uniforms(st.keys, st.step)
+    u = None if params.temperature == 0 else st.u.index_select(1, st.step.view(1))[:, 0]
     tok = draw(lp, params, u)
     at = st.step.view(1)
     st.out_tok.index_copy_(1, at, tok[:, None])

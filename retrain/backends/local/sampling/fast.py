@@ -178,6 +178,9 @@ class StaticSampler:
         st.fill(keys, values, mask, rows)
         row_keys = counter_rng.row_keys(seeds, prompt_ids, n, self.device)
         st.keys.copy_(torch.cat([row_keys, row_keys[:1].expand(pad, 2)]))
+        if params.temperature > 0:  # every step's draws at once: a step reads its column
+            st.u[:, :params.max_tokens].copy_(counter_rng.uniforms_block(st.keys,
+                                                                         params.max_tokens))
         decode_step.emit(st, out.logits[:, -1][rows], params)
         return st, width
 

@@ -59,10 +59,10 @@ class Geometry:
 
     def state_bytes(self, bucket: int, capacity: int) -> int:
         """Device bytes of a `StaticState` of this shape: keys and values of every layer,
-        plus the per-column mask and output buffers (bool, int64, float32)."""
+        plus the per-column mask, draws and output buffers (bool, float64, int64, float32)."""
         element = torch.empty((), dtype=self.dtype).element_size()
         kv = 2 * self.layers * self.kv_heads * self.head_dim * element
-        return bucket * capacity * (kv + 1 + 8 + 4) + bucket * 4 * 8
+        return bucket * capacity * (kv + 1 + 8 + 8 + 4) + bucket * 4 * 8
 
 
 class StaticState:
@@ -78,6 +78,7 @@ class StaticState:
         self.tok = torch.zeros(bucket, dtype=torch.long, **z)       # the token to feed next
         self.pos = torch.zeros(bucket, dtype=torch.long, **z)       # its position id
         self.keys = torch.zeros((bucket, 2), dtype=torch.long, **z)  # counter_rng row keys
+        self.u = torch.zeros((bucket, capacity), dtype=torch.float64, **z)  # draws by step
         self.col = torch.zeros((), dtype=torch.long, **z)  # the cache column it is written to
         self.step = torch.zeros((), dtype=torch.long, **z)  # the step whose token is drawn
         self.out_tok = torch.zeros((bucket, capacity), dtype=torch.long, **z)
@@ -85,8 +86,8 @@ class StaticState:
 
     def rows(self) -> list[torch.Tensor]:
         """The per-row buffers, in the order `compact` moves them."""
-        return [*self.k, *self.v, self.valid, self.tok, self.pos, self.keys, self.out_tok,
-                self.out_lp]
+        return [*self.k, *self.v, self.valid, self.tok, self.pos, self.keys, self.u,
+                self.out_tok, self.out_lp]
 
     def fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor,
              rows: torch.Tensor) -> None:
