@@ -217,4 +217,40 @@ def test_a_metric_the_runs_do_not_produce_is_refused_in_one_line_before_anything
     text = str(info.value)
     assert len(text.splitlines()) == 1 and "campaign.race.metric" in text
     assert "condition 'good' has data.eval_size = 0" in text
-    assert not (env / "events.jsonl").exists()
+    assert not (env / "events.jsonl").exists() and not (env / "logs").exists()
+
+
+def test_status_compare_and_explain_show_the_race(env, capsys):
+    from retrain.cli.app import run_app
+
+    path = _write(env)
+    assert run_app(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("race           final_reward (max) at confidence 0.95: decisions after 3, 4, 5 "
+            "seeds (rounds of 1; each pair's interval at 98.6000% to 99.9333%); at least 9 "
+            "runs, at most 15 of the grid's 15") in out
+    assert _run(env, path) == 0
+    capsys.readouterr()
+    camp = env / "logs" / "exp"
+    assert run_app(["status", str(env / "logs")]) == 0
+    out = capsys.readouterr().out
+    assert ("race on final_reward (max, confidence 0.95; decisions after 3, 4, 5 seeds): "
+            "max_seeds (5) reached without a verdict") in out
+    assert "bad: eliminated after 3 seeds (final_reward bad - " in out
+    assert "good: undecided after 5 seeds" in out and "runs: 13 of the grid's 15" in out
+    assert "skipped 0/2" in out  # bad_s4, bad_s5 in the matrix
+    assert run_app(["compare", str(camp)]) == 0
+    out = capsys.readouterr().out
+    assert "the race's decisions (manifest.json), each with the interval that made it:" in out
+    assert "not run, the race did not need them: bad_s4, bad_s5" in out
+    assert "excluded from the means" not in out
+    assert ("bad vs good: final reward -0.86 [-0.885, -0.835] (paired t, seeds 1, 2, 3; seeds "
+            "4, 5 unpaired, left out): bad is lower than good") in out
+    assert run_app(["compare", str(camp), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["race"]["outcome"] == "max_seeds" and data["excluded"] == []
+    manifest = json.loads((camp / "manifest.json").read_text())
+    manifest["race"]["state"] = {"looks": "garbage"}
+    (camp / "manifest.json").write_text(json.dumps(manifest))
+    assert run_app(["status", str(env / "logs")]) == 0
+    assert "race: manifest.json's race is unreadable" in capsys.readouterr().out

@@ -65,6 +65,10 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
     root = Path(cfg.logging.log_dir).expanduser().resolve()
     name = safe_name(campaign.name or config_path.stem, "campaign")
     campaign_dir = locate_campaign(root, name, new=new)
+    race = race_of(campaign.race)
+    if race is not None:  # a metric the runs do not produce: refused before anything is made
+        check_runs(race, {s.condition: run_config_for(cfg, s, campaign_dir) for s in specs},
+                   str(config_path))
     campaign_dir.mkdir(parents=True, exist_ok=True)
     with runner_lock(campaign_dir):
         executor = executor or executor_for(cfg, campaign, campaign_dir)
@@ -74,9 +78,6 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
-        race = race_of(campaign.race)
-        if race is not None:
-            check_runs(race, {p.spec.condition: p.config for p in plans}, str(config_path))
         check_resume(load_manifest(campaign_dir), campaign.race, force, str(config_path))
         manifest, adopted = prepare_manifest(cfg, campaign, config_path, campaign_dir, plans,
                                              force, executor)

@@ -20,6 +20,7 @@ from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
 from retrain.cli.explain_data import DataReader
 from retrain.cli.explain_memory import memory_line, model_family
+from retrain.cli.explain_race import race_settings
 from retrain.cli.explain_warnings import warnings
 from retrain.config import loader as config_file
 from retrain.config import sections as config
@@ -110,7 +111,7 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
 
         cluster, fits = describe_cluster(cfg, camp, folder)
         fits = min(fits, par) if fits is not None else None
-    settings = key_settings(cfg, camp)
+    settings = key_settings(cfg, camp) | race_settings(path, camp, plans, run_cfgs)
     if cfg.backend.backend == "local":  # a campaign's line: its first full run's, if any
         shown = next((c for c in run_cfgs if c.model.finetune == "full"), run_cfgs[0])
         settings["memory"] = memory_line(shown, path.parent)
@@ -326,10 +327,7 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     if "backend.sampler" in s:
         out.append(("sampler", s.get("sampler") or sampler_line(s["backend.sampler"],
                                                                  s["model.device"])))
-    if "memory" in s:
-        out.append(("memory", s["memory"]))
-    if "judge" in s:
-        out.append(("judge", s["judge"]))
+    out += [(k, s[k]) for k in ("memory", "judge", "race") if k in s]
     if "backend.max_concurrent" in s:
         cap = s["backend.max_concurrent"]
         out.append(("API calls", f"at most {cap} in flight" if cap != "auto" else

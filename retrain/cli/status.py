@@ -21,7 +21,8 @@ from retrain.runfiles import runlog, safejson
 # A run that says "running" but whose process cannot be checked (another host) is stale
 # after this long without an update, or after 5 median steps, whichever is longer.
 STALE_AFTER_S = 600.0
-STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "unreadable")
+STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "skipped",
+          "unreadable")
 # What state.json and manifest.json may say: status shows the same word (plus "stale").
 _FILE_STATES = frozenset(runlog.RUN_STATUSES)
 
@@ -71,6 +72,7 @@ class CampaignStatus:
     parallel: bool = False
     max_workers: int = 0
     problem: str = ""              # why manifest.json could not be read (its runs still show)
+    race: dict = field(default_factory=dict)  # [campaign.race]: manifest.json's race
 
 
 @dataclass
@@ -274,7 +276,8 @@ def scan_campaign(folder: Path, now: float | None = None,
         runs=runs, counts=count_states(runs), steps_left=steps_left, time_left_s=time_left,
         api_slots_in_use=_slots_in_use(folder, manifest),
         max_concurrent=max(_int(manifest.get("max_concurrent"), 0), 0) or None,
-        parallel=parallel, max_workers=max_workers, **_api_cap(folder))
+        parallel=parallel, max_workers=max_workers, **_api_cap(folder),
+        race=manifest["race"] if isinstance(manifest.get("race"), dict) else {})
 
 
 def _read_manifest(folder: Path) -> tuple[dict, str]:
@@ -311,8 +314,8 @@ def _campaign_run(campaign: Path, entry: dict, now: float) -> RunStatus:
     if entry.get("node"):
         run.node = f"{_text(entry.get('host')) or '?'} ({str(entry['node'])[:8]})"
     status = _text(entry.get("status"))
-    if status in ("completed", "failed"):
-        run.state = status
+    if status in ("completed", "failed") or (status == "skipped" and not has_files):
+        run.state = status  # skipped: a run a race did not need
     elif status == "running" and not has_files:
         pid = _int(entry.get("pid"), 0)
         run.state = "running" if pid and runlog.pid_alive(pid) else "stale"

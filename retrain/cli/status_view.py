@@ -15,6 +15,7 @@ from retrain.cli.status import CampaignStatus, RunStatus, StatusReport, scan
 from retrain.control import capacity
 from retrain.errors import UserError
 from retrain.results import compare, compare_view
+from retrain.results.race_view import race_lines
 
 
 def blocks(report: StatusReport) -> list[Block]:
@@ -32,6 +33,7 @@ def blocks(report: StatusReport) -> list[Block]:
         if c.runs:
             out += [Block(table=runs_table(c.runs, True), indent="  ", gap=True),
                     *_failures(c.runs)]
+        out += [Block(line, indent="  ", gap=i == 0) for i, line in enumerate(race_lines(c.race))]
         if compare.has_seeds_to_compare(c.runs):
             out += compare_view.status_blocks(c.path)
     runs = _all_runs(report)

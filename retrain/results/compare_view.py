@@ -11,6 +11,7 @@ from retrain.cli import render
 from retrain.cli.render import Block
 from retrain.errors import UserError
 from retrain.results.compare import CompareReport, ConditionSummary, build
+from retrain.results.race_view import race_lines
 from retrain.results.stats import Estimate
 from retrain.runfiles.runlog import METRICS_FILE
 
@@ -71,6 +72,9 @@ def excluded_lines(report: CompareReport) -> list[str]:
     for r in report.excluded:
         why = r.error.strip().splitlines()[0][:160] if r.error.strip() else ""
         out.append(f"excluded from the means: {r.name} ({r.state}{': ' + why if why else ''})")
+    skipped = [r.name for r in report.runs if r.state == "skipped"]
+    if skipped:
+        out.append(f"not run, the race did not need them: {', '.join(skipped)}")
     return out
 
 
@@ -84,6 +88,11 @@ def blocks(report: CompareReport) -> list[Block]:
     out = [Block(header(report), style="bold"),
            *[Block(line, style="dim") for line in method_lines(report)],
            Block(table=table(report), gap=True)]
+    race = race_lines(report.race)
+    if race:
+        out.append(Block("the race's decisions (manifest.json), each with the interval that "
+                         "made it:", gap=True))
+        out += [Block(line, indent="  ") for line in race]
     verdicts = verdict_lines(report)
     if verdicts:
         out.append(Block(f"against the baseline '{report.baseline}' (95% interval of the "
