@@ -108,3 +108,78 @@ def test_a_plain_head_runs_the_body_and_others_the_models_forward(model):
         torch.testing.assert_close(head.lm_head(hidden), logits)
         torch.testing.assert_close(Head(model.net, model_forward=True).kept(keep, input_ids=ids),
                                    logits)
+
+
+@pytest.fixture
+def compiling(tiny_model, monkeypatch):
+    """A packed-layout adapter whose training forward goes through torch.compile with the
+    `eager` backend: dynamo's capture and guards as on a GPU, without minutes of inductor."""
+    import torch._dynamo
+
+    from retrain.backends.local.model import LocalModel
+    from tests.training_models import adapter
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager"}))
+    model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    backend = adapter(model, "compiled")
+    backend.layout = "packed"
+    yield backend
+    torch._dynamo.reset()
+
+
+def test_the_compiled_forward_trains_as_the_eager_one_and_new_shapes_do_not_recompile(
+        compiling):
+    import torch._dynamo
+
+    from retrain.backends.base import LossConfig
+    from tests.training_models import random_datums
+
+    backend, loss = compiling, LossConfig("ppo", temperature=0.8)
+    datums = random_datums(backend.model.vocab_size)
+
+    def step(ds):
+        out = backend.forward_backward(ds, loss)
+        grads = [p.grad.clone() for p in backend.params.values()]
+        backend._zero_grad()
+        return out, grads
+
+    eager = step(datums)
+    backend.compile_training = True
+    compiled = step(datums)
+    assert compiled[0].loss == pytest.approx(eager[0].loss, rel=1e-6)
+    for a, b in zip(compiled[1], eager[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    body = Head(backend.model.net, compile=True).body
+    assert body.failed is None
+    other = random_datums(backend.model.vocab_size, seed=5, lengths=((7, 2, 12), (8, 4, 6)),
+                          prompt_lengths=(4, 2))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        step(other)   # other rows and row lengths: the dynamic shapes take them
+    assert body.failed is None
+
+
+def test_a_compile_that_fails_costs_one_line_and_runs_eagerly(tiny_model, monkeypatch,
+                                                              capsys):
+    from retrain.backends.base import LossConfig
+    from retrain.backends.local.model import LocalModel
+    from tests.training_models import adapter, random_datums
+
+    def broken(fn, **kw):
+        def call(**forward):
+            raise RuntimeError("InductorError: no C++ compiler\nmore lines")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    backend = adapter(LocalModel.load(tiny_model, "float32", "cpu", 1), "broken")
+    backend.layout = "packed"
+    datums = random_datums(backend.model.vocab_size)
+    want = backend.forward_backward(datums, LossConfig())
+    backend._zero_grad()
+    backend.compile_training = True
+    for _ in range(2):
+        assert backend.forward_backward(datums, LossConfig()).loss == want.loss
+        backend._zero_grad()
+    err = capsys.readouterr().err
+    assert err.count("compiled training forward failed") == 1
+    assert "RuntimeError: InductorError: no C++ compiler)" in err
