@@ -280,8 +280,9 @@ class BackendConfig:
     sampler: str = opt(
         "auto", "local: exact = the step-by-step sampler through the trainer's adapter "
         "modules; fast = static KV cache, LoRA merged into fixed buffers, CUDA graphs, "
-        "counter-based draws (other draws than exact for a seed; Llama/Qwen2 models); "
-        "auto = exact on CPU and MPS, fast on CUDA (docs/gpu.md)",
+        "counter-based draws (other draws than exact for a seed; Llama, Qwen2 and Qwen3 "
+        "models); auto = exact on CPU and MPS, fast on CUDA where the model's family allows "
+        "(docs/gpu.md)",
         choices=("auto", "exact", "fast"))
     fast_ratio_cap: float = opt(
         2.0, "local, sampler fast: truncated importance sampling, a token's ratio p_trainer / "
