@@ -39,7 +39,8 @@ def profile_decode(backend, sampler, plan, splan) -> dict:
                            "table": prof.key_averages().table(sort_by=key, row_limit=15)}
     timeline = device_timeline(prof.events(), splan.profile_tokens) if cuda else None
     if timeline is None:
-        out["summary"] = "no device kernels (CPU): the table is the host's operators"
+        out["summary"] = ("no device kernels in the trace (on the CPU: the table is the "
+                          "host's operators)")
     else:
         out.update(timeline)
         out["summary"] = (f"per decoding step (prefill included): span {timeline['span_ms']:.3f}"

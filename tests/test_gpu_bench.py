@@ -58,3 +58,26 @@ def test_without_cuda_the_full_run_says_so(cli_env, python):
     proc = subprocess.run([python, "-m", "bench.gpu"], env=cli_env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+
+
+def test_the_profiles_timeline_counts_busy_and_idle_device_time():
+    """Kernels [0, 10], [5, 20] (overlapping), [50, 60], [100, 130] us over 2 steps: busy 20 +
+    10 + 30 = 60 us, idle 30 + 40 = 70 us; host operators are not device time."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.gpu_profile import device_timeline
+
+    def event(start, end, name, kind=torch.autograd.DeviceType.CUDA):
+        return SimpleNamespace(device_type=kind, name=name,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event(50, 60, "c"), event(0, 10, "a"), event(5, 20, "b"), event(100, 130, "d"),
+              event(0, 500, "aten::mm", torch.autograd.DeviceType.CPU)]
+    got = device_timeline(events, steps=2)
+    assert got["kernels"] == 4 and got["span_ms"] == pytest.approx(0.065)
+    assert got["busy_ms"] == pytest.approx(0.030) and got["idle_ms"] == pytest.approx(0.035)
+    assert got["gaps_over_50us"] == 0
+    assert got["largest_gaps"] == ["40 us after c before d", "30 us after b before c"]
+    assert device_timeline(events[-1:], steps=2) is None
