@@ -24,6 +24,7 @@ def main() -> None:
     cfg.model.name = spec["model"]
     cfg.model.dtype = spec["dtype"]
     cfg.model.threads = spec["threads"]
+    cfg.model.device = spec.get("device", "auto")
     cfg.model.lora_rank = spec["lora_rank"]
     cfg.model.lora_alpha = float(spec["lora_alpha"])
     cfg.model.lora_target_modules = list(spec["target_modules"])

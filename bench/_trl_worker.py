@@ -43,7 +43,8 @@ def main() -> None:
         num_generations=spec["group"], gradient_accumulation_steps=1, steps_per_generation=1,
         max_completion_length=spec["max_tokens"], max_steps=total, beta=0.0,
         learning_rate=spec["lr"], temperature=1.0, logging_steps=1, report_to=[],
-        save_strategy="no", bf16=spec["dtype"] == "bfloat16", use_cpu=True,
+        save_strategy="no", bf16=spec["dtype"] == "bfloat16",
+        use_cpu=spec.get("device", "cpu") == "cpu",
         gradient_checkpointing=spec.get("trl_gradient_checkpointing", True),
         seed=spec["seed"], dataloader_num_workers=0, disable_tqdm=True,
     )

@@ -15,6 +15,10 @@ What it measures, per model (bfloat16):
   loop and against the trainer, and with --profile the top kernels and the device's idle
   gaps per decoding step; each model's sampling part keeps to its time share;
 - one RL step (sample, forward_backward, AdamW; LoRA r = 16): its phases, peak GPU memory;
+- the trainer (bench/gpu_training.py): forward_backward's positions/s, TFLOP/s and MFU
+  against the card's own matmul rate, by layout, compiled or not, LoRA and full fine-tuning;
+  after the models, the RL step of retrain's trainer beside TRL's GRPOTrainer on a
+  random-init SmolLM2-135M folder with its real tokenizer (`--tokenizer DIR`, docs/gpu.md);
 - graphs captured before an AdamW step, replayed after it (merged buffers refreshed in
   place): the same tokens and log-probs as the same steps run eagerly.
 """
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from bench import gpu_sampling
+from bench import gpu_sampling, gpu_training
 from bench.gpu_sampling import SMOKE_SAMPLING, SamplingPlan
 from bench.gpu_sampling import prompts_for as _prompts
 from bench.gpu_sampling import sync as _sync
@@ -138,13 +142,17 @@ def rl_step(backend, plan: Plan) -> dict:
 
 
 def run_model(name: str, shape: dict, plan: Plan, splan: SamplingPlan, first: bool,
-              profile: bool = False) -> dict:
+              profile: bool = False, tplan: gpu_training.TrainingPlan | None = None,
+              matmul_tflops: float = 0.0) -> dict:
     t0 = time.perf_counter()
     backend = build(shape, plan, name)
     out = gpu_sampling.measure(backend, name, plan, splan, first, profile)
     backend.model.use_sampler("fast")
     out["rl_step"] = rl_step(backend, plan)
     out["graph_after_adamw"] = gpu_sampling.graph_after_adamw(backend, plan)
+    if tplan is not None:
+        out["training"] = gpu_training.measure(backend, name, shape, plan, tplan,
+                                               matmul_tflops, first)
     out["wall_s"] = time.perf_counter() - t0
     del backend
     if plan.device == "cuda":
@@ -182,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", help="a subset of " + ", ".join(SHAPES))
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler: top kernels and device gaps per decoding step")
+    ap.add_argument("--tokenizer", help="a folder with SmolLM2's tokenizer files, for the RL "
+                    "step beside TRL (default: the built-in model's, where converted)")
     args = ap.parse_args(argv)
     plan, shapes = (SMOKE, SMOKE_SHAPES) if args.smoke else (Plan(), SHAPES)
     splan = SMOKE_SAMPLING if args.smoke else SamplingPlan()
+    tplan = gpu_training.SMOKE_TRAINING if args.smoke else gpu_training.TrainingPlan()
     if args.smoke:
         torch.set_num_threads(1)  # seconds of work; leave the other cores alone
     if plan.device == "cuda" and not torch.cuda.is_available():
@@ -193,16 +204,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chosen = {k: v for k, v in shapes.items() if not args.models or k in args.models}
     results = {"machine": _machine(plan), "plan": asdict(plan), "sampling": asdict(splan),
-               "models": {}}
-    for i, (name, shape) in enumerate(chosen.items()):
-        results["models"][name] = run_model(name, shape, plan, splan, i == 0, args.profile)
-        print(f"{name}: done in {results['models'][name]['wall_s']:.0f}s", flush=True)
-    print(table(results))
+               "training": asdict(tplan), "models": {},
+               "matmul": gpu_training.matmul_rate(plan, tplan.matmul_size)}
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    for i, (name, shape) in enumerate(chosen.items()):
+        results["models"][name] = run_model(name, shape, plan, splan, i == 0, args.profile,
+                                            tplan, results["matmul"]["tflops"])
+        print(f"{name}: done in {results['models'][name]['wall_s']:.0f}s", flush=True)
+        _write(results, out)  # what is measured survives a deadline
+    tokenizer = (gpu_training.smoke_tokenizer() if args.smoke
+                 else gpu_training.tokenizer_folder(args.tokenizer))
+    side_shape = next(iter(shapes.values()))
+    results["side_by_side"] = gpu_training.side_by_side(side_shape, plan, tplan, tokenizer)
+    print(table(results) + "\n\n" + gpu_training.tables(results))
+    _write(results, out)
     print(f"wrote {out}")
     return 0
+
+
+def _write(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

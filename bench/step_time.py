@@ -46,9 +46,10 @@ CONFIGS = {
 }
 
 
-def run_one(tool: str, spec: dict, env: dict[str, str | None] | None = None) -> dict:
+def run_one(tool: str, spec: dict, env: dict[str, str | None] | None = None,
+            timeout: float | None = None) -> dict:
     """Run one measurement in a fresh process and return its parsed JSON line. `env`: variables
-    to set for it (None: unset)."""
+    to set for it (None: unset); `timeout`: seconds (subprocess.TimeoutExpired past them)."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{tool}-") as tmp:
         spec = {**spec, "out_dir": tmp}
         spec_path = Path(tmp) / "spec.json"
@@ -58,7 +59,7 @@ def run_one(tool: str, spec: dict, env: dict[str, str | None] | None = None) -> 
                 **(env or {})}
         full = {k: v for k, v in full.items() if v is not None}
         proc = subprocess.run([sys.executable, "-m", worker, str(spec_path)], cwd=ROOT,
-                              env=full, capture_output=True, text=True)
+                              env=full, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise SystemExit(f"{tool} worker failed:\n{proc.stderr[-3000:]}")
         last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]

@@ -48,6 +48,15 @@ def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, capsys):
         assert nano["all_tokens"] and nano["sequences"] == 4 and nano["tok_s"] > 0
         assert "aten::mm" in r["profile"]["table"] and "CPU" in r["profile"]["summary"]
     assert "| nano-vllm recipe |" in printed.out and "profile of tiny-qwen3" in printed.out
+    for r in (tiny, qwen3):  # the trainer (bench/gpu_training.py), each layout, LoRA and full
+        t = r["training"]
+        assert set(t["lora"]) == set(t["full"]) == {"packed", "prefix"}, t
+        for row in (*t["lora"].values(), *t["full"].values()):
+            assert row["positions_s"] > 0 and row["mfu"] > 0 and row["micro_batches"] == 1
+    assert report["matmul"]["tflops"] > 0 and "| tiny | full | packed |" in printed.out
+    side = report["side_by_side"]  # the real trainer's steps beside TRL's (or why not)
+    assert len(side["retrain"]["steps"]) == 1 and side["retrain"]["train_s"] > 0
+    assert "skipped" in side["trl"] or side["trl"]["train_s"] > 0
 
 
 def test_without_cuda_the_full_run_says_so(cli_env, python):
