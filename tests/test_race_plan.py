@@ -91,3 +91,21 @@ def test_a_metric_the_runs_do_not_produce_is_named_with_its_condition():
         in issue.message
     (issue,) = run_issues(RacePlan(), {"a": sft_only})
     assert "training.max_steps = 0" in issue.message
+
+
+def test_race_keys_can_be_set_on_the_command_line_and_are_checked_there():
+    from retrain.config.overrides import parse_set_args
+
+    sets = parse_set_args(["campaign.race.min_seeds=2", "campaign.race.metric=eval_accuracy",
+                           "campaign.race.margin=0.02"])
+    assert sets == {"campaign.race.min_seeds": 2, "campaign.race.metric": "eval_accuracy",
+                    "campaign.race.margin": 0.02}
+    raw = loader.parse_toml(CAMPAIGN, "race.toml")
+    _, plan = loader.parse(loader.config.apply_overrides(raw, sets), "race.toml")
+    assert race_of(plan.race) == RacePlan(min_seeds=2, metric="eval_accuracy", margin=0.02)
+    for item, message in [("campaign.race.min_seed=2", "unknown key (did you mean 'min_seeds'?)"),
+                          ("campaign.race.min_seeds=1", "must be >= 2, got 1"),
+                          ("campaign.race.direction=up", '"up" is not allowed')]:
+        with pytest.raises(ConfigError) as info:
+            parse_set_args([item])
+        assert message in str(info.value) and len(str(info.value).splitlines()) == 1

@@ -29,9 +29,10 @@ def race_line(path: Path, camp: CampaignPlan, conditions: list[str],
         f", budget {race.budget_runs} runs" if race.budget_runs else "")
     what = f"{race.metric} ({race.direction}" + (
         f", threshold {race.threshold_value:g}" if race.threshold_value is not None else "")
+    levels = sorted({f"{c:.4%}" for c in (min(sched.confidences), max(sched.confidences))})
     return (f"{what}) at confidence {race.confidence:g}{extra}: decisions after "
             f"{', '.join(map(str, sched.looks))} seeds ({rounds}; each pair's interval at "
-            f"{min(sched.confidences):.4%} to {max(sched.confidences):.4%}); at least "
+            f"{' to '.join(levels)}); at least "
             f"{fewest} runs, at most {most} of the grid's {len(conditions) * sched.looks[-1]} "
             "(docs/campaigns.md#racing)")
 

@@ -1,8 +1,8 @@
 """Command-line overrides: `--set section.key=value` items and the shortcut flags, typed by
 the schema and checked before the file is read.
 
-Any key of the run may be set, and the plain [campaign] keys too (not its conditions or
-grid, which belong in the file). Pure: no I/O.
+Any key of the run may be set, and the plain [campaign] keys and [campaign.race]'s too (not
+its conditions or grid, which belong in the file). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ from typing import Any
 
 from retrain.campaign import plan as plan_mod
 from retrain.campaign.plan import FILE_SECTIONS, SECTION
+from retrain.campaign.race_plan import TABLE, RacePlan
 from retrain.config import toml_io
-from retrain.config.schema import check_field, fields_of, hints_of, is_value_or_word, key_hint
+from retrain.config.schema import (
+    check_field,
+    did_you_mean,
+    fields_of,
+    hints_of,
+    is_value_or_word,
+    key_hint,
+)
 from retrain.config.sections import ConfigError, ConfigIssue
 
 
@@ -67,9 +75,12 @@ def parse_set_args(items: list[str], source: str = "command line") -> dict[str, 
 
 
 def _cli_key(dotted: str) -> tuple[str, str, list[str]] | str:
-    """Like plan.split_key, but the command line may also set [campaign] keys."""
+    """Like plan.split_key, but the command line may also set [campaign] keys, and the keys of
+    [campaign.race] (`campaign.race.min_seeds=4`)."""
     parsed = plan_mod.split_key(dotted)
     parts = dotted.split(".")
+    if parts[:2] == [SECTION, "race"] and len(parts) == 3 and parts[2]:
+        return SECTION, "race", [parts[2]]
     if isinstance(parsed, str) and parts[0] == SECTION and len(parts) == 2 and parts[1]:
         if parts[1] in fields_of(FILE_SECTIONS[SECTION]):
             return SECTION, parts[1], []
@@ -81,6 +92,12 @@ def _cli_override_problem(dotted: str, value: Any) -> str | None:
     parsed = _cli_key(dotted)
     if isinstance(parsed, str):
         return parsed
+    if parsed[:2] == (SECTION, "race"):
+        key = parsed[2][0]
+        if key not in fields_of(RacePlan):
+            return f"unknown key{did_you_mean(key, fields_of(RacePlan))}; [{TABLE}] takes " \
+                   + ", ".join(fields_of(RacePlan))
+        return check_field(RacePlan, key, value)[1]
     if parsed[0] == SECTION:
         if parsed[1] in ("conditions", "grid"):
             return f"set campaign.{parsed[1]} in the TOML file, not on the command line"
