@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REWARD_FUNCTION = str(Path(__file__).resolve()) + ":dense_reward"
+TEXT_REWARD_FUNCTION = str(Path(__file__).resolve()) + ":text_reward"
 
 
 @dataclass
@@ -43,6 +44,15 @@ def dense_reward(completion: str, answer: str) -> float:
     return match_reward(completion, answer) + 0.1 * digits
 
 
-def reward_texts(texts: list[str], answers: list[str]) -> list[float]:
+def text_reward(completion: str, answer: str) -> float:
+    """A reward with signal on any text, a random-init model's too (bench/gpu_training.py):
+    the share of vowels among its letters, so a group's completions (almost) never tie and
+    both tools train every completion. `answer` is not read."""
+    letters = [ch for ch in completion.lower() if ch.isalpha()]
+    return sum(ch in "aeiou" for ch in letters) / max(1, len(letters))
+
+
+def reward_texts(texts: list[str], answers: list[str], reward: str = "dense") -> list[float]:
     """The benchmark reward for the TRL side (retrain loads the same function by name)."""
-    return [dense_reward(t, a) for t, a in zip(texts, answers, strict=True)]
+    fn = text_reward if reward == "text" else dense_reward
+    return [fn(t, a) for t, a in zip(texts, answers, strict=True)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    from bench._common import REWARD_FUNCTION
+    from bench._common import REWARD_FUNCTION, TEXT_REWARD_FUNCTION
     from retrain.config.loader import dumps_config
     from retrain.config.sections import Config
     from retrain.run.single import run_single
@@ -33,7 +33,8 @@ def main() -> None:
     cfg.data.eval_size = 0
     cfg.data.size = spec["batch"] * (spec["warmup"] + spec["steps"]) * 4
     cfg.reward.type = "custom"
-    cfg.reward.function = REWARD_FUNCTION
+    cfg.reward.function = (TEXT_REWARD_FUNCTION if spec.get("reward") == "text"
+                           else REWARD_FUNCTION)
     t = cfg.training
     t.seed, t.batch_size, t.group_size = spec["seed"], spec["batch"], spec["group"]
     t.max_tokens, t.max_steps, t.lr = spec["max_tokens"], spec["warmup"] + spec["steps"], spec["lr"]

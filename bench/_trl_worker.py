@@ -36,7 +36,7 @@ def main() -> None:
 
     def reward(completions, answer, **_):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        return reward_texts(texts, answer)
+        return reward_texts(texts, answer, spec.get("reward", "dense"))
 
     args = GRPOConfig(
         output_dir=spec["out_dir"], per_device_train_batch_size=spec["batch"] * spec["group"],

@@ -16,8 +16,9 @@ card, and the RL step beside TRL's GRPOTrainer on the same card, model shape and
 - `side_by_side`: the real trainer (`run_single`, as `python -m retrain` runs it, the worker
   of bench/step_time.py) and TRL 1.16 GRPOTrainer (no vLLM: transformers' generate) on a
   random-init SmolLM2-135M folder with SmolLM2's real tokenizer, 32 prompts x 8 x 256 tokens,
-  3 steps each (the first is warm-up): step, sample and train seconds from their rows. TRL's
-  wheels are not part of the GPU machine: docs/gpu.md says how to carry them.
+  3 steps each (the first is warm-up), the same reward (bench/_common.text_reward: signal on
+  random text): step, sample and train seconds from their rows. TRL's wheels are not part of
+  the GPU machine: docs/gpu.md says how to carry them.
 
 `train_flops` counts the work of the unpacked step: per position 2 x the body's
 multiply-adds forward, as much again for the activation gradients and (full fine-tuning) as
@@ -198,7 +199,7 @@ def side_by_side(shape: dict, plan, tplan: TrainingPlan, tokenizer_dir: Path | N
                     group=tplan.side_group, max_tokens=tplan.side_tokens, lora_rank=16,
                     lora_alpha=32, target_modules=["q_proj", "v_proj"], lr=1e-5, warmup=1,
                     steps=tplan.side_steps - 1, seed=7, threads=torch.get_num_threads(),
-                    device=plan.device, trl_gradient_checkpointing=True)
+                    device=plan.device, trl_gradient_checkpointing=True, reward="text")
         return {tool: _tool(tool, spec, tplan.side_timeout_s) for tool in ("retrain", "trl")}
 
 
