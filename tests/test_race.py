@@ -193,3 +193,6 @@ def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zer
     state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(same), "y": same})
     c = compare(state.looks[0], "x", "y")
     assert (c.diff, c.lo, c.hi) == (0.0, 0.0, 0.0) and state.outcome == "equivalent"
+    floor = {1: 0.0, 2: 0.0, 3: 0.0}  # both score 0 on every seed: no evidence either way
+    state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(floor), "y": floor})
+    assert compare(state.looks[0], "x", "y") is None and state.outcome == "max_seeds"

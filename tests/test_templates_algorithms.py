@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from retrain.campaign.race_plan import RacePlan, race_of
 from retrain.cli import templates
 from retrain.config import loader as config_file
 from tests import warm
@@ -30,9 +31,11 @@ def _plan(tmp_path):
     return cfg, {c.name: c.overrides for c in plan.conditions}, plan
 
 
-def test_the_recipes_run_on_the_quickstart_task_with_three_seeds(tmp_path):
+def test_the_recipes_race_on_the_quickstart_task(tmp_path):
     cfg, recipes, plan = _plan(tmp_path)
-    assert list(recipes) == RECIPES and plan.seeds == [1, 2, 3]
+    assert list(recipes) == RECIPES and plan.seeds == list(range(1, 11))
+    assert race_of(plan.race) == RacePlan(metric="eval_accuracy", direction="max", min_seeds=3,
+                                          round_seeds=1, confidence=0.95, margin=0.03)
     quick = config_file.load_config(templates.write_template("quickstart", tmp_path / "q.toml"))
     # The base is the quickstart: same model, task, reward, step shape, lr and temperature.
     assert (cfg.model, cfg.data, cfg.reward) == (quick.model, quick.data, quick.reward)
@@ -71,9 +74,11 @@ def _retrain(cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
                     text=True, env=env, cwd=cwd, timeout=600)
 
 
-# The template shrunk to the tiny model: 1 step, 1 seed, and a reward it can earn (the
-# fraction of digits), so every recipe's groups carry signal and its update runs.
-SHRINK = ["--max-steps", "1", "--set", "campaign.seeds=[1]", "--set", "campaign.max_workers=2",
+# The template shrunk to the tiny model: 1 step, a race of one decision after 2 seeds, and a
+# reward it can earn (the fraction of digits), so every recipe's groups carry signal and its
+# update runs.
+SHRINK = ["--max-steps", "1", "--set", "campaign.seeds=[1, 2]",
+          "--set", "campaign.race.min_seeds=2", "--set", "campaign.max_workers=2",
           "--set", "campaign.stagger_seconds=0", "--set", "model.name=tiny-random",
           "--set", "model.dtype=float32", "--set", "model.threads=1",
           "--set", "data.eval_size=2", "--set", "training.max_tokens=12",
@@ -86,8 +91,10 @@ def test_init_explain_and_every_recipe_runs_through_the_cli(tmp_path, cli_env, t
     assert (tmp_path / "algorithms.toml").is_file()
     proc = _retrain(tmp_path, cli_env, "explain", "algorithms.toml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "18 runs (6 conditions x 3 seeds)" in proc.stdout
-    assert "ppo_2x2_s3" in proc.stdout
+    assert "60 runs (6 conditions x 10 seeds)" in proc.stdout
+    assert "decisions after 3, 4, 5, 6, 7, 8, 9, 10 seeds" in proc.stdout
+    assert "at least 18 runs, at most 60 of the grid's 60" in proc.stdout
+    assert "ppo_2x2_s10" in proc.stdout
 
     (tmp_path / "digits.py").write_text(DIGITS_REWARD)
     proc = _retrain(tmp_path, cli_env, "algorithms.toml", *SHRINK)
@@ -104,3 +111,4 @@ def test_init_explain_and_every_recipe_runs_through_the_cli(tmp_path, cli_env, t
     proc = _retrain(tmp_path, cli_env, "compare", "logs/algorithms", "--threshold", "0.9")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert all(name in proc.stdout for name in RECIPES)
+    assert "race on eval_accuracy (max, confidence 0.95; decisions after 2 seeds)" in proc.stdout

@@ -203,16 +203,18 @@ def leader(racing: list[str], means: dict[str, float | None], direction: str) ->
 
 def compare(look: Look, a: str, b: str) -> Comparison | None:
     """a - b over the seeds both have at this look. None with fewer than 2, and when every
-    seed differs by the same nonzero amount: no spread, no interval (a figure on a coarse
-    grid, an accuracy over few problems, repeats differences by chance). Runs equal seed by
-    seed are the one exception: the same computation, their interval is [0, 0]."""
+    seed differs by the same amount: no spread, no interval (a figure on a coarse grid, an
+    accuracy over few problems, repeats differences by chance, and two recipes that both score
+    0 everywhere say nothing about each other). The one exception: figures that vary from seed
+    to seed and are equal on every one (the same computation, e.g. two losses that make the
+    same update): their interval is [0, 0]."""
     shared = sorted(look.values[a].keys() & look.values[b].keys())
     if len(shared) < 2:
         return None
-    diff, lo, hi = paired_interval([look.values[a][s] for s in shared],
-                                   [look.values[b][s] for s in shared], look.confidence)
-    if diff != 0 and hi - lo <= 1e-9 * abs(diff):  # no spread, up to float rounding
-        return None
+    ours = [look.values[a][s] for s in shared]
+    diff, lo, hi = paired_interval(ours, [look.values[b][s] for s in shared], look.confidence)
+    if hi - lo <= 1e-9 * abs(diff) and (diff != 0 or max(ours) == min(ours)):
+        return None  # no spread (up to float rounding), and not the same computation
     return Comparison(a, b, diff, lo, hi, shared, look.confidence)
 
 
