@@ -161,3 +161,20 @@ def test_full_finetuning_gets_the_head_and_embedding_gradient_through_the_chunks
     assert float(want[1][embed].abs().sum()) > 0
     for how in variants(model.vocab_size).values():
         assert_same(run(backend, datums, loss, **how), want, datums)
+
+
+def test_the_cpu_layout_gives_the_old_paths_numbers_to_the_bit_in_bfloat16():
+    """The CPU keeps the prefix layout with the head run bucket by bucket, as before: in
+    bfloat16, where a matmul of another shape rounds logits otherwise (one matmul over all
+    buckets moved the quickstart's first gradient norm by 1e-3), the same bits, so a run's
+    trajectory stays the one it was."""
+    model = smollm2_shaped(layers=1)
+    model.base.to(torch.bfloat16)
+    backend = adapter(model, "bits")
+    datums = random_datums(model.vocab_size, seed=3, lengths=((2, 30, 4, 14, 7), (3, 21)),
+                           prompt_lengths=(5, 4))
+    loss = LossConfig("ppo", temperature=0.7)
+    (out, grads), (ref, ref_grads) = (run(backend, datums, loss, "prefix", model_forward=m)
+                                      for m in (False, True))
+    assert out.logprobs == ref.logprobs and out.loss == ref.loss
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))

@@ -69,13 +69,13 @@ class Forward:
             kept = self.head.kept(batch.keep, input_ids=batch.input_ids,
                                   position_ids=batch.positions, attention_mask=None,
                                   use_cache=False)
-        else:
-            kept = self._prefix_layout(batch)
-        return self.head.logprobs(kept, batch.t.tokens, temperature)
+            return self.head.logprobs(kept, batch.t.tokens, temperature)
+        return self._prefix_layout(batch, temperature)
 
-    def _prefix_layout(self, batch: Packed) -> torch.Tensor:
-        """What the head needs of the kept positions (targets order): prefixes once,
-        suffixes in length buckets on their rows of the prefix KV cache."""
+    def _prefix_layout(self, batch: Packed, temperature: float) -> torch.Tensor:
+        """Prefixes once, suffixes in length buckets on their rows of the prefix KV cache,
+        each bucket's kept positions through the head as the bucket's own matmul (so the
+        numbers are those of the path before, to the bit, in bfloat16 too)."""
         prefix = None if batch.prefix_ids is None else self._prefix_kv(batch)
         entry = (batch.keep.flatten().cumsum(0) - 1).view_as(batch.keep)  # index in targets
         parts, order = [], []
@@ -93,8 +93,9 @@ class Forward:
                                                      batch.suffix_mask[rows, :width]], dim=1),
                         "position_ids": batch.positions[rows, :width],
                         self.cache_key: cache, "use_cache": True}
-            parts.append(self.head.kept(keep, input_ids=batch.input_ids[rows, :width], **args))
+            kept = self.head.kept(keep, input_ids=batch.input_ids[rows, :width], **args)
             order.append(entry[rows, :width][keep])
+            parts.append(self.head.logprobs(kept, batch.t.tokens[order[-1]], temperature))
         return torch.cat(parts)[torch.argsort(torch.cat(order))]
 
     def _prefix_kv(self, batch: Packed) -> list[tuple[Any, Any]]:
