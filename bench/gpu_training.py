@@ -122,7 +122,9 @@ def fb_speed(backend, datums, shape: dict, plan, tplan: TrainingPlan, variant: s
     kept = int(out.metrics["tokens"])
     achieved = train_flops(shape, lengths, kept, full) / seconds / 1e12
     budget = backend._budget(Head(backend.model.net))
-    return {"s": seconds, "positions_s": sum(lengths) / seconds, "kept_s": kept / seconds,
+    compiled = Head(backend.model.net, compile=backend.compile_training).body
+    return {"compile_failed": getattr(compiled, "failed", None),
+            "s": seconds, "positions_s": sum(lengths) / seconds, "kept_s": kept / seconds,
             "tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None,
             "micro_batches": int(out.metrics.get("grad_micro_batches", 1)),
             "budget_tokens": budget.tokens, "token_bytes": backend._token_bytes,
@@ -275,6 +277,8 @@ def tables(results: dict) -> str:
 def _row(name: str, finetune: str, variant: str, row: dict) -> str:
     if "skipped" in row:
         return f"| {name} | {finetune} | {variant} | skipped: {row['skipped']} | | | | | | |"
+    if row.get("compile_failed"):  # it ran eagerly: say so beside its numbers
+        variant = f"{variant} (failed, ran eagerly: {row['compile_failed'][:80]})"
     mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
     peak = "-" if row["peak_gib"] is None else f"{row['peak_gib']:.1f}"
     return (f"| {name} | {finetune} | {variant} | {row['s']:.3f} | {row['positions_s']:,.0f} | "
