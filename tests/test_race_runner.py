@@ -254,3 +254,14 @@ def test_status_compare_and_explain_show_the_race(env, capsys):
     (camp / "manifest.json").write_text(json.dumps(manifest))
     assert run_app(["status", str(env / "logs")]) == 0
     assert "race: manifest.json's race is unreadable" in capsys.readouterr().out
+
+
+def test_a_hand_broken_race_in_the_manifest_is_one_line_not_a_traceback(env):
+    path = _write(env)
+    assert _run(env, path) == 0
+    manifest = env / "logs" / "exp" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["race"]["state"]["looks"] = [{"number": "x"}]
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="manifest.json's race cannot be read .*--new"):
+        _run(env, path)

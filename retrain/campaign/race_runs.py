@@ -71,7 +71,7 @@ class RaceKeeper:
         saved = manifest.race.get("state") if manifest.race.get("plan") == asdict(race) \
             else None
         if saved and saved.get("conditions") == conditions and saved.get("seeds") == seeds:
-            self.state = RaceState.from_dict(saved)
+            self.state = _read_state(saved)
         else:  # a new race (or, under --force, a new plan or matrix): it decides afresh
             self.state = new_race(conditions, seeds)
             for e in manifest.runs:
@@ -159,6 +159,14 @@ class RaceKeeper:
         lines.append(f"race: {self.state.outcome}; {runs['taken']} of {runs['full']} runs "
                      f"({runs['saved']} saved so far)")
         return lines
+
+
+def _read_state(saved: dict) -> RaceState:
+    try:
+        return RaceState.from_dict(saved)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"manifest.json's race cannot be read ({type(exc).__name__}: {exc}); "
+                        "the run folders are intact. Start a fresh campaign with --new") from None
 
 
 def standing_line(name: str, s: race_mod.Standing, race: RacePlan) -> str:
