@@ -8,6 +8,12 @@ SmolLM2-135M, Qwen2.5-0.5B and Qwen3-0.6B configurations, since shapes decide sp
     python -m bench.gpu --profile            # + where a fast decoding step's time goes
     python -m bench.gpu --out results.json --models qwen3-0.6b
     python -m bench.gpu --smoke              # CPU, tiny shapes, seconds: the script still runs
+    python -m bench.gpu --seconds 540        # a longer budget than the default 330 s
+
+The whole command keeps to `--seconds` (default 330: a device machine lends 15 minutes in all,
+10 a command, and a rerun must fit): the side-by-side RL step keeps a quarter of it, each model
+an equal part of the rest (55% sampling, 30% training, the RL step and graph check after), and
+a measurement started past its share is reported skipped; gpu.json is written after each model.
 
 What it measures, per model (bfloat16):
 - sampling (bench/gpu_sampling.py): decode tokens/s of the exact and the fast sampler on fixed
@@ -30,7 +36,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -192,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch.profiler: top kernels and device gaps per decoding step")
     ap.add_argument("--tokenizer", help="a folder with SmolLM2's tokenizer files, for the RL "
                     "step beside TRL (default: the built-in model's, where converted)")
+    ap.add_argument("--seconds", type=float, help="the command's time budget (default 330, "
+                    "--smoke 600); shares shrink to fit it, never grow")
     args = ap.parse_args(argv)
+    deadline = Deadline(args.seconds or (600.0 if args.smoke else 330.0))
     plan, shapes = (SMOKE, SMOKE_SHAPES) if args.smoke else (Plan(), SHAPES)
     splan = SMOKE_SAMPLING if args.smoke else SamplingPlan()
     tplan = gpu_training.SMOKE_TRAINING if args.smoke else gpu_training.TrainingPlan()
@@ -203,23 +212,47 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     chosen = {k: v for k, v in shapes.items() if not args.models or k in args.models}
-    results = {"machine": _machine(plan), "plan": asdict(plan), "sampling": asdict(splan),
+    results = {"machine": _machine(plan), "budget_s": deadline.seconds,
+               "plan": asdict(plan), "sampling": asdict(splan),
                "training": asdict(tplan), "models": {},
                "matmul": gpu_training.matmul_rate(plan, tplan.matmul_size)}
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu.json")
     for i, (name, shape) in enumerate(chosen.items()):
-        results["models"][name] = run_model(name, shape, plan, splan, i == 0, args.profile,
-                                            tplan, results["matmul"]["tflops"])
+        sshare, tshare = deadline.model_shares(len(chosen) - i)
+        results["models"][name] = run_model(
+            name, shape, plan, replace(splan, seconds=min(splan.seconds, sshare)), i == 0,
+            args.profile, replace(tplan, seconds=min(tplan.seconds, tshare)),
+            results["matmul"]["tflops"])
         print(f"{name}: done in {results['models'][name]['wall_s']:.0f}s", flush=True)
         _write(results, out)  # what is measured survives a deadline
     tokenizer = (gpu_training.smoke_tokenizer() if args.smoke
                  else gpu_training.tokenizer_folder(args.tokenizer))
     side_shape = next(iter(shapes.values()))
-    results["side_by_side"] = gpu_training.side_by_side(side_shape, plan, tplan, tokenizer)
+    side = replace(tplan, side_timeout_s=min(tplan.side_timeout_s, deadline.per_tool()))
+    results["side_by_side"] = gpu_training.side_by_side(side_shape, plan, side, tokenizer)
     print(table(results) + "\n\n" + gpu_training.tables(results))
     _write(results, out)
     print(f"wrote {out}")
     return 0
+
+
+class Deadline:
+    """The command's time budget, handed out as shares (module docstring)."""
+
+    SIDE, SAMPLING, TRAINING = 0.25, 0.55, 0.30
+
+    def __init__(self, seconds: float):
+        self.seconds, self.end = seconds, time.perf_counter() + seconds
+
+    def model_shares(self, models_left: int) -> tuple[float, float]:
+        """(sampling, training) seconds for the next model."""
+        left = self.end - time.perf_counter() - self.SIDE * self.seconds
+        each = max(left, 0.0) / max(models_left, 1)
+        return self.SAMPLING * each, self.TRAINING * each
+
+    def per_tool(self) -> float:
+        """Each of the side-by-side's two processes: half of what is left, at least 30 s."""
+        return max(30.0, (self.end - time.perf_counter()) / 2)
 
 
 def _write(results: dict, out: Path) -> None:

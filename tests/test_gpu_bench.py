@@ -90,3 +90,24 @@ def test_the_profiles_timeline_counts_busy_and_idle_device_time():
     assert got["gaps_over_50us"] == 0
     assert got["largest_gaps"] == ["40 us after c before d", "30 us after b before c"]
     assert device_timeline(events[-1:], steps=2) is None
+
+
+def test_the_command_keeps_to_its_time_budget(monkeypatch):
+    """330 s by default: the side-by-side keeps a quarter, each model an equal part of the
+    rest; shares handed out later shrink with the time already spent; a tool gets 30 s at
+    least."""
+    from bench import gpu
+
+    now = [1000.0]
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: now[0])
+    deadline = gpu.Deadline(330.0)
+    sampling, training = deadline.model_shares(3)
+    each = (330.0 - 0.25 * 330.0) / 3
+    assert sampling == pytest.approx(0.55 * each) and training == pytest.approx(0.30 * each)
+    now[0] += 200.0  # the first model took 200 s of the 247.5 the models share
+    sampling, training = deadline.model_shares(2)
+    assert sampling == pytest.approx(0.55 * 47.5 / 2)
+    now[0] += 100.0
+    assert deadline.model_shares(1) == (0.0, 0.0)  # late: the next measurements skip
+    assert deadline.per_tool() == 30.0
+    assert gpu.Deadline(330.0).per_tool() == pytest.approx(165.0)
