@@ -42,10 +42,20 @@ ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 def test_cpu_flags_and_native_bf16_from_cpuinfo() -> None:
     assert "avx2" in cpu_flags(X86_AVX2) and "avx512_bf16" not in cpu_flags(X86_AVX2)
     assert not cpu_has_native_bf16(cpu_flags(X86_AVX2))
-    assert cpu_has_native_bf16(cpu_flags(X86_BF16))
-    assert cpu_has_native_bf16(cpu_flags(ARM_BF16))
+    assert cpu_has_native_bf16(cpu_flags(X86_BF16), {})
+    assert cpu_has_native_bf16(cpu_flags(ARM_BF16), {})
     assert cpu_flags("") == frozenset() and not cpu_has_native_bf16(frozenset())
     assert isinstance(cpu_has_native_bf16(), bool)  # this machine's answer, whatever it is
+
+
+def test_kernels_capped_below_avx512_leave_bf16_emulated() -> None:
+    """ATEN_CPU_CAPABILITY=avx2 on a CPU with AVX512-BF16: torch's bf16 kernels are off, so
+    `auto` must pick float32 (bf16 there crashed in SDPA's packing and is slow anyway)."""
+    bf16 = cpu_flags(X86_BF16)
+    assert not cpu_has_native_bf16(bf16, {"ATEN_CPU_CAPABILITY": "avx2"})
+    assert not cpu_has_native_bf16(bf16, {"ATEN_CPU_CAPABILITY": "default"})
+    assert cpu_has_native_bf16(bf16, {"ATEN_CPU_CAPABILITY": "avx512"})
+    assert cpu_has_native_bf16(bf16, {})
 
 
 # ---------------------------------------------------------------------------- a busy machine

@@ -58,9 +58,19 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
-def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
-    """True when this CPU computes bfloat16 in hardware (AVX512-BF16, AMX or Arm BF16)."""
+def cpu_has_native_bf16(flags: frozenset[str] | None = None,
+                        env: dict | None = None) -> bool:
+    """True when this CPU computes bfloat16 in hardware (AVX512-BF16, AMX or Arm BF16) and
+    torch may use it: ATEN_CPU_CAPABILITY capped below AVX-512 (e.g. `avx2`, to run as an
+    AVX2-only machine does) leaves bf16 emulated, and its packed bf16 kernels then refuse to
+    run ('pack_vnni2 is only supported when avx512 is supported')."""
+    capability = (os.environ if env is None else env).get(ATEN_CAPABILITY_ENV, "").lower()
+    if capability and not capability.startswith("avx512"):
+        return False
     return bool(NATIVE_BF16_FLAGS & (cpu_flags() if flags is None else flags))
+
+
+ATEN_CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
 
 
 # OpenMP's default wait policy spins at every barrier; beside another busy process a spinning
