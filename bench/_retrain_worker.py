@@ -52,7 +52,8 @@ def main() -> None:
         {"step_time_s": r["step_time_s"], "sample_time_s": r["sample_time_s"],
          "train_time_s": r["train_time_s"],
          "completion_tokens": round(r["mean_completion_tokens"] * r["num_completions"]),
-         "total_tokens": round(r["tokens_per_second"] * r["step_time_s"])}
+         "total_tokens": round(r["tokens_per_second"] * r["step_time_s"]),
+         "cpu_threads": r.get("cpu_threads")}  # after the step: fitted threads (threads = 0)
         for r in rows if "step_time_s" in r
     ][spec["warmup"]:]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

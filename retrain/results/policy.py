@@ -48,13 +48,16 @@ class LocalPolicy:
         from transformers.utils import logging as hf_logging
 
         from retrain.backends.local.device import pick_device, resolve_dtype
+        from retrain.backends.local.threads import fitted_at_load
         from retrain.backends.models import resolve_model
         from retrain.machine.cpu import auto_threads
+        from retrain.machine.cpu_share import cpu_sample
 
         hf_logging.disable_progress_bar()
         warnings.filterwarnings("ignore", category=FutureWarning)  # transformers/peft renames
         m = cfg.model
         torch.set_num_threads(m.threads or auto_threads())
+        since = cpu_sample()  # what other processes use while this one loads
         path = resolve_model(m.name, config_dir)
         try:
             device = pick_device(m.device)
@@ -72,6 +75,7 @@ class LocalPolicy:
             raise UserError(f"cannot load {m.name!r} with the checkpoint {ckpt.ref}: "
                             f"{first}") from None
         model.eval()
+        fitted_at_load(m.threads, device.type, since)  # eval beside a training run: no spinning
         return cls(model, tokenizer, device)
 
     def close(self) -> None:

@@ -76,6 +76,10 @@ def mini_batches(groups: list[list[Datum]], n: int) -> list[list[Datum]]:
     return [[d for g in groups[bounds[i]:bounds[i + 1]] for d in g] for i in range(k)]
 
 
+# The local backend's automatic CPU threads after the step (backends/local/threads.py).
+THREAD_METRICS = ("cpu_threads", "others_busy_cores")
+
+
 def update_batch(backend: Backend, groups: list[list[Datum]], algorithm, training,
                  lr: float) -> list[Update]:
     """`training.epochs` passes over `training.mini_batches` parts of the step's groups, one
@@ -96,7 +100,8 @@ def summary(done: list[Update]) -> tuple[dict, dict]:
            "skipped_nonfinite": len(applied) < len(done),
            "sampler_trainer_logprob_diff": logprob_diff(first.datums, first.loss.logprobs),
            **mismatch(first.datums, first.loss.logprobs),
-           "updates": len(applied), **ratio_metrics(done)}
+           "updates": len(applied), **ratio_metrics(done),
+           **{k: v for k, v in done[-1].optim.metrics.items() if k in THREAD_METRICS}}
     metrics = dict(first.loss.metrics)
     for key in SUMMED:
         if key in metrics:

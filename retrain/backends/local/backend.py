@@ -312,8 +312,19 @@ class LocalBackend:
 
         A non-finite loss or gradient skips the update (metrics `skipped` and
         `skipped_nonfinite` = 1) instead of poisoning the weights and the optimizer state. An
-        update that leaves non-finite weights is undone and raises DivergedError.
+        update that leaves non-finite weights is undone and raises DivergedError. With
+        automatic CPU threads, the threads are fitted to what other processes used since the
+        last step (metrics `cpu_threads`, `others_busy_cores`).
         """
+        out = self._optim_step(adam)
+        auto = self.model.cpu_threads
+        if auto is not None:
+            with self.model.lock:
+                auto.check()
+            out.metrics.update(auto.metrics())
+        return out
+
+    def _optim_step(self, adam: AdamParams) -> OptimOutput:
         with self.model.lock:
             loss_finite, self._loss_finite = self._loss_finite, True
             params = [p for p in self.params.values() if p.grad is not None]

@@ -20,10 +20,12 @@ from retrain.backends.local.sampling.exact import (
     eos_ids,
     model_context,
 )
+from retrain.backends.local.threads import CpuThreads, fitted_at_load
 from retrain.backends.sampler_mode import exact_window
 from retrain.control.stepcost import ModelCost
 from retrain.errors import UserError
 from retrain.machine.cpu import auto_threads
+from retrain.machine.cpu_share import cpu_sample
 
 if TYPE_CHECKING:
     from retrain.config.sections import Config
@@ -51,6 +53,7 @@ class LocalModel:
         self.fast: Any = None  # the StaticSampler, when [backend] sampler resolves to fast
         self.exact_window = exact_window(device.type)  # the exact sampler's steps per read
         self.summary = f"{name_or_path} on {device.type}"  # what `load` chose, for the run log
+        self.cpu_threads: CpuThreads | None = None  # automatic threads on a CPU (threads.py)
 
     @classmethod
     def load(cls, name_or_path: str, dtype: str = "auto", device: str = "auto",
@@ -61,6 +64,7 @@ class LocalModel:
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or auto_threads())
+        since = cpu_sample()  # what other processes use while this one loads
         dev = pick_device(device)
         torch_dtype, dtype_note = resolve_dtype(dtype, dev)
         try:
@@ -72,8 +76,9 @@ class LocalModel:
         model.to(dev)
         model.eval()
         loaded = cls(model, tokenizer, dev, name_or_path)
+        loaded.cpu_threads = fitted_at_load(threads, dev.type, since)
         loaded.summary = (f"{name_or_path} on {dev.type}, {str(torch_dtype).removeprefix('torch.')}"
-                          f" ({dtype_note}), {torch.get_num_threads()} torch threads")
+                          f" ({dtype_note}), {threads_note(loaded.cpu_threads)}")
         return loaded
 
     @classmethod
@@ -188,3 +193,12 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if not ids:
         raise BackendError("the tokenizer defines no EOS token; completions could never stop")
     return ids
+
+
+def threads_note(auto: CpuThreads | None) -> str:
+    """The run log's word on torch's threads: how many, and why fewer than the cores."""
+    note = f"{torch.get_num_threads()} torch threads"
+    if auto is not None and auto.threads < auto.most:
+        note += (f" (other processes use {auto.others:.1f} of {auto.cores} cores; "
+                 f"checked again every step)")
+    return note
