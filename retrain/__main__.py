@@ -1,8 +1,6 @@
-from retrain.machine.cpu import quiet_openmp_waits
 from retrain.run.stop_request import exit_quietly_on_interrupt
 
 exit_quietly_on_interrupt()  # before the heavy imports: Ctrl-C during them exits 130 quietly
-quiet_openmp_waits()  # before torch loads OpenMP: no spinning beside other busy processes
 
 from retrain.cli.app import main  # noqa: E402
 

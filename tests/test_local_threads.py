@@ -42,6 +42,18 @@ def test_threads_follow_what_others_use_and_the_row_says_so() -> None:
         torch.set_num_threads(kept)
 
 
+def test_a_check_within_a_second_of_the_last_waits_for_a_longer_window() -> None:
+    start = CpuSample(wall_s=0.0, busy_s=0.0, own_s=0.0)
+    samples = [CpuSample(0.5, 1.0, 0.0), CpuSample(1.5, 1.5, 0.0)]
+    auto = CpuThreads(cores=2, most=2, since=start, sample=lambda: samples.pop(0))
+    assert auto.check() is None and auto.last == start    # 0.5 s: mostly jiffy rounding
+    kept = torch.get_num_threads()
+    try:
+        assert auto.check() == 1 and auto.others == pytest.approx(1.0)  # 1.5 s, from the start
+    finally:
+        torch.set_num_threads(kept)
+
+
 def test_no_change_where_the_os_gives_no_sample() -> None:
     auto = CpuThreads(cores=2, most=2, since=None, sample=lambda: None)
     assert auto.check() is None and auto.threads == 2

@@ -37,9 +37,6 @@ PRELOAD = (  # what the children would otherwise import themselves, each time
 def preload() -> None:
     import importlib
 
-    from retrain.machine.cpu import quiet_openmp_waits
-
-    quiet_openmp_waits()  # as retrain/__main__.py does, before torch loads OpenMP
     for name in PRELOAD:
         importlib.import_module(name)
 

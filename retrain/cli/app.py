@@ -329,11 +329,9 @@ def run_app(argv: list[str]) -> int:
 
 def main() -> None:
     """Console entry point."""
-    from retrain.machine.cpu import quiet_openmp_waits
     from retrain.run.stop_request import exit_quietly_on_interrupt
 
     exit_quietly_on_interrupt()  # Ctrl-C while torch/transformers import: 130, one line
-    quiet_openmp_waits()  # before torch loads OpenMP: no spinning beside other busy processes
     try:
         code = run_app(sys.argv[1:])
         sys.stdout.flush()

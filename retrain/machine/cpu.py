@@ -73,16 +73,6 @@ def cpu_has_native_bf16(flags: frozenset[str] | None = None,
 ATEN_CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
 
 
-# OpenMP's default wait policy spins at every barrier; beside another busy process a spinning
-# thread burns the core its partner needs (bench/outside_load.py). PASSIVE waits sleep instead.
-WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
-
-
-def quiet_openmp_waits(env: dict | None = None) -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless the user set it; effective only before torch loads."""
-    (os.environ if env is None else env).setdefault(WAIT_POLICY_ENV, "PASSIVE")
-
-
 def load_average() -> float | None:
     """The one-minute load average (runnable processes), where the OS says."""
     try:

@@ -158,6 +158,7 @@ class LocalBackend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise BackendError("cannot sample from an empty prompt")
+        self._fit_threads()
         if self.model.fast is not None:
             return self._sample_fast(prompts, n, params, adapter, prompt_seeds)
         dev = self.model.device
@@ -314,15 +315,20 @@ class LocalBackend:
         `skipped_nonfinite` = 1) instead of poisoning the weights and the optimizer state. An
         update that leaves non-finite weights is undone and raises DivergedError. With
         automatic CPU threads, the threads are fitted to what other processes used since the
-        last step (metrics `cpu_threads`, `others_busy_cores`).
+        last check (metrics `cpu_threads`, `others_busy_cores`; sampling checks too).
         """
         out = self._optim_step(adam)
-        auto = self.model.cpu_threads
-        if auto is not None:
-            with self.model.lock:
-                auto.check()
-            out.metrics.update(auto.metrics())
+        out.metrics.update(self._fit_threads())
         return out
+
+    def _fit_threads(self) -> dict[str, float]:
+        """Automatic CPU threads fitted to what other processes used lately (threads.py)."""
+        auto = self.model.cpu_threads
+        if auto is None:
+            return {}
+        with self.model.lock:
+            auto.check()
+            return auto.metrics()
 
     def _optim_step(self, adam: AdamParams) -> OptimOutput:
         with self.model.lock:

@@ -1,6 +1,6 @@
 """`[model] threads = 0` on a CPU: torch's threads fit the cores other processes leave free,
-chosen while the model loads and checked again after every optimizer step (issue 47 item 15;
-why: retrain/machine/cpu_share.py)."""
+chosen while the model loads and checked again at every sampling call and optimizer step, a
+second apart at least (issue 47 item 15; why: retrain/machine/cpu_share.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import torch
 
 from retrain.machine.cpu import auto_threads, available_cores
 from retrain.machine.cpu_share import CpuSample, cpu_sample, others_busy_cores, threads_left
+
+# Shorter windows are mostly jiffy rounding (10 ms ticks): a check this soon after the last
+# waits for the next one.
+MIN_WINDOW_S = 1.0
 
 
 class CpuThreads:
@@ -29,7 +33,7 @@ class CpuThreads:
         """Measure what others used since the last check and fit the threads to it; the new
         count when it changed, else None."""
         now = self.sample()
-        if now is None or self.last is None:
+        if now is None or self.last is None or now.wall_s - self.last.wall_s < MIN_WINDOW_S:
             return None
         self.others = others_busy_cores(self.last, now)
         self.last = now
