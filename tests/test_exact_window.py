@@ -17,6 +17,7 @@ from retrain.backends.local.backend import LocalBackend  # noqa: E402
 from retrain.backends.local.sampling.counter_rng import CounterDraws  # noqa: E402
 from retrain.backends.local.sampling.exact import sample_batch  # noqa: E402
 from retrain.backends.sampler_mode import exact_window  # noqa: E402
+from tests.sampler_helpers import lora_b_off_zero  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
 TOL = 1e-5
@@ -24,13 +25,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def backend(model) -> LocalBackend:
-    b = LocalBackend.new_adapter(model, "window", lora_rank=4, seed=1)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in b.params.items():
-            if ".lora_B." in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return b
+    return lora_b_off_zero(LocalBackend.new_adapter(model, "window", lora_rank=4, seed=1), 0)
 
 
 def _sample(backend, params, window, generator, n=3, heard=None, **kw):

@@ -17,6 +17,7 @@ from retrain.backends.local.model import LocalModel  # noqa: E402
 from retrain.backends.local.sampling.counter_rng import CounterDraws  # noqa: E402
 from retrain.backends.local.sampling.exact import sample_batch  # noqa: E402
 from retrain.backends.local.sampling.fast import StaticSampler  # noqa: E402
+from tests.sampler_helpers import lora_b_off_zero, model_kw  # noqa: E402
 
 EVERY_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                 "lm_head"]
@@ -61,18 +62,7 @@ def _backend(tiny_model: str, family: str, tied: bool) -> LocalBackend:
     model = LocalModel(net, tok, torch.device("cpu"), f"{family}-tiny")
     backend = LocalBackend.new_adapter(model, "default", lora_rank=4, seed=1,
                                        target_modules=EVERY_LINEAR)
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():  # B off zero: every adapter changes the logits
-        for key, p in backend.params.items():
-            if ".lora_B." in key:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return backend
-
-
-def _kw(backend: LocalBackend) -> dict:
-    m = backend.model
-    return {"eos_ids": m.eos_ids, "pad_id": m.pad_id, "make_cache": backend._make_cache,
-            "cache_key": m.cache_key}
+    return lora_b_off_zero(backend, 2)  # every adapter changes the logits
 
 
 def _net(backend: LocalBackend):
@@ -112,7 +102,7 @@ def test_the_fast_sampler_matches_the_transformers_forward(tiny_model, family, t
     draws = {"seeds": [7, 7, 7], "prompt_ids": [0, 1, 2]}
 
     def reference(params):
-        return sample_batch(_net(backend), PROMPTS, 3, params, **_kw(backend),
+        return sample_batch(_net(backend), PROMPTS, 3, params, **model_kw(backend),
                             generator=CounterDraws(**draws, n=3, device=backend.model.device))
 
     free = reference(SamplingParams(max_tokens=30, temperature=1.0))
@@ -123,7 +113,7 @@ def test_the_fast_sampler_matches_the_transformers_forward(tiny_model, family, t
     ref = reference(params)
     for merged in (False, True):
         sampler = StaticSampler(base, backend.model.device, merged=merged, check_every=5)
-        got = sampler.sample(_net(backend), "default", *args, **draws, **_kw(backend))
+        got = sampler.sample(_net(backend), "default", *args, **draws, **model_kw(backend))
         _assert_same(got, ref)
         assert _trainer_gap(backend, got) <= LOGPROB_TOL
     assert len({len(c.tokens) for g in ref for c in g}) > 1

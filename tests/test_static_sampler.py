@@ -16,6 +16,7 @@ from retrain.backends.local.sampling.counter_rng import CounterDraws  # noqa: E4
 from retrain.backends.local.sampling.exact import sample_batch  # noqa: E402
 from retrain.backends.local.sampling.fast import StaticSampler  # noqa: E402
 from retrain.backends.local.sampling.static_cache import CAPACITY_STEP  # noqa: E402
+from tests.sampler_helpers import lora_b_off_zero, model_kw  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
 
@@ -23,19 +24,11 @@ PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 3, 3, 3, 3, 3, 8]]
 @pytest.fixture(scope="module")
 def backend(model) -> LocalBackend:
     """An adapter whose B is not zero, so that the LoRA path changes the logits."""
-    b = LocalBackend.new_adapter(model, "static", lora_rank=4, seed=1)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in b.params.items():
-            if ".lora_B." in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return b
+    return lora_b_off_zero(LocalBackend.new_adapter(model, "static", lora_rank=4, seed=1), 0)
 
 
 def _kw(backend: LocalBackend) -> dict:
-    m = backend.model
-    return {"eos_ids": m.eos_ids, "pad_id": m.pad_id, "make_cache": backend._make_cache,
-            "cache_key": m.cache_key, "decode": m.tokenizer.decode}
+    return {**model_kw(backend), "decode": backend.model.tokenizer.decode}
 
 
 def _net(backend: LocalBackend):
