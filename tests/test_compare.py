@@ -140,17 +140,23 @@ def test_one_seed_has_no_interval(tmp_path, capsys):
 def test_failed_and_running_runs_are_listed_and_excluded(tmp_path, capsys):
     camp = _campaign(tmp_path, {
         ("good", 4): {"rewards": [9.0, 9.0], "state": "failed", "error": "CUDA on fire\nmore"},
-        ("slow", 4): {"rewards": [9.0], "state": "running"}})
+        ("slow", 4): {"rewards": [9.0], "state": "running"},
+        **{("slow", s): {"rewards": [], "state": "pending"} for s in (5, 6, 7, 8)}})
     report = build(camp, last=2)
     good, slow = report.conditions
-    assert (good.runs, good.completed, slow.runs, slow.completed) == (4, 3, 4, 3)
+    assert (good.runs, good.completed, slow.runs, slow.completed) == (4, 3, 8, 3)
     assert good.final_reward.mean == pytest.approx(sum(sum(r[-2:]) / 2 for r in A.values()) / 3)
     assert sorted((r.name, r.state) for r in report.excluded) == [
-        ("good_s4", "failed"), ("slow_s4", "running")]
+        ("good_s4", "failed"), ("slow_s4", "running"), ("slow_s5", "pending"),
+        ("slow_s6", "pending"), ("slow_s7", "pending"), ("slow_s8", "pending")]
     assert run_app(["compare", str(camp)]) == 0
     out = capsys.readouterr().out
     assert "excluded from the means: good_s4 (failed: CUDA on fire)" in out
     assert "excluded from the means: slow_s4 (running)" in out
+    # runs a race has not released yet: one line, not one each
+    assert ("not started yet, so not in the means: 4 runs (slow_s5, slow_s6, slow_s7, ...; "
+            "retrain status lists them)") in out
+    assert "slow_s8" not in out
 
 
 def test_missing_eval(tmp_path, capsys):

@@ -68,10 +68,19 @@ def verdict_lines(report: CompareReport) -> list[str]:
 
 
 def excluded_lines(report: CompareReport) -> list[str]:
+    """A line per failed or running run; the runs not started yet in one line (a race leaves
+    most of its grid pending: a line each buried the table)."""
     out = []
+    pending = [r.name for r in report.excluded if r.state == "pending"]
     for r in report.excluded:
+        if r.state == "pending":
+            continue
         why = r.error.strip().splitlines()[0][:160] if r.error.strip() else ""
         out.append(f"excluded from the means: {r.name} ({r.state}{': ' + why if why else ''})")
+    if pending:
+        names = ", ".join(pending[:3]) + (", ..." if len(pending) > 3 else "")
+        out.append(f"not started yet, so not in the means: {len(pending)} "
+                   f"run{'s' if len(pending) > 1 else ''} ({names}; retrain status lists them)")
     skipped = [r.name for r in report.runs if r.state == "skipped"]
     if skipped:
         out.append(f"not run, the race did not need them: {', '.join(skipped)}")
