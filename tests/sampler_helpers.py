@@ -1,5 +1,6 @@
-"""What the sampler tests share: an adapter whose LoRA B is off zero (so the adapter changes
-the logits), and the model's arguments every sample_batch / StaticSampler call takes."""
+"""What the sampler and training tests share: an adapter whose LoRA B is off zero (so the
+adapter changes the logits), and the model's arguments every sample_batch / StaticSampler
+call takes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import torch
 from retrain.backends.local.backend import LocalBackend
 
 
-def lora_b_off_zero(backend: LocalBackend, seed: int) -> LocalBackend:
-    """`backend` with every LoRA B drawn from N(0, 0.1^2) (peft starts B at zero)."""
+def lora_b_off_zero(backend: LocalBackend, seed: int, scale: float = 0.1) -> LocalBackend:
+    """`backend` with every LoRA B drawn from N(0, scale^2) (peft starts B at zero)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in backend.params.items():
             if ".lora_B." in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
     return backend
 
 

@@ -13,6 +13,7 @@ from retrain.backends.local.model import LocalModel
 from retrain.backends.local.training import accumulate, plan
 from retrain.backends.local.training.forward import Forward
 from retrain.backends.local.training.logprobs import CHUNK_ENTRIES, Head
+from tests.sampler_helpers import lora_b_off_zero
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0,
@@ -46,12 +47,7 @@ def adapter(model: LocalModel, name: str, seed: int = 7) -> LocalBackend:
     backend = LocalBackend.new_adapter(model, name, lora_rank=4, lora_alpha=8.0, seed=seed,
                                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                        "gate_proj", "up_proj", "down_proj"])
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, p in backend.params.items():
-            if ".lora_B." in key:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    return backend
+    return lora_b_off_zero(backend, seed, scale=0.05)
 
 
 def random_datums(vocab: int, seed: int = 0, lengths=((5, 3, 9, 14), (9, 2, 6), (1, 4, 11)),
