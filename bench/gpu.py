@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from bench import gpu_sampling, gpu_training
+from bench.gpu_profile import profile_decode
 from bench.gpu_sampling import SMOKE_SAMPLING, SamplingPlan
 from bench.gpu_sampling import prompts_for as _prompts
 from bench.gpu_sampling import sync as _sync
@@ -152,7 +153,8 @@ def run_model(name: str, shape: dict, plan: Plan, splan: SamplingPlan, first: bo
               matmul_tflops: float = 0.0) -> dict:
     t0 = time.perf_counter()
     backend = build(shape, plan, name)
-    out = gpu_sampling.measure(backend, name, plan, splan, first, profile)
+    out = gpu_sampling.measure(backend, name, plan, splan, first,
+                               profile_decode if profile else None)
     backend.model.use_sampler("fast")
     out["rl_step"] = rl_step(backend, plan)
     out["graph_after_adamw"] = gpu_sampling.graph_after_adamw(backend, plan)

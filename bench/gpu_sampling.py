@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -236,10 +237,9 @@ def graph_after_adamw(backend, plan) -> dict:
 
 
 def measure(backend, name: str, plan, splan: SamplingPlan, first: bool,
-            profile: bool = False) -> dict:
-    """Every sampling measurement of one model, within its time share."""
-    from bench.gpu_profile import profile_decode
-
+            profile: Callable | None = None) -> dict:
+    """Every sampling measurement of one model, within its time share; `profile`
+    (gpu_profile.profile_decode, with --profile) adds the decode step's kernel table."""
     share = Share(splan.seconds)
     sampler = StaticSampler(backend.model.base, backend.model.device, merged=True)
     order = sorted(splan.batches, key=lambda b: (b != 256, b != 64, b))  # targets first
@@ -251,8 +251,8 @@ def measure(backend, name: str, plan, splan: SamplingPlan, first: bool,
         out["nano_vllm_recipe"] = share.run(nano_recipe, backend, sampler, plan, splan)
     out["exact"] = share.run(exactness, backend, plan, splan)
     out["fast"] = share.run(mismatch, backend, plan, splan, sampler)
-    if profile:
-        out["profile"] = share.run(profile_decode, backend, sampler, plan, splan)
+    if profile is not None:
+        out["profile"] = share.run(profile, backend, sampler, plan, splan)
     sampler.pool = None  # its KV buffers go before the next measurement
     if plan.device == "cuda":
         torch.cuda.empty_cache()
