@@ -97,13 +97,16 @@ def test_a_raced_campaign_eliminates_the_tiny_lr_and_survives_a_killed_runner(tm
     assert len(m.race["state"]["looks"]) == 2 and m.race["runs"]["taken"] == 11
     assert {r.name: r.status for r in m.runs if r.status != "completed"} == {
         "tiny-lr_s4": "skipped"}
-    started = re.findall(r"\] start (\S+)", killed_output + done.stdout)
+    started_before = re.findall(r"\] start (\S+)", killed_output)
+    started = started_before + re.findall(r"\] start (\S+)", done.stdout)
     assert len(started) == len(set(started)) == 11  # every run the race needed, each once
     for r in m.runs:
         if r.status == "completed":
             rows = runlog.read_metrics(camp / r.name / "metrics.jsonl").rows
             assert [row["step"] for row in rows] == list(range(1, STEPS + 1)), r.name
-            assert r.attempts == 1, r.name
+            # a worker started before the kill is adopted, not started again; only a run the
+            # kill caught between its launch trace and its start becomes attempt 2
+            assert r.attempts == 1 or r.name not in started_before, r.name
 
     status = _retrain(cli_env, "status", str(tmp_path / "logs"))
     assert "race on final_reward (max, confidence 0.95; decisions after 3, 4 seeds)" \
