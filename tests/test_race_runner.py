@@ -180,9 +180,10 @@ def test_a_sigkilled_runner_resumes_the_same_race_and_runs_nothing_twice(env):
     deadline = time.monotonic() + 60
     while True:  # a state to assert on: decision 1 recorded and a seed-4 worker started
         m = load_manifest(camp) if (camp / "manifest.json").exists() else None
+        decided = m is not None and m.race.get("state", {}).get("looks")
         # pid 0 is the trace saved just before a launch: its worker may never have started
-        started = [r.name for r in m.runs if r.seed == 4 and r.status == "running" and r.pid] \
-            if m is not None and m.race.get("state", {}).get("looks") else []
+        started = [r.name for r in m.runs if r.seed == 4 and r.status == "running"
+                   and r.pid] if decided else []
         if started:
             break
         assert time.monotonic() < deadline and runner.poll() is None, runner.stdout.read()
