@@ -20,6 +20,7 @@ from retrain.campaign.race import (  # noqa: E402
     decide,
     leader,
     new_race,
+    percent,
     runs_taken,
     schedule,
     wanted,
@@ -196,3 +197,8 @@ def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zer
     floor = {1: 0.0, 2: 0.0, 3: 0.0}  # both score 0 on every seed: no evidence either way
     state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(floor), "y": floor})
     assert compare(state.looks[0], "x", "y") is None and state.outcome == "max_seeds"
+
+
+def test_a_per_look_confidence_reads_as_a_percentage_without_trailing_zeros():
+    assert [percent(c) for c in (0.95, 0.986, 0.9972667, 0.99993333, 0.5)] == \
+        ["95%", "98.6%", "99.7267%", "99.9933%", "50%"]

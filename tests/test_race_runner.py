@@ -232,7 +232,7 @@ def test_status_compare_and_explain_show_the_race(env, capsys):
     assert run_app(["explain", str(path)]) == 0
     out = capsys.readouterr().out
     assert ("race           final_reward (max) at confidence 0.95: decisions after 3, 4, 5 "
-            "seeds (rounds of 1; each pair's interval at 98.6000% to 99.9333%); at least 9 "
+            "seeds (rounds of 1; each pair's interval at 98.6% to 99.9333%); at least 9 "
             "runs, at most 15 of the grid's 15") in out
     assert _run(env, path) == 0
     capsys.readouterr()

@@ -114,6 +114,12 @@ class RaceState:
 # ---------------------------------------------------------------------------- the plan
 
 
+def percent(confidence: float) -> str:
+    """A per-look confidence as a percentage to 4 decimals, trailing zeros dropped: 95% and
+    99.7267%, not 95.0000%."""
+    return f"{confidence * 100:.4f}".rstrip("0").rstrip(".") + "%"
+
+
 def spent(t: float, alpha: float) -> float:
     """The alpha spent once a fraction t of the most seeds has been looked at."""
     return alpha if t >= 1 else INTERIM_SHARE * alpha * t

@@ -149,7 +149,7 @@ class RaceKeeper:
             return []
         look = self.state.looks[-1]
         lines = [f"race: decision {look.number} after {len(look.seeds)} seeds "
-                 f"(intervals at {look.confidence:.4%} each)"]
+                 f"(intervals at {race_mod.percent(look.confidence)} each)"]
         for c in look.eliminated:
             lines.append("race: " + standing_line(c, self.state.standings[c], self.race))
         if self.state.outcome != "racing":
@@ -177,5 +177,5 @@ def standing_line(name: str, s: race_mod.Standing, race: RacePlan) -> str:
         w = s.why
         text += (f" ({race.metric} {name} - {w.other} = {w.diff:+.3g} [{w.lo:+.3g}, "
                  f"{w.hi:+.3g}], paired t over seeds {', '.join(map(str, w.seeds))}, "
-                 f"{w.confidence:.4%} interval)")
+                 f"{race_mod.percent(w.confidence)} interval)")
     return text

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.campaign.plan import CampaignPlan
-from retrain.campaign.race import bounds, schedule
+from retrain.campaign.race import bounds, percent, schedule
 from retrain.campaign.race_plan import race_of
 from retrain.campaign.race_runs import check_runs
 from retrain.config.sections import Config
@@ -29,7 +29,7 @@ def race_line(path: Path, camp: CampaignPlan, conditions: list[str],
         f", budget {race.budget_runs} runs" if race.budget_runs else "")
     what = f"{race.metric} ({race.direction}" + (
         f", threshold {race.threshold_value:g}" if race.threshold_value is not None else "")
-    levels = sorted({f"{c:.4%}" for c in (min(sched.confidences), max(sched.confidences))})
+    levels = dict.fromkeys(percent(c) for c in (min(sched.confidences), max(sched.confidences)))
     return (f"{what}) at confidence {race.confidence:g}{extra}: decisions after "
             f"{', '.join(map(str, sched.looks))} seeds ({rounds}; each pair's interval at "
             f"{' to '.join(levels)}); at least "
