@@ -19,7 +19,14 @@ pytest.importorskip("tinker")
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402
 from retrain.backends.tinker.backend import TinkerBackend  # noqa: E402
 from tests import warm  # noqa: E402
-from tests.run_helpers import rows, run_in_process, state, wait_for, write_config  # noqa: E402
+from tests.run_helpers import (  # noqa: E402
+    rows,
+    run_in_process,
+    same_rows,
+    state,
+    wait_for,
+    write_config,
+)
 from tests.serve_doubles import BigramEngine, Served  # noqa: E402
 
 EOS = 2
@@ -127,8 +134,6 @@ def test_overlapped_run_logs_staleness_and_resumes_exactly(tiny_server, tmp_path
     # ratios near 1: a cancellation whose value (~1e-8) is float32 rounding of terms of order 1,
     # which a resumed process may round differently (seen: 3.3e-8 vs 6.8e-8). abs=1e-6 is
     # float32's resolution at that scale; tokens, rewards and staleness still match to 1e-6.
-    for a, b in zip(straight, resumed, strict=True):
-        assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED},
-                                                            rel=1e-6, abs=1e-6), a["step"]
+    same_rows(straight, resumed, COMPARED)
     assert state(run_dir)["status"] == "completed"
     assert len(list((run_dir / "prefetch").glob("*.json"))) <= 2

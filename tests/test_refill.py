@@ -62,7 +62,7 @@ def test_refill_trains_full_batches_and_resumes_exactly(tmp_path, monkeypatch, c
     pytest.importorskip("torch")
     from retrain.config.loader import load_config
     from retrain.run.single import run_single
-    from tests.run_helpers import kill_after_step_3_and_resume, rows, state
+    from tests.run_helpers import kill_after_step_3_and_resume, rows, same_rows, state
 
     monkeypatch.chdir(tmp_path)
     path = _config(tmp_path)
@@ -80,6 +80,5 @@ def test_refill_trains_full_batches_and_resumes_exactly(tmp_path, monkeypatch, c
     calls = 4 + sum(r["num_completions"] for r in straight[:3])
     resumed = kill_after_step_3_and_resume(path, cli_env, python, calls)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
-    for a, b in zip(straight, resumed, strict=True):
-        assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}, a["step"]
+    same_rows(straight, resumed, COMPARED)
     assert resumed[-1]["eval_accuracy"] == straight[-1]["eval_accuracy"]
