@@ -17,7 +17,7 @@ TEMPLATES = {
     "quickstart": "single run, built-in model and task, smoke profile (runs on a laptop CPU)",
     "experiment": "single run, standard profile, every commonly tuned key spelled out",
     "campaign": "conditions x seeds, parallel workers, back-pressure section shown",
-    "algorithms": "GRPO, DAPO, GSPO, CISPO, Dr. GRPO, PPO 2x2: 3 seeds each on the quickstart task",
+    "algorithms": "GRPO, DAPO, GSPO, CISPO, Dr. GRPO, PPO 2x2 raced by seed on 2-digit additions",
     "environment": "your own multi-turn environment (my_env.py, written next to it) + config",
 }
 # Files a template needs beside it, written into the same folder.
