@@ -16,7 +16,7 @@ pytest.importorskip("retrain.run.trainer")
 from retrain.serve.guard import FaultPlan  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for  # noqa: E402
-from tests.test_sft_run import check_sft_then_rl, same_rows, sft_config  # noqa: E402
+from tests.test_sft_run import check_sft_then_rl, same_phased_rows, sft_config  # noqa: E402
 
 
 def test_sft_then_rl_on_serve_and_a_kill_during_sft(tiny_server, tmp_path, tinker_cli_env,
@@ -51,4 +51,4 @@ def test_sft_then_rl_on_serve_and_a_kill_during_sft(tiny_server, tmp_path, tinke
     resumed = run_in_process([*cmd[3:], "killed"], tmp_path)  # in this process
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
     assert "after step 3 (SFT)" in resumed.stdout
-    same_rows(straight, rows(run_dir))
+    same_phased_rows(straight, rows(run_dir))
