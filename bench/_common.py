@@ -45,7 +45,7 @@ def dense_reward(completion: str, answer: str) -> float:
 
 
 def text_reward(completion: str, answer: str) -> float:
-    """A reward with signal on any text, a random-init model's too (bench/gpu_training.py):
+    """A reward with signal on any text, a random-init model's too (bench/gpu/training.py):
     the share of vowels among its letters, so a group's completions (almost) never tie and
     both tools train every completion. `answer` is not read."""
     letters = [ch for ch in completion.lower() if ch.isalpha()]

@@ -274,9 +274,9 @@ def main() -> int:
     from ray.cluster_utils import Cluster
 
     from retrain.backends.models import TINY, resolve_model
-    from retrain.serve.app import build_app
     from retrain.serve.local_engine import LocalEngine
     from retrain.serve.server import ServerThread
+    from retrain.serve.tinker.routes import build_app
 
     t0 = time.monotonic()
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from retrain.backends.base import AdamParams, Completion, LossOutput, SamplingParams
-from retrain.serve.app import build_app
 from retrain.serve.engine import EngineError, SampleResult
 from retrain.serve.server import ServerThread
+from retrain.serve.tinker.routes import build_app
 
 KEY = "tml-test-not-a-real-key-0123456789"
 

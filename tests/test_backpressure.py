@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from retrain.config.sections import BackpressureConfig
-from retrain.control.backpressure import BackpressureController
-from retrain.control.backpressure_decision import METRIC_KEYS
+from retrain.control.backpressure.controller import BackpressureController
+from retrain.control.backpressure.decision import METRIC_KEYS
 from retrain.control.goodput import goodput_batch
 from retrain.control.roofline import roofline
 from retrain.control.usl import UslFit, UslSums, sweep_sizes, usl_p_star, usl_throughput

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from retrain.config.sections import BackpressureConfig
-from retrain.control.backpressure import BackpressureController
+from retrain.control.backpressure.controller import BackpressureController
 from retrain.control.work import StepWork, WorkModel, fit_costs
 from retrain.run.step_row import step_work
 

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from retrain.config.loader import load_config  # noqa: E402
 from retrain.config.sections import BackpressureConfig  # noqa: E402
-from retrain.control.backpressure import BackpressureController  # noqa: E402
+from retrain.control.backpressure.controller import BackpressureController  # noqa: E402
 from retrain.control.roofline import roofline  # noqa: E402
 from retrain.control.usl import usl_throughput  # noqa: E402
 from retrain.run.single import run_single  # noqa: E402

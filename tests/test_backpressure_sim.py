@@ -1,4 +1,4 @@
-"""The back-pressure simulator's precision bounds (bench/backpressure_sim.py) and one short run."""
+"""The back-pressure simulator's precision bounds (bench/backpressure/sim.py) and one short run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from bench import backpressure_sim as sim
+from bench.backpressure import sim
 from retrain.config.sections import BackpressureConfig
 from retrain.control.usl import UslSums, usl_throughput
 

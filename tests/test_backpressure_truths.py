@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from retrain.cli import explain, status, status_view
+from retrain.cli import status, status_view
+from retrain.cli.explain import dry_run as explain
 from retrain.config import loader as config_file
 from retrain.config import sections as config
 from tests.plans import GRPO_VS_RLOO, SINGLE_RUN

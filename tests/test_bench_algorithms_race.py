@@ -1,12 +1,13 @@
-"""bench/algorithms_race.py, the command that races the algorithms template on SmolLM2 (hours:
-the lead runs it alone), run here on the tiny model: it writes the campaign with its overrides
-baked in, races it through the real CLI, and writes the decided table; a second call resumes."""
+"""bench/campaign/algorithms_race.py, the command that races the algorithms template on SmolLM2
+(hours: the lead runs it alone), run here on the tiny model: it writes the campaign with its
+overrides baked in, races it through the real CLI, and writes the decided table; a second call
+resumes."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import algorithms_race
+from bench.campaign import algorithms_race
 from tests import warm
 
 

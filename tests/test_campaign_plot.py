@@ -59,7 +59,7 @@ def test_a_campaign_without_steps_is_an_error(tmp_path, capsys):
 def test_an_auto_cap_campaign_also_gets_its_concurrency_picture(tmp_path, capsys):
     """`retrain plot logs/<campaign>` draws the conditions' curves and, where the campaign's
     API concurrency was "auto", its USL curve with the chosen cap (concurrency.png)."""
-    from bench.concurrency_sim import Endpoint, kappa_for
+    from bench.concurrency.sim import Endpoint, kappa_for
     from tests.test_plot_concurrency import drive
 
     camp = _campaign(tmp_path)

@@ -1,5 +1,5 @@
 """The campaign concurrency controller (retrain/control/concurrency.py) over simulated endpoints
-(bench/concurrency_sim.py): it finds throttle_margin * p* of any USL curve, cuts at once on
+(bench/concurrency/sim.py): it finds throttle_margin * p* of any USL curve, cuts at once on
 overload answers and recovers, and a saved state continues where it stopped."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.concurrency_sim import SCENARIOS, Endpoint, kappa_for, run
+from bench.concurrency.sim import SCENARIOS, Endpoint, kappa_for, run
 from retrain.control.concurrency import CUT, ConcurrencyController, Sample
 
 INTERVALS = 200
@@ -25,7 +25,7 @@ curves = st.builds(lambda sigma, p_star: (sigma, kappa_for(p_star, sigma)),
        start=st.integers(1, 64))
 def test_finds_the_best_cap_of_any_curve(curve, noise, seed, start):
     ep = Endpoint(*curve)
-    from bench.concurrency_sim import Scenario
+    from bench.concurrency.sim import Scenario
 
     r = run(Scenario("h", ep, noise=noise), seed, INTERVALS, start=start)
     assert r["share"] >= 0.9, r["caps"][-40:]

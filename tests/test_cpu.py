@@ -99,7 +99,7 @@ def test_the_step_line_says_when_the_machine_was_busy(monkeypatch) -> None:
 
 def test_explain_says_when_a_local_run_would_start_on_a_busy_machine(tmp_path,
                                                                      monkeypatch) -> None:
-    from retrain.cli import explain
+    from retrain.cli.explain import dry_run as explain
     from retrain.machine import cpu
 
     path = tmp_path / "q.toml"

@@ -10,7 +10,7 @@ import pytest
 
 from retrain.config.sections import DataConfig
 from retrain.config.sft_section import SftConfig
-from retrain.environments.sft_data import load_sft
+from retrain.environments.sft.data import load_sft
 from retrain.environments.tasks import load_task
 from retrain.errors import UserError
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from retrain.campaign.plan import CampaignPlan, Condition
-from retrain.cli import explain
 from retrain.cli.app import run_app
+from retrain.cli.explain import dry_run as explain
 from retrain.config import loader as config_file
 from retrain.config import sections as config
 from retrain.config.sections import Config
@@ -249,7 +249,7 @@ def test_every_template_explains(tmp_path, monkeypatch, matrix, name):
 
 
 def test_explain_shows_the_environment_and_warns_on_a_small_episode_budget(tmp_path):
-    from retrain.cli.explain import build_report, plain_lines
+    from retrain.cli.explain.dry_run import build_report, plain_lines
 
     path = tmp_path / "env.toml"
     path.write_text('[environment]\nkind = "guess_number"\nmax_turns = 4\n'

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from retrain.cli import explain_memory as mem
 from retrain.cli.app import run_app
+from retrain.cli.explain import memory as mem
 
 
 def test_full_keeps_five_copies_and_lora_five_of_the_adapter_only():

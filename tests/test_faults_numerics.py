@@ -259,7 +259,7 @@ def test_serve_refuses_adam_settings_that_overflow(adam, words):
     """S2 on serve's side: lr beyond float32 made torch raise (a 500); lr x weight_decay >= 1
     grows the weights without bound."""
     from retrain.backends.base import AdamParams
-    from retrain.serve.validate import RequestError, check_adam
+    from retrain.serve.door.validate import RequestError, check_adam
 
     with pytest.raises(RequestError, match=words):
         check_adam(AdamParams(**adam))

@@ -213,7 +213,7 @@ def test_export_loads_in_plain_transformers_in_a_fresh_process(run_dir, tmp_path
 
 
 def test_serve_refuses_a_full_run_as_an_adapter(run_dir):
-    from retrain.serve.adapters import find_runs, parse_spec
+    from retrain.serve.openai.adapters import find_runs, parse_spec
 
     with pytest.raises(UserError, match="finetune = 'full'.*retrain serve --model OUT"):
         find_runs([parse_spec(f"x={run_dir}")])

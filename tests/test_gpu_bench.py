@@ -1,4 +1,4 @@
-"""bench/gpu.py is the one command a GPU machine runs: `--smoke` runs the same code on the
+"""bench/gpu/main.py is the one command a GPU machine runs: `--smoke` runs the same code on the
 CPU with tiny shapes, so the script cannot rot between GPU sessions."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, capsys):
     sets one torch thread and the global seed, which are put back after."""
     import torch
 
-    from bench.gpu import main
+    from bench.gpu.main import main
 
     threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     out = tmp_path / "gpu.json"
@@ -48,7 +48,7 @@ def test_the_smoke_run_fills_every_part_of_the_report(tmp_path, capsys):
         assert nano["all_tokens"] and nano["sequences"] == 4 and nano["tok_s"] > 0
         assert "aten::mm" in r["profile"]["table"] and "CPU" in r["profile"]["summary"]
     assert "| nano-vllm recipe |" in printed.out and "profile of tiny-qwen3" in printed.out
-    for r in (tiny, qwen3):  # the trainer (bench/gpu_training.py), each layout, LoRA and full
+    for r in (tiny, qwen3):  # the trainer (bench/gpu/training.py), each layout, LoRA and full
         t = r["training"]
         assert set(t["lora"]) == set(t["full"]) == {"packed", "prefix"}, t
         for row in (*t["lora"].values(), *t["full"].values()):
@@ -76,7 +76,7 @@ def test_the_profiles_timeline_counts_busy_and_idle_device_time():
 
     import torch
 
-    from bench.gpu_profile import device_timeline
+    from bench.gpu.profile import device_timeline
 
     def event(start, end, name, kind=torch.autograd.DeviceType.CUDA):
         return SimpleNamespace(device_type=kind, name=name,
@@ -96,7 +96,7 @@ def test_the_command_keeps_to_its_time_budget(monkeypatch):
     """330 s by default: the side-by-side keeps a quarter, each model an equal part of the
     rest; shares handed out later shrink with the time already spent; a tool gets 30 s at
     least."""
-    from bench import gpu
+    from bench.gpu import main as gpu
 
     now = [1000.0]
     monkeypatch.setattr(gpu.time, "perf_counter", lambda: now[0])

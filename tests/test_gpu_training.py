@@ -1,4 +1,4 @@
-"""bench/gpu_training.py's arithmetic: the FLOPs its MFU divides are the matmuls the step
+"""bench/gpu/training.py's arithmetic: the FLOPs its MFU divides are the matmuls the step
 runs (torch's own FLOP counter), and the step it times has the issue's shape."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from bench.gpu import SMOKE, SMOKE_SHAPES, build  # noqa: E402
-from bench.gpu_training import _full_backend, step_datums, train_flops  # noqa: E402
+from bench.gpu.main import SMOKE, SMOKE_SHAPES, build  # noqa: E402
+from bench.gpu.training import _full_backend, step_datums, train_flops  # noqa: E402
 from retrain.backends.base import LossConfig  # noqa: E402
 
 

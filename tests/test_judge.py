@@ -15,8 +15,8 @@ import pytest
 from retrain.config.schema import ConfigError
 from retrain.config.sections import RewardConfig, from_dict
 from retrain.environments.answers import Problem
-from retrain.environments.judge import CACHE_FILE, JudgeScorer
-from retrain.environments.judge_prompt import parse_group, parse_score
+from retrain.environments.judge.prompt import parse_group, parse_score
+from retrain.environments.judge.reward import CACHE_FILE, JudgeScorer
 from retrain.errors import UserError
 from tests import warm
 from tests.conftest import SERVE_KEY
@@ -289,7 +289,7 @@ def test_resume_after_sigkill_does_not_ask_the_judge_again(tmp_path, cli_env, py
 
 def test_campaign_runs_share_the_judge_budget(tmp_path, cli_env, python, tiny_model, server):
     """3 runs at once, judge.max_concurrent = 2: never more than 2 requests at the judge."""
-    from bench.tiny_campaign import tiny_campaign_toml
+    from bench.campaign.tiny import tiny_campaign_toml
 
     server.delay_s = 1.0  # the runs' judging overlaps: 12 requests take >= 6 s at 2 at once
     judge = (f'[reward]\ntype = "judge"\n[reward.judge]\nbase_url = "{server.base_url}"\n'
@@ -307,7 +307,7 @@ def test_campaign_runs_share_the_judge_budget(tmp_path, cli_env, python, tiny_mo
 @pytest.mark.parametrize(("mode", "per_step"), [("pointwise", "32 requests, 96 at worst"),
                                                 ("group", "4 requests, 12 at worst")])
 def test_explain_shows_the_judge_and_its_worst_case(tmp_path, monkeypatch, mode, per_step):
-    from retrain.cli import explain
+    from retrain.cli.explain import dry_run as explain
 
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "j.toml"

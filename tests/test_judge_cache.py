@@ -11,7 +11,7 @@ import pytest
 
 from retrain.config.sections import RewardConfig, from_dict
 from retrain.environments.answers import Problem
-from retrain.environments.judge import CACHE_FILE, JudgeCache, JudgeScorer
+from retrain.environments.judge.reward import CACHE_FILE, JudgeCache, JudgeScorer
 from tests.judge_server import RUBRIC, JudgeServer, pointwise_score
 
 TEXTS = ["7", "it is 7", "eight"]

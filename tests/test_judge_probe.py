@@ -10,7 +10,7 @@ import pytest
 
 from retrain.config.sections import RewardConfig, from_dict
 from retrain.environments.answers import Problem
-from retrain.environments.judge import JudgeScorer
+from retrain.environments.judge.reward import JudgeScorer
 from retrain.errors import UserError
 from tests.judge_server import RUBRIC, JudgeServer
 from tests.run_helpers import rows, run_in_process, state, write_config

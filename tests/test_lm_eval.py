@@ -21,8 +21,8 @@ from tinker import types  # noqa: E402
 
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
-from retrain.serve.adapters import AdapterSpec, find_runs, load_adapters  # noqa: E402
 from retrain.serve.checkpoints import CheckpointStore  # noqa: E402
+from retrain.serve.openai.adapters import AdapterSpec, find_runs, load_adapters  # noqa: E402
 from tests.run_helpers import serve_process, write_config  # noqa: E402
 
 CHOICES = [{"question": "2 + 2 =", "choices": ["4", "5", "22"], "answer": 0},

@@ -70,7 +70,7 @@ def test_local_cost_model_splits_body_and_lm_head(tiny_model):
 
 
 def test_explain_offers_the_measured_peaks_for_backpressure_on_a_cpu(tmp_path, monkeypatch):
-    from retrain.cli import explain
+    from retrain.cli.explain import dry_run as explain
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RETRAIN_CACHE", str(tmp_path / "cache"))

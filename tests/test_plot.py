@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from retrain.config.sections import BackpressureConfig
-from retrain.control.backpressure import BackpressureController
+from retrain.control.backpressure.controller import BackpressureController
 from retrain.control.usl import usl_throughput
 from retrain.errors import UserError
 from retrain.runfiles.runlog import MetricsWriter

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bench.concurrency_sim import Endpoint, kappa_for
+from bench.concurrency.sim import Endpoint, kappa_for
 from retrain.campaign.concurrency import (
     INTERVAL_S,
     LOG_FILE,

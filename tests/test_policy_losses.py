@@ -264,7 +264,7 @@ def test_bad_loss_settings_are_refused_in_one_line_naming_the_key(case, tmp_path
 
 
 def test_every_loss_name_is_a_toml_choice_and_explain_shows_its_knobs(tmp_path):
-    from retrain.cli import explain
+    from retrain.cli.explain import dry_run as explain
     from retrain.config import sections
 
     assert sections.section_fields("algorithm")["loss"].metadata["choices"] == \

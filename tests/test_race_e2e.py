@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tiny_campaign import tiny_campaign_toml
+from bench.campaign.tiny import tiny_campaign_toml
 from retrain.campaign.manifest import load_manifest
 from retrain.runfiles import runlog
 from tests import warm

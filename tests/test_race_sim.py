@@ -1,5 +1,5 @@
-"""bench/race_sim.py drives the real race: its tallies on a few campaigns where the answer is
-known (a huge effect is found with the fewest runs; equal conditions give no winner)."""
+"""bench/campaign/race_sim.py drives the real race: its tallies on a few campaigns where the answer
+is known (a huge effect is found with the fewest runs; equal conditions give no winner)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from bench import race_sim  # noqa: E402
+from bench.campaign import race_sim  # noqa: E402
 
 
 def test_a_huge_effect_is_found_at_the_first_look_by_race_and_grid():

@@ -43,7 +43,7 @@ def test_bad_values_name_the_key_and_the_fix():
 def test_local_campaign_explain_does_not_import_ray(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(BASE)
-    code = ("import sys\nfrom retrain.cli.explain import build_report\n"
+    code = ("import sys\nfrom retrain.cli.explain.dry_run import build_report\n"
             f"r = build_report({str(path)!r})\n"
             "assert r.executor == 'local' and r.runs_at_once is None\n"
             "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules), 'ray'\n"

@@ -22,7 +22,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
 
-from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
+from bench.campaign.tiny import tiny_campaign_toml  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402
 from tests import warm  # noqa: E402

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'retrain[ray]')")
 
-from bench.tiny_campaign import tiny_campaign_toml  # noqa: E402
+from bench.campaign.tiny import tiny_campaign_toml  # noqa: E402
 from retrain.campaign import ray_cluster  # noqa: E402
 from retrain.campaign.manifest import load_manifest  # noqa: E402
 from retrain.runfiles import runlog  # noqa: E402

@@ -193,7 +193,7 @@ TRAINING_CODE = ("retrain.run.trainer", "retrain.cli.launch", "retrain.run.check
                  "retrain.algorithms.advantages",
                  "retrain.backends.local.backend", "retrain.backends.local.training.micro_batches",
                  "retrain.run.eval",
-                 "retrain.environments.scorer", "retrain.control.backpressure",
+                 "retrain.environments.scorer", "retrain.control.backpressure.controller",
                  "retrain.campaign.runner", "retrain.campaign.executor", "retrain.run.offpolicy",
                  "retrain.results.evaluate", "retrain.run.trackers", "retrain.run.step_row")
 

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from retrain.backends.sampler_mode import FAST_FAMILIES, choose, resolve
-from retrain.cli.explain import sampler_line
-from retrain.cli.explain_memory import model_family
+from retrain.cli.explain.dry_run import sampler_line
+from retrain.cli.explain.memory import model_family
 from retrain.config.sections import ConfigError, from_dict
 
 

@@ -19,7 +19,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from retrain.backends.base import SamplingParams  # noqa: E402
-from retrain.serve.guard import FaultPlan  # noqa: E402
+from retrain.serve.door.guard import FaultPlan  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
@@ -254,7 +254,7 @@ def test_fault_plan_parse():
 
 
 def test_sequencer_orders_and_dedupes():
-    from retrain.serve.ordering import Sequencer
+    from retrain.serve.tinker.ordering import Sequencer
 
     async def main():
         seq, order = Sequencer(), []

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.serve.engine import EngineError  # noqa: E402
-from retrain.serve.openai_routes import OpenAIServing  # noqa: E402
+from retrain.serve.openai.routes import OpenAIServing  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 from tests.serve_doubles import KEY, Served  # noqa: E402
 

@@ -16,7 +16,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("tinker")
 
-from retrain.serve.guard import LoadModel  # noqa: E402
+from retrain.serve.door.guard import LoadModel  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url  # noqa: E402
 from tests.serve_doubles import KEY  # noqa: E402

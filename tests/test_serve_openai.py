@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 from retrain.backends.base import SamplingParams  # noqa: E402
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
-from retrain.serve.openai_reply import TextStream, Tokens  # noqa: E402
+from retrain.serve.openai.reply import TextStream, Tokens  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import read_serve_url, write_config  # noqa: E402
 
@@ -317,7 +317,7 @@ def test_bad_adapters_are_one_error_line(run_dir, tiny_model, tmp_path, capsys, 
 
 
 def test_api_key_as_a_bearer_token(tiny_engine, tmp_path):
-    from retrain.serve.openai_routes import OpenAIServing
+    from retrain.serve.openai.routes import OpenAIServing
     from tests.serve_doubles import Served
 
     served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
@@ -337,7 +337,7 @@ def test_both_apis_share_one_batch(tiny_engine, tmp_path, sdk_env):
 
     from tinker import types
 
-    from retrain.serve.openai_routes import OpenAIServing
+    from retrain.serve.openai.routes import OpenAIServing
     from tests.run_helpers import wait_until
     from tests.serve_doubles import Served
 
@@ -369,8 +369,8 @@ def test_adapter_of_a_run_trained_through_this_server(tiny_engine, run_dir, tmp_
     tinker = pytest.importorskip("tinker")
     from tinker import types
 
-    from retrain.serve.adapters import AdapterSpec, find_runs, load_adapters
     from retrain.serve.checkpoints import CheckpointStore
+    from retrain.serve.openai.adapters import AdapterSpec, find_runs, load_adapters
     from tests.serve_doubles import Served
 
     with Served(tiny_engine, tmp_path) as served, \

@@ -20,9 +20,9 @@ pytest.importorskip("torch")
 
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
-from retrain.serve.adapters import AdapterSpec, find_runs, load_adapters  # noqa: E402
 from retrain.serve.checkpoints import CheckpointStore  # noqa: E402
-from retrain.serve.openai_routes import OpenAIServing  # noqa: E402
+from retrain.serve.openai.adapters import AdapterSpec, find_runs, load_adapters  # noqa: E402
+from retrain.serve.openai.routes import OpenAIServing  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.conftest import subprocess_env  # noqa: E402
 from tests.run_helpers import write_config  # noqa: E402

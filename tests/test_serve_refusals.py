@@ -107,7 +107,7 @@ def test_a_body_that_does_not_validate_completes_its_place(tmp_path):
 def test_sequencer_skips_refused_places_and_gives_up_holes():
     import asyncio
 
-    from retrain.serve.ordering import Sequencer
+    from retrain.serve.tinker.ordering import Sequencer
 
     async def main():
         seq, order = Sequencer(gap_s=0.3), []

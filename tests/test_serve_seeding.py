@@ -12,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 
-from retrain.serve.openai_routes import OpenAIServing  # noqa: E402
+from retrain.serve.openai.routes import OpenAIServing  # noqa: E402
 from tests.run_helpers import wait_until  # noqa: E402
 from tests.serve_doubles import Served  # noqa: E402
 

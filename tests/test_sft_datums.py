@@ -13,8 +13,8 @@ import pytest
 from retrain.config.sections import ConfigError, from_dict
 from retrain.config.sft_section import SftConfig
 from retrain.environments.ledger import Renderer
-from retrain.environments.sft_data import load_sft, sft_steps
-from retrain.environments.sft_datums import sft_example, weighted_tokens
+from retrain.environments.sft.data import load_sft, sft_steps
+from retrain.environments.sft.datums import sft_example, weighted_tokens
 from retrain.errors import UserError
 
 CHAT = [{"role": "system", "content": "Be brief."},
@@ -207,7 +207,7 @@ def test_a_conversation_the_template_refuses_is_one_line(tiny_model, tmp_path):
     from transformers import AutoTokenizer
 
     from retrain.config.sections import Config
-    from retrain.environments.sft_data import SftData, data_config
+    from retrain.environments.sft.data import SftData, data_config
     from retrain.run.run_facts import RunFacts
     from retrain.run.sft import SftStage
 

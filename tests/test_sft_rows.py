@@ -11,8 +11,8 @@ import pytest
 
 from retrain.config.sft_section import SftConfig
 from retrain.environments.ledger import Renderer
-from retrain.environments.sft_data import load_sft, never_trained
-from retrain.environments.sft_datums import EMPTY, LONG, never_trains, sft_example
+from retrain.environments.sft.data import load_sft, never_trained
+from retrain.environments.sft.datums import EMPTY, LONG, never_trains, sft_example
 
 USER = {"role": "user", "content": "What is 2 + 3?"}
 LONG_USER = {"role": "user", "content": "What is 2 + 3? " * 40}  # 619 tokens (tiny-random)
@@ -100,7 +100,7 @@ def test_a_plain_sft_run_says_an_empty_reply_once_and_numbers_epochs_by_first_ro
 
 
 def test_retrain_explain_warns_with_the_count(tmp_path, monkeypatch, tiny_model):
-    from retrain.cli import explain
+    from retrain.cli.explain import dry_run as explain
     from tests.run_helpers import write_config
 
     monkeypatch.chdir(tmp_path)

@@ -166,7 +166,7 @@ def test_explain_shows_the_stage_and_bad_input_is_one_line(tmp_path, cli_env, py
 
 def test_each_conversation_is_tokenized_once(tmp_path, monkeypatch, tiny_model):
     """2 epochs over 8 conversations in 4 steps of 4: each row rendered once, not per step."""
-    from retrain.environments import sft_datums
+    from retrain.environments.sft import datums as sft_datums
     from retrain.run import sft
 
     monkeypatch.chdir(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.run.trainer")
 
-from retrain.serve.guard import FaultPlan  # noqa: E402
+from retrain.serve.door.guard import FaultPlan  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import rows, run_in_process, state, wait_for  # noqa: E402
 from tests.test_sft_run import check_sft_then_rl, same_phased_rows, sft_config  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device: CUDA graphs capture only there (bench/gpu.py checks "
+    pytest.skip("needs a CUDA device: CUDA graphs capture only there (bench/gpu/main.py checks "
                 "the same on a GPU machine)", allow_module_level=True)
 
 from retrain.backends.base import AdamParams, LossConfig, SamplingParams, make_datum  # noqa: E402

@@ -26,7 +26,7 @@ from retrain.backends.tinker.backend import TinkerBackend  # noqa: E402
 from retrain.backends.tinker.rate_limit import QUEUES_429_HEADER  # noqa: E402
 from retrain.backends.tinker.sdk import check_sdk  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
-from retrain.serve.guard import FaultPlan  # noqa: E402
+from retrain.serve.door.guard import FaultPlan  # noqa: E402
 from tests.serve_doubles import KEY, BigramEngine, Served  # noqa: E402
 
 EOS = 2  # the tiny tokenizer's <|im_end|>

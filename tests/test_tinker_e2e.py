@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("tinker")
 pytest.importorskip("retrain.run.trainer")
-pytest.importorskip("retrain.control.backpressure")
+pytest.importorskip("retrain.control.backpressure.controller")
 pytest.importorskip("retrain.campaign.runner")
 
-from retrain.serve.guard import FaultPlan  # noqa: E402
+from retrain.serve.door.guard import FaultPlan  # noqa: E402
 from tests import warm  # noqa: E402
 from tests.run_helpers import run_in_process  # noqa: E402
 

@@ -165,8 +165,8 @@ def test_a_resume_point_with_the_old_oom_cap_keeps_its_ceiling(workdir):
 
 def test_an_out_of_memory_retry_takes_the_controllers_size(workdir, monkeypatch):
     from retrain.backends.local.backend import LocalBackend
-    from retrain.control import backpressure
-    from retrain.control.backpressure_decision import Decision
+    from retrain.control.backpressure import controller as backpressure
+    from retrain.control.backpressure.decision import Decision
 
     real, calls = LocalBackend.sample, []
 
@@ -194,7 +194,7 @@ def test_the_controller_is_not_charged_for_failed_attempts(workdir, monkeypatch)
     import time
 
     from retrain.backends.local.backend import LocalBackend
-    from retrain.control import backpressure
+    from retrain.control.backpressure import controller as backpressure
 
     real, seen = LocalBackend.sample, []
     real_observe = backpressure.BackpressureController.observe
@@ -282,8 +282,8 @@ def test_back_pressure_drives_the_batch_size_and_survives_resume(workdir):
 
 
 def test_back_pressure_moves_are_explained_on_the_console(workdir, capsys, monkeypatch):
-    from retrain.control import backpressure
-    from retrain.control.backpressure_decision import Decision
+    from retrain.control.backpressure import controller as backpressure
+    from retrain.control.backpressure.decision import Decision
 
     def observe(self, batch_size, tokens, step_time_s, **kw):
         nxt = 1 if batch_size > 1 else 2

@@ -14,7 +14,7 @@ the cap, its log and its saved state.
 - The fitted throughput is calls served per second, not completions: with a fixed batch both
   are proportional to the campaign's steps per second, but completions arrive in bursts (a
   step's samples end together), and a 3 s interval of a campaign whose steps take 13 s saw
-  6.5 to 27 completions/s at one cap (bench/concurrency_campaign.py); calls end all along.
+  6.5 to 27 completions/s at one cap (bench/concurrency/campaign.py); calls end all along.
 - The controller's state is saved to `<campaign>/concurrency_state.json` after every decision
   (atomically), so a runner killed with SIGKILL loses at most one interval, and a re-run starts
   from the learned cap.

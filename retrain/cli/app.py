@@ -103,7 +103,7 @@ def explain(
 ) -> None:
     """Dry run: settings, run matrix, completions per step, total steps, wall-time estimate.
     Takes the same overrides as `run`, so it shows exactly what that command would do."""
-    from retrain.cli import explain as explain_mod
+    from retrain.cli.explain import dry_run as explain_mod
 
     overrides = _overrides(set_, seed, max_steps, log_dir, executor)
     report = explain_mod.build_report(config, overrides)
@@ -273,7 +273,7 @@ def serve(
     the openai client: /v1/chat/completions, /v1/completions, /v1/models) over the local
     backend."""
     from retrain.serve import serve_forever
-    from retrain.serve.guard import LoadModel
+    from retrain.serve.door.guard import LoadModel
 
     try:
         load = LoadModel.parse(load_model) if load_model.strip() else None

@@ -117,7 +117,7 @@ def build_scorer(reward: RewardConfig, config_dir: Path, run_dir: Path | None = 
     requests under `slot` when given); UserError when a custom function cannot be imported
     or the judge cannot be reached."""
     if reward.type == "judge":
-        from retrain.environments.judge import JudgeScorer
+        from retrain.environments.judge.reward import JudgeScorer
 
         return JudgeScorer(reward, Path(config_dir).resolve(), run_dir, slot)
     return Scorer(reward, Path(config_dir).resolve())

@@ -31,8 +31,8 @@ from retrain.backends.base import (
 )
 from retrain.config.sections import Config
 from retrain.environments.ledger import Renderer
-from retrain.environments.sft_data import SftData
-from retrain.environments.sft_datums import SftExample, sft_example
+from retrain.environments.sft.data import SftData
+from retrain.environments.sft.datums import SftExample, sft_example
 from retrain.environments.tasks import DataCursor
 from retrain.errors import UserError
 from retrain.run import checkpoint, endings

@@ -11,7 +11,7 @@ from retrain.config.cross_checks import run_name_problem
 from retrain.config.sections import Config, run_config
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
-from retrain.environments.sft_data import SftData, load_sft, sft_steps
+from retrain.environments.sft.data import SftData, load_sft, sft_steps
 from retrain.environments.tasks import TaskSplits, data_path, load_task
 from retrain.errors import UserError
 from retrain.run import checkpoint, run_lock

@@ -71,7 +71,7 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
                  backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts,
                  facts: RunFacts):
-        from retrain.control.backpressure import BackpressureController
+        from retrain.control.backpressure.controller import BackpressureController
 
         self.cfg = cfg
         self.training = cfg.training

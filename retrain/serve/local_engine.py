@@ -43,7 +43,7 @@ from retrain.backends.local.checkpoint import ADAPTER_WEIGHTS
 from retrain.backends.local.model import LocalModel
 from retrain.backends.local.sampling.exact import OnToken, SamplingStopped
 from retrain.config.sections import ModelConfig
-from retrain.serve.backlog import default_bound, owed
+from retrain.serve.door.backlog import default_bound, owed
 from retrain.serve.engine import EngineError, SampleResult
 
 log = logging.getLogger("retrain.serve")

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from retrain.errors import UserError
-from retrain.serve.app import build_app
+from retrain.serve.door.guard import FaultPlan, Guard, LoadModel
 from retrain.serve.engine import Engine
-from retrain.serve.guard import FaultPlan, Guard, LoadModel
-from retrain.serve.openai_routes import OpenAIServing
+from retrain.serve.openai.routes import OpenAIServing
+from retrain.serve.tinker.routes import build_app
 
 if TYPE_CHECKING:
-    from retrain.serve.adapters import AdapterRun
     from retrain.serve.local_engine import LocalEngine
-from retrain.serve.service import TinkerService
+    from retrain.serve.openai.adapters import AdapterRun
+from retrain.serve.tinker.service import TinkerService
 
 log = logging.getLogger("retrain.serve")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -167,7 +167,7 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
     OpenAI routes need the local engine's tokenizer: a given `engine` serves the Tinker API
     only. `max_queued_tokens` bounds the sampling taken on at once (`backlog`; 0: the KV
     cache half the device's memory holds, for the local engine)."""
-    from retrain.serve.adapters import find_runs, parse_spec
+    from retrain.serve.openai.adapters import find_runs, parse_spec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     api_key = api_key or os.environ.get("RETRAIN_SERVE_API_KEY") or None
@@ -198,8 +198,8 @@ def serve_forever(model: str, host: str = "127.0.0.1", port: int = 8000,
 def _openai_serving(engine: LocalEngine, state_dir: Path,
                     runs: list[AdapterRun]) -> OpenAIServing:
     """The OpenAI routes' view of a local engine: its tokenizer, EOS ids and `--adapter`s."""
-    from retrain.serve.adapters import load_adapters
     from retrain.serve.checkpoints import CheckpointStore
+    from retrain.serve.openai.adapters import load_adapters
 
     served = load_adapters(engine, CheckpointStore(state_dir, engine.base_model), runs)
     for a in served.values():

@@ -64,7 +64,7 @@ class LocalBackend:
         self.micro_batch_size = micro_batch_size
         self.bucket_overhead = BUCKET_OVERHEAD
         self.layout = layout_for(model.device)  # training/forward.py: prefix or packed rows
-        self.compile_training = False  # torch.compile of the packed forward (bench/gpu.py)
+        self.compile_training = False  # torch.compile of the packed forward (bench/gpu/main.py)
         self._token_bytes: int | None = None  # saved activations per token (CUDA plans)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.params = self._trainable()

@@ -6,7 +6,7 @@ buffers in place, so the graphs stay valid: it runs before sampling whenever an 
 parameter changed since the last refresh (torch bumps a tensor's `_version` on every in-place
 update: an AdamW step, a `load_state`, a snapshot's copy). The merge is computed in float32
 and rounded once to the weights' dtype, so in bfloat16 the sampler's log-probs differ from
-the trainer's unmerged forward (the gap `bench/gpu.py` measures).
+the trainer's unmerged forward (the gap `bench/gpu/main.py` measures).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 `layout_for` picks one per device: prefix where it was measured to win (the CPU: a prompt
 runs once for its group, and the extra forward call costs little there), packed on CUDA,
 where one forward call of few large rows beats two calls per micro-batch and a copy of the
-prefix cache per bucket (bench/gpu.py measures both layouts on the card).
+prefix cache per bucket (bench/gpu/main.py measures both layouts on the card).
 """
 
 from __future__ import annotations
