@@ -26,7 +26,7 @@ demo: setup
 	$(RETRAIN) init --template quickstart --force quickstart.toml
 	$(RETRAIN) quickstart.toml
 
-# The suite includes tests/test_cookbook_compat.py: tinker-cookbook, a real Tinker client, against
+# The suite includes tests/serve/tinker/test_cookbook_compat.py: tinker-cookbook, a real Tinker client, against
 # `retrain serve`; it needs its own venv (make cookbook) and is skipped with the reason without one.
 # Three pytest workers (pytest-xdist) on two cores: much of the suite waits on subprocesses,
 # servers, leases and sleeps, so a third worker fills the waits (bench/RESULTS.md); the Ray
@@ -55,7 +55,7 @@ lint: setup
 clean:
 	rm -rf $(VENV) logs site
 
-# tinker-cookbook 0.5.8 for tests/test_cookbook_compat.py: its own venv, because it pins
+# tinker-cookbook 0.5.8 for tests/serve/tinker/test_cookbook_compat.py: its own venv, because it pins
 # transformers<=5.5.4 (the newest cookbook, 0.6.x, needs tml-renderers the registry lacks).
 COOKBOOK_VENV ?= .venv-cookbook
 cookbook: $(COOKBOOK_VENV)/.installed

@@ -4,7 +4,7 @@ metadata: the run's sections in `config`, [campaign] in `campaign/plan`).
     python -m retrain.cli.docgen            # rewrite docs/configuration.md
     python -m retrain.cli.docgen --check    # exit 1 when the file is out of date
 
-tests/test_docgen.py fails when the committed file differs from what this produces.
+tests/cli/test_docgen.py fails when the committed file differs from what this produces.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""User tools for tests/test_env_tools.py, named as 'my_tools.py:function'."""
+"""User tools for tests/environments/test_env_tools.py, named as 'my_tools.py:function'."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""Two verifiers environments in the classic API, for tests/test_env_verifiers.py:
+"""Two verifiers environments in the classic API, for tests/environments/test_env_verifiers.py:
 `load_environment(kind="guess")` a MultiTurnEnv (guess a number, "higher"/"lower" hints),
 `load_environment(kind="tools")` a ToolEnv (add two numbers with a tool, then answer),
 `load_environment(kind="single")` a SingleTurnEnv (say a number)."""

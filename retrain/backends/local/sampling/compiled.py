@@ -8,10 +8,10 @@ ones) and never per step. Prefill and training stay eager.
 
 A compile that fails (no C++ compiler for the CPU inductor, an op it cannot lower, ...)
 costs one line on stderr and the step runs eagerly from then on: the same model, the same
-numbers to within float rounding (tests/test_local_compile.py checks the log-probs). So
-does a compiled step whose logits are not finite: the step is taken back from the KV cache
-and run again eagerly, so a compiler's fault is never reported as diverged weights (weights
-that did diverge are then caught by the eager step).
+numbers to within float rounding (tests/backends/local/test_local_compile.py checks the
+log-probs). So does a compiled step whose logits are not finite: the step is taken back from
+the KV cache and run again eagerly, so a compiler's fault is never reported as diverged
+weights (weights that did diverge are then caught by the eager step).
 
 Inductor's on-disk cache does not tell CPU kernels apart by instruction set: kernels built
 under AVX-512 and loaded under `ATEN_CPU_CAPABILITY=avx2` gave NaN logits, and the reverse

@@ -18,8 +18,8 @@ its kernel launches. This one:
 - ends each prompt's rows at its own length limit when given one (`limits`).
 
 With the same draws it gives the exact sampler's tokens and log-probs (float rounding
-aside: tests/test_static_sampler.py). The draw stream differs from the exact sampler's
-`torch.Generator` streams, so the same seed gives other completions than `exact`.
+aside: tests/backends/local/sampling/test_static_sampler.py). The draw stream differs from the
+exact sampler's `torch.Generator` streams, so the same seed gives other completions than `exact`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
   `attention_mask=None` and `use_cache=False`. transformers (5.x, masking_utils) then finds
   the sequences from the position ids and makes the attention block-diagonal and causal; with
   a cache (which `use_cache` left at the config's default, True, creates) it does not, and
-  packed sequences silently attend to each other (tests/test_training_forward.py checks both).
+  packed sequences silently attend to each other
+  (tests/backends/local/training/test_training_forward.py checks both).
 
 `layout_for` picks one per device: prefix where it was measured to win (the CPU: a prompt
 runs once for its group, and the extra forward call costs little there), packed on CUDA,

@@ -1,0 +1,1 @@
+"""Tests of bench/: the benchmarks' code runs (tiny shapes), never their speed."""

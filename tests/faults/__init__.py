@@ -1,0 +1,1 @@
+"""Fault injection across the floors: killed workers, non-finite numerics, full disks."""
