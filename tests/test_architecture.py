@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import functools
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "retrain"
+BENCH = ROOT.parent / "bench"
 
 # The floors of docs/architecture.md; a module may import its own floor or a lower one.
 # "pkg.*" places every module of a package; a named module of it overrides that.
@@ -153,3 +155,18 @@ def test_rooms_fit_on_a_screen():
     assert not long_files, f"split these (at most {MAX_LINES} lines): {long_files}"
     assert not long_functions, \
         f"split these (at most {MAX_FUNCTION_LINES} lines): {long_functions}"
+
+
+# A prefix that several modules share is a room the folder should show (issue 52): at most
+# MAX_PREFIXED modules of one package start with the same `word_` (`_private` ones aside).
+MAX_PREFIXED = 3
+
+
+def test_a_shared_name_prefix_is_a_package_not_a_family_of_modules():
+    crowded = []
+    for package in sorted({p.parent for top in (ROOT, BENCH) for p in top.rglob("*.py")}):
+        words = Counter(p.stem.split("_")[0] for p in package.glob("*.py")
+                        if not p.stem.startswith("_") and "_" in p.stem)
+        crowded += [f"{package.relative_to(ROOT.parent)}/{word}_*.py: {n} modules"
+                    for word, n in sorted(words.items()) if n > MAX_PREFIXED]
+    assert not crowded, f"give each of these a subpackage named after the prefix: {crowded}"
