@@ -1,6 +1,7 @@
 """Resuming a judged run: the judge's URL, key variable, timeout, retries, concurrency and
 failure limit change no math, so a resume may change them; a changed model or rubric is
-refused, naming the sub-key (`reward.judge.model`, not `reward.judge`)."""
+refused, naming the sub-key (`reward.judge.model`, not `reward.judge`). A key left out and the
+same key given at its default are one setting."""
 
 from __future__ import annotations
 
@@ -39,9 +40,19 @@ def test_the_judges_transport_may_change_on_a_resume(tmp_path, change):
     checkpoint._check_same_config(run_dir, load_config(judged_config(tmp_path, 2, **change)))
 
 
+@pytest.mark.parametrize("given", [
+    {"mode": "pointwise"}, {"max_tokens": 512, "temperature": 0.0, "rubric_file": ""},
+])
+def test_a_judge_key_given_at_its_default_is_no_change(tmp_path, given):
+    """Started with `mode` left out, resumed with `mode = "pointwise"` (its default): the
+    same judge, not `mode: None -> 'pointwise'`."""
+    run_dir = started(tmp_path)
+    checkpoint._check_same_config(run_dir, load_config(judged_config(tmp_path, 2, **given)))
+
+
 @pytest.mark.parametrize(("change", "shown"), [
     ({"model": "other"}, "reward.judge.model: 'judge' -> 'other'"),
-    ({"mode": "group"}, "reward.judge.mode: None -> 'group'"),
+    ({"mode": "group"}, "reward.judge.mode: 'pointwise' -> 'group'"),
     ({"rubric": "Grade {completion}."}, "reward.judge.rubric: "),
     ({"model": "other", "timeout_s": 5.0}, "reward.judge.model: 'judge' -> 'other')"),
 ])
