@@ -336,7 +336,7 @@ class Trainer:
         self._train_metrics = {}
         if not any(groups):  # every group uniform: nothing to learn from this step
             self._land_commit()
-            return dict(NO_UPDATE)
+            return {**NO_UPDATE, **self.backend.thread_metrics()}  # every row has the threads
         done = update_batch(self.backend, groups, self.cfg.algorithm, self.training, lr)
         row, self._train_metrics = summary(done)
         self._land_commit()  # the last step's save landed while this step's update ran
