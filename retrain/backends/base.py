@@ -216,6 +216,11 @@ class Backend(Protocol):
 
     def optim_step(self, adam: AdamParams) -> OptimOutput: ...
 
+    def thread_metrics(self) -> dict[str, float]:
+        """The row's CPU thread metrics as they stand (`cpu_threads`, `others_busy_cores`: the
+        local backend's automatic threads; {} elsewhere), for a step without `optim_step`."""
+        ...
+
     def save_state(self, name: str) -> str: ...
 
     def save_state_async(self, name: str) -> Future[str]:

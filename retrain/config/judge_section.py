@@ -61,7 +61,23 @@ def judge_issues(reward) -> list[ConfigIssue]:
         if not reward.judge.get(key):
             issues.append(ConfigIssue(f"reward.judge.{key}", "reward.type = 'judge' needs "
                                       f"[reward.judge] {key} = ..."))
+    url = reward.judge.get("base_url")
+    if isinstance(url, str) and url and _url_problem(url):
+        issues.append(ConfigIssue("reward.judge.base_url", _url_problem(url)))
     if reward.judge.get("rubric") and reward.judge.get("rubric_file"):
         issues.append(ConfigIssue("reward.judge.rubric_file", "give rubric or rubric_file, "
                                   "not both"))
     return issues
+
+
+def _url_problem(url: str) -> str | None:
+    """Why `url` is no http(s) URL, with the fix. Checked here because the judge's client
+    would only say "cannot be reached" (urllib even reads `localhost:8000/v1` as a scheme)."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        return f"{url!r} has no scheme; write 'http://{url}' (or https://)"
+    if head.lower() not in ("http", "https"):
+        return f"{url!r}: the judge is reached over http:// or https://; write 'http://{rest}'"
+    if not rest.strip("/"):
+        return f"{url!r} names no host; write e.g. 'http://localhost:8000/v1'"
+    return None

@@ -18,8 +18,13 @@ from retrain.campaign.plan import FILE_SECTIONS, SECTION, CampaignPlan
 from retrain.config import sections as config
 from retrain.config import toml_io
 from retrain.config.cross_checks import cross_checks, table_checks
+from retrain.config.judge_section import JudgeConfig
 from retrain.config.schema import flatten, section_problem
 from retrain.config.sections import Config, ConfigError, ConfigIssue
+from retrain.config.sft_section import SftDataConfig
+
+# The tables inside a section, checked key by key like one: a key they leave out is its default.
+TABLES = {"reward.judge": JudgeConfig, "sft.data": SftDataConfig}
 
 # ---------------------------------------------------------------------------- parsing
 
@@ -203,9 +208,22 @@ def dumps_config(cfg: Config, plan: CampaignPlan | None = None) -> str:
 
 
 def diff(before: dict, after: dict) -> dict[str, tuple[Any, Any]]:
-    """Key-by-key differences of two config tables: dotted key -> (before, after), sorted."""
-    a, b = flatten(before, FILE_SECTIONS), flatten(after, FILE_SECTIONS)
+    """Key-by-key differences of two config tables: dotted key -> (before, after), sorted.
+    A table inside a section is compared with its left-out keys at their defaults, so a key
+    left out and the same key given at its default are no difference."""
+    a, b = _with_table_defaults(flatten(before, FILE_SECTIONS)), \
+        _with_table_defaults(flatten(after, FILE_SECTIONS))
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+def _with_table_defaults(flat: dict[str, Any]) -> dict[str, Any]:
+    out = dict(flat)
+    for key, cls in TABLES.items():
+        table = out.get(key, {})
+        if isinstance(table, dict):  # a hand-edited config.toml may hold anything
+            out[key] = {f.name: f.default if f.default is not dataclasses.MISSING
+                        else f.default_factory() for f in dataclasses.fields(cls)} | table
+    return out
 
 
 def flat_defaults() -> dict[str, Any]:

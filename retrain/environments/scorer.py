@@ -102,6 +102,13 @@ class Scorer:
             return 0.0, False, f"timed out after {self.timeout_s:g}s"
         return 0.0, False, f"the reward process died ({worker.exit_reason()})"
 
+    def state_dict(self) -> dict:
+        """Nothing for a resume point to keep: every call stands alone (JudgeScorer's has)."""
+        return {}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        pass
+
     def close(self) -> None:
         """Stop the child process (also done when the Scorer is garbage collected)."""
         worker, self._worker = getattr(self, "_worker", None), None

@@ -41,14 +41,15 @@ from retrain.run import run_facts
 from retrain.run.run_facts import DataDigest
 from retrain.runfiles import runlog
 
-# Keys that may differ between the first launch and a resume without changing the math.
+# Keys that may differ between the first launch and a resume without changing the math (a
+# trailing dot: a whole section). docs/training.md lists them (tests/test_judge_resume.py).
 RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval_every",
                      "training.micro_batch_size", "training.max_nonfinite_steps",
                      "model.threads", "model.device",
                      "reward.timeout_s", "backend.max_concurrent", "backend.request_timeout_s",
                      "reward.judge.base_url", "reward.judge.api_key_env", "reward.judge.timeout_s",
                      "reward.judge.retries", "reward.judge.max_concurrent",
-                     "reward.judge.max_failed_steps", "logging.")
+                     "reward.judge.max_failed_steps", "logging.", "campaign.")
 PREFIX = runlog.CHECKPOINT_PREFIX
 POINT_SUFFIX = ".json"   # checkpoints/step-000012.json: the resume point of step 12
 
@@ -231,7 +232,7 @@ def _check_same_config(run_dir: Path, cfg: Config) -> None:
     except (OSError, ConfigError):
         return  # nothing reliable to compare with; the checkpoint check still applies
     changed = [(k, old, new) for k, old, new in _changes(to_dict(saved), to_dict(cfg))
-               if not k.startswith(RESUMABLE_CHANGES) and not k.startswith("campaign.")]
+               if not k.startswith(RESUMABLE_CHANGES)]
     if changed:
         shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed[:5])
         raise UserError(f"{run_dir} was started with a different config ({shown}); resuming "

@@ -62,6 +62,7 @@ from retrain.run.trackers import Trackers
 from retrain.run.update import NO_UPDATE, summary, update_batch
 from retrain.runfiles import runlog
 
+SCORER_STATE = "scorer"  # state.json's extra: the scorer's state (the judge's failed streak)
 ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the note shows it
 
 
@@ -167,6 +168,8 @@ class Trainer:
         self.noise.load_state_dict(saved.extra.get("grad_noise"))
         streak = saved.extra.get("nonfinite_streak", 0)
         self.nonfinite_streak = streak if isinstance(streak, int) and streak > 0 else 0
+        if self.scorer is not None:  # the judge's failed streak goes on where it stopped
+            self.scorer.load_state_dict(saved.extra.get(SCORER_STATE))
 
     def _loop(self, first: int, trackers: Trackers) -> int:
         self.progress.say(f"run folder: {self.run_dir}")
@@ -333,7 +336,7 @@ class Trainer:
         self._train_metrics = {}
         if not any(groups):  # every group uniform: nothing to learn from this step
             self._land_commit()
-            return dict(NO_UPDATE)
+            return {**NO_UPDATE, **self.backend.thread_metrics()}  # every row has the threads
         done = update_batch(self.backend, groups, self.cfg.algorithm, self.training, lr)
         row, self._train_metrics = summary(done)
         self._land_commit()  # the last step's save landed while this step's update ran
@@ -386,6 +389,8 @@ class Trainer:
         s.rng = {"scheme": "derived from training.seed and the step", "seed": self.training.seed}
         s.extra["grad_noise"] = self.noise.state_dict()
         s.extra["nonfinite_streak"] = self.nonfinite_streak
+        if self.scorer is not None:
+            s.extra[SCORER_STATE] = self.scorer.state_dict()
         self.overlap.checkpoint(step, s)  # the batch sampled ahead for step + 1, if any
         self._in_flight = checkpoint.PendingCommit(s, saved)
         if wait or not self.overlap.enabled:

@@ -330,6 +330,12 @@ class LocalBackend:
             auto.check()
             return auto.metrics()
 
+    def thread_metrics(self) -> dict[str, float]:
+        """The automatic threads as last fitted (the step's sampling fitted them); {} when the
+        user set `[model] threads` or the model runs on a GPU."""
+        auto = self.model.cpu_threads
+        return {} if auto is None else auto.metrics()
+
     def _optim_step(self, adam: AdamParams) -> OptimOutput:
         with self.model.lock:
             loss_finite, self._loss_finite = self._loss_finite, True

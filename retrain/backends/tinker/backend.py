@@ -265,6 +265,9 @@ class TinkerBackend:
         self._sampler.wait_sent()
         return self._checkpoints.save_async(tc, name)
 
+    def thread_metrics(self) -> dict[str, float]:
+        return {}  # the service's threads are not ours to report
+
     def load_state(self, ref: str) -> None:
         """Continue from a save_state path: a new training client with weights + optimizer."""
         self._settle()

@@ -6,7 +6,8 @@ completion; group mode one request per prompt with all its completions (the roll
 group's completions next to each other). Requests run `max_concurrent` at a time. A reply
 with no readable score, or no reply after the retries, scores 0 and is counted
 (`judge_parse_errors`, `judge_errors`); `score()` raises only once `max_failed_steps`
-calls in a row had every request fail (a UserError: the run stops in one line).
+calls in a row had every request fail (a UserError: the run stops in one line). That streak
+is part of the run's resume point (`state_dict`), so a resumed run continues it.
 
 Scores are cached in the run folder (`judge_cache.jsonl`, one line per answer, keyed by a
 hash of the mode, model, rubric, prompt, answer and completion(s)): a resumed run replays its
@@ -173,6 +174,14 @@ class JudgeScorer:
                             f"{self.cfg.base_url} serves {self.cfg.model!r}, then resume with "
                             "the same command (reward.judge.max_failed_steps = "
                             f"{limit} allows that many)")
+
+    def state_dict(self) -> dict:
+        """What a resume point keeps: the failed streak, so a resume cannot reset it."""
+        return {"failed_streak": self.failed_streak}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        streak = (state or {}).get("failed_streak", 0)  # a hand-edited value counts as 0
+        self.failed_streak = streak if type(streak) is int and streak > 0 else 0
 
     def _score_batch(self, texts: list[str], problem: Problem, tally: _Tally) -> list[float]:
         """Scores of one request's completions (one, or a whole group); zeros on failure."""

@@ -90,3 +90,28 @@ def test_a_run_with_automatic_threads_records_them_every_step(tmp_path) -> None:
     for row in got:
         assert 1 <= row["cpu_threads"] <= available_cores()
         assert row["others_busy_cores"] >= 0.0
+
+
+def test_a_step_without_an_update_records_the_threads_too(tmp_path) -> None:
+    """A reward equal for every completion leaves every group without signal, so no step
+    calls optim_step (which reports the threads): the rows carry them all the same."""
+    from retrain.machine.cpu import available_cores
+    from retrain.machine.cpu_share import cpu_sample
+    from tests.run_helpers import rows, run_in_process, write_config
+
+    if cpu_sample() is None:
+        return
+    kept = torch.get_num_threads()
+    try:
+        path = write_config(tmp_path, model={"threads": 0}, data={"eval_size": 0},
+                            reward={"function": "digits.py:constant"},
+                            training={"max_steps": 2})
+        done = run_in_process([path.name], tmp_path)
+    finally:
+        torch.set_num_threads(kept)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = rows(tmp_path / "logs" / "run")
+    assert [(r["step"], r["updates"]) for r in got] == [(1, 0), (2, 0)]
+    for row in got:
+        assert 1 <= row["cpu_threads"] <= available_cores()
+        assert row["others_busy_cores"] >= 0.0

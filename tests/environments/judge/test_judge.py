@@ -319,3 +319,21 @@ def test_explain_shows_the_judge_and_its_worst_case(tmp_path, monkeypatch, mode,
     assert f"qwen at http://judge:8000/v1, {mode}; at most 3 requests in flight (per run)" \
         in lines
     assert f"per step {per_step} with retries" in lines
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("localhost:8000/v1", "'localhost:8000/v1' has no scheme; write 'http://localhost:8000/v1'"),
+    ("ftp://judge/v1", "over http:// or https://; write 'http://judge/v1'"),
+    ("http://", "'http://' names no host"),
+])
+def test_explain_refuses_a_judge_url_without_its_scheme(tmp_path, url, shown):
+    """Without http://, the run could only say "cannot be reached": explain (and the run)
+    refuse it when the file loads, in one line naming the key and the fix."""
+    path = tmp_path / "j.toml"
+    path.write_text(f'[reward]\ntype = "judge"\n[reward.judge]\nbase_url = "{url}"\n'
+                    'model = "qwen"\n')
+    done = run_in_process(["explain", path.name], tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "j.toml: reward.judge.base_url: " in errors[0] and shown in errors[0]

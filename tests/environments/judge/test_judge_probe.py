@@ -92,12 +92,12 @@ def test_steps_in_a_row_with_every_request_failed_raise_one_line(server, tmp_pat
     assert "reward.judge.max_failed_steps = 2" in message and "\n" not in message
 
 
-def judged_run(tmp_path, base_url: str, **judge):
+def judged_run(tmp_path, base_url: str, max_steps: int = 3, **judge):
     table = {"base_url": base_url, "model": "judge", "rubric": RUBRIC, "retries": 0,
              "timeout_s": 10.0, **judge}
     return write_config(tmp_path, "judged", reward={"type": "judge", "judge": table},
                         data={"source": "arithmetic", "eval_size": 0},
-                        training={"max_steps": 3, "save_every": 1})
+                        training={"max_steps": max_steps, "save_every": 1})
 
 
 def test_a_run_without_v1_stops_at_start(tmp_path, server):
@@ -124,3 +124,20 @@ def test_a_run_whose_judge_fails_every_request_stops_and_resumes(tmp_path, tiny_
     assert done.returncode == 0, done.stdout + done.stderr
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3]
     assert all(r["judge_errors"] == 0 for r in rows(run_dir)[1:])
+
+
+def test_the_failed_streak_goes_on_across_a_resume(tmp_path, tiny_model, server):
+    """Two failed steps finish a 2-step run; raised to 4 steps, the resume's first failed step
+    is the third in a row and stops the run (a streak restarted at 0 would finish it)."""
+    server.mode = "429"
+    path = judged_run(tmp_path, server.base_url, 2, max_failed_steps=3)
+    done = run_in_process([path.name], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "logs" / "judged"
+    assert state(run_dir)["extra"]["scorer"] == {"failed_streak": 2}
+    judged_run(tmp_path, server.base_url, 4, max_failed_steps=3)
+    done = run_in_process([path.name], tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "every judge request failed in 3 steps in a row" in done.stderr
+    assert [r["step"] for r in rows(run_dir)] == [1, 2]  # step 3 stopped before it trained
+    assert state(run_dir)["status"] == "failed" and state(run_dir)["step"] == 2

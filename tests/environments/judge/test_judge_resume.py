@@ -1,8 +1,12 @@
 """Resuming a judged run: the judge's URL, key variable, timeout, retries, concurrency and
 failure limit change no math, so a resume may change them; a changed model or rubric is
-refused, naming the sub-key (`reward.judge.model`, not `reward.judge`)."""
+refused, naming the sub-key (`reward.judge.model`, not `reward.judge`). A key left out and the
+same key given at its default are one setting."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -39,9 +43,19 @@ def test_the_judges_transport_may_change_on_a_resume(tmp_path, change):
     checkpoint._check_same_config(run_dir, load_config(judged_config(tmp_path, 2, **change)))
 
 
+@pytest.mark.parametrize("given", [
+    {"mode": "pointwise"}, {"max_tokens": 512, "temperature": 0.0, "rubric_file": ""},
+])
+def test_a_judge_key_given_at_its_default_is_no_change(tmp_path, given):
+    """Started with `mode` left out, resumed with `mode = "pointwise"` (its default): the
+    same judge, not `mode: None -> 'pointwise'`."""
+    run_dir = started(tmp_path)
+    checkpoint._check_same_config(run_dir, load_config(judged_config(tmp_path, 2, **given)))
+
+
 @pytest.mark.parametrize(("change", "shown"), [
     ({"model": "other"}, "reward.judge.model: 'judge' -> 'other'"),
-    ({"mode": "group"}, "reward.judge.mode: None -> 'group'"),
+    ({"mode": "group"}, "reward.judge.mode: 'pointwise' -> 'group'"),
     ({"rubric": "Grade {completion}."}, "reward.judge.rubric: "),
     ({"model": "other", "timeout_s": 5.0}, "reward.judge.model: 'judge' -> 'other')"),
 ])
@@ -68,3 +82,13 @@ def test_a_run_resumed_on_another_judge_url_finishes_there(tmp_path, tiny_model)
     assert [r["step"] for r in rows(run_dir)] == [1, 2]
     assert state(run_dir)["status"] == "completed"
     assert first.requests == 8 and second.requests == 8  # batch 2 x group 4 each
+
+
+def test_the_training_doc_lists_exactly_the_keys_a_resume_may_change():
+    """docs/training.md's list is RESUMABLE_CHANGES, no key more or less (a section as
+    `[logging]`): the judge's keys were once left out of it."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    bullet = text.split("- Changing a key that alters the training", 1)[1].split("\n- ", 1)[0]
+    named = set(re.findall(r"`([^`]+)`", bullet))
+    code = {f"[{k[:-1]}]" if k.endswith(".") else k for k in checkpoint.RESUMABLE_CHANGES}
+    assert named == code
