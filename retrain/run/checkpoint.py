@@ -42,7 +42,8 @@ from retrain.run.run_facts import DataDigest
 from retrain.runfiles import runlog
 
 # Keys that may differ between the first launch and a resume without changing the math (a
-# trailing dot: a whole section). docs/training.md lists them (tests/test_judge_resume.py).
+# trailing dot: a whole section). docs/training.md lists them
+# (tests/environments/judge/test_judge_resume.py checks it).
 RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval_every",
                      "training.micro_batch_size", "training.max_nonfinite_steps",
                      "model.threads", "model.device",
