@@ -102,7 +102,7 @@ class LocalBackend:
         """A private LocalModel with one adapter, from `[model]` and `[training]` (and
         `[backend] compile`)."""
         m = cfg.model
-        model = LocalModel.from_config(cfg, config_dir)
+        model = LocalModel.from_config(cfg.model, cfg.training, config_dir)
         lora.check_target_modules(model.base, m.lora_target_modules, m.name)
         backend = LocalBackend.new_adapter(model, "default", m.lora_rank, m.lora_alpha,
                                            m.lora_dropout, m.lora_target_modules,

@@ -56,7 +56,7 @@ class FullBackend(LocalBackend):
                     checkpoint_dir: Path | None = None) -> FullBackend:
         """A private LocalModel trained whole, from `[model]`, `[training]`, `[algorithm]
         kl_coef` (the reference copy) and `[backend] compile`."""
-        model = LocalModel.from_config(cfg, config_dir)
+        model = LocalModel.from_config(cfg.model, cfg.training, config_dir)
         backend = cls(model, micro_batch_size=cfg.training.micro_batch_size,
                       seed=cfg.training.seed, checkpoint_dir=checkpoint_dir,
                       keep_reference=cfg.algorithm.kl_coef > 0)
