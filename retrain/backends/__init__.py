@@ -23,11 +23,13 @@ def create_backend(cfg: Config, slots: ApiSlots | None = None,
     if cfg.backend.backend == "local" and cfg.model.finetune == "full":
         from retrain.backends.local.full import FullBackend
 
-        return FullBackend.from_config(cfg, config_dir, checkpoint_dir)
+        return FullBackend.from_config(cfg.model, cfg.training, cfg.backend, config_dir,
+                                       checkpoint_dir, keep_reference=cfg.algorithm.kl_coef > 0)
     if cfg.backend.backend == "local":
         from retrain.backends.local.backend import LocalBackend
 
-        return LocalBackend.from_config(cfg, config_dir, checkpoint_dir)
+        return LocalBackend.from_config(cfg.model, cfg.training, cfg.backend, config_dir,
+                                        checkpoint_dir)
     if cfg.backend.backend == "tinker":
         from retrain.backends.tinker.backend import TinkerBackend
 
