@@ -33,5 +33,5 @@ def create_backend(cfg: Config, slots: ApiSlots | None = None,
     if cfg.backend.backend == "tinker":
         from retrain.backends.tinker.backend import TinkerBackend
 
-        return TinkerBackend.from_config(cfg, slots)
+        return TinkerBackend.from_config(cfg.model, cfg.training, cfg.backend, slots)
     raise ValueError(f"unknown backend {cfg.backend.backend!r}")
