@@ -55,7 +55,8 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     scorer = build_scorer(cfg.reward, config_dir, run_dir) \
         if rl and uses_scorer(cfg.environment) else None
-    backend = create_backend(cfg, slots, config_dir=config_dir,
+    backend = create_backend(cfg.model, cfg.training, cfg.backend, slots,
+                             keep_reference=cfg.algorithm.kl_coef > 0, config_dir=config_dir,
                              checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
     rollouts = None
     try:
