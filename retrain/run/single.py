@@ -15,6 +15,7 @@ from retrain.environments.sft.data import SftData, load_sft, sft_steps
 from retrain.environments.tasks import TaskSplits, data_path, load_task
 from retrain.errors import UserError
 from retrain.run import checkpoint, run_lock
+from retrain.run.record import RunRecord
 from retrain.run.run_facts import DataDigest, RunFacts, digest
 from retrain.run.sft import SftStage, is_sft_point
 from retrain.run.trainer import Trainer
@@ -64,15 +65,17 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
             rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
                                       config_dir, backend, scorer, splits.train)
         cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
+        record = RunRecord.of(cfg)
         points = [start.state, *start.fallbacks] if start.state else []
         facts = RunFacts(start.sft_steps, digests)
         rl_points, after = [p for p in points if not is_sft_point(p)], None
         if sft is not None and not rl_points:  # the SFT steps not done yet come first
-            code, after = SftStage(cfg, sft, run_dir, backend, config_path, facts).run(points)
+            code, after = SftStage(cfg.sft, cfg.training, record, sft, run_dir, backend,
+                                   config_path, facts).run(points)
             if code or not rl:
                 return code
-        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts,
-                          facts)
+        trainer = Trainer(cfg, record, run_dir, splits, scorer, backend, slots, config_path,
+                          rollouts, facts)
         return trainer.run(rl_points[0] if rl_points else None, rl_points[1:], after=after)
     finally:
         if rollouts is not None:

@@ -47,6 +47,7 @@ from retrain.run.batch import BatchBuilder
 from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
 from retrain.run.progress import Progress
+from retrain.run.record import RunRecord
 from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
 from retrain.run.sft import PHASE
@@ -68,12 +69,12 @@ ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the n
 class Trainer:
     """Owns the order of the stages; the backend, scorer and controller do the work."""
 
-    def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
-                 backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts,
-                 facts: RunFacts):
+    def __init__(self, cfg: Config, record: RunRecord, run_dir: Path, splits: TaskSplits,
+                 scorer: Any, backend: Backend, slots: Any, config_path: Path,
+                 rollouts: Rollouts, facts: RunFacts):
         from retrain.control.backpressure.controller import BackpressureController
 
-        self.cfg = cfg
+        self.cfg, self.record = cfg, record
         self.training = cfg.training
         self.run_dir = run_dir
         self.splits = splits
@@ -114,8 +115,7 @@ class Trainer:
         `after`: the SFT stage's last state (its weights are the backend's now)."""
         # Restore before writing anything: a resume that fails leaves the folder untouched.
         first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh(after)
-        checkpoint.write_config(self.run_dir, self.cfg)
-        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
+        trackers = self.record.open(self.run_dir)  # config.toml, then the trackers
         endings.mark_running(self.run_dir, self.state, self.last_step)
         self.stop.install()
         try:
