@@ -16,6 +16,7 @@ from retrain.environments.tasks import TaskSplits, data_path, load_task
 from retrain.errors import UserError
 from retrain.run import checkpoint, run_lock
 from retrain.run.record import RunRecord
+from retrain.run.rl_sections import RlSections
 from retrain.run.run_facts import DataDigest, RunFacts, digest
 from retrain.run.sft import SftStage, is_sft_point
 from retrain.run.trainer import Trainer
@@ -74,8 +75,8 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
                                    config_path, facts).run(points)
             if code or not rl:
                 return code
-        trainer = Trainer(cfg, record, run_dir, splits, scorer, backend, slots, config_path,
-                          rollouts, facts)
+        trainer = Trainer(RlSections.of(cfg), record, run_dir, splits, scorer, backend, slots,
+                          config_path, rollouts, facts)
         return trainer.run(rl_points[0] if rl_points else None, rl_points[1:], after=after)
     finally:
         if rollouts is not None:
