@@ -8,7 +8,7 @@ from pathlib import Path
 
 from retrain.backends import create_backend
 from retrain.config.cross_checks import run_name_problem
-from retrain.config.sections import Config, run_config
+from retrain.config.sections import Config, DataConfig, run_config
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
 from retrain.environments.sft.data import SftData, load_sft, sft_steps
@@ -42,7 +42,7 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     sft = load_sft(cfg.sft, config_dir) if cfg.sft.enabled else None
     rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
     splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
-    digests = _digests(cfg, config_dir, sft, splits if rl else None)
+    digests = _digests(cfg.data, config_dir, sft, splits if rl else None)
     start = checkpoint.prepare(run_dir, cfg, new=new, digests=digests,
                                sft_steps=sft_steps(cfg.sft, sft.rows) if sft else 0)
     if start.moved_to is not None:
@@ -86,12 +86,11 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
         backend.close()
 
 
-def _digests(cfg: Config, config_dir: Path, sft: SftData | None,
+def _digests(data: DataConfig, config_dir: Path, sft: SftData | None,
              splits: TaskSplits | None) -> list[DataDigest]:
     """The content digests of the data this launch reads (run/data_digest.py)."""
     found = [digest("sft.data", sft.where, sft.conversations)] if sft is not None else []
     if splits is not None:
-        data = cfg.data
         where = str(data_path(data, config_dir)) if data.source == "jsonl" else \
             data.path if data.source == "hf" else f"the built-in {data.source} task"
         found.append(digest("data", where, [*splits.train, *splits.eval]))
