@@ -20,7 +20,7 @@ class TinkerPolicy:
     def load(cls, cfg: Config, ckpt: Checkpoint) -> TinkerPolicy:
         from retrain.backends.tinker.backend import TinkerBackend
 
-        backend = TinkerBackend.from_config(cfg)
+        backend = TinkerBackend.from_config(cfg.model, cfg.training, cfg.backend)
         try:
             backend.load_state(ckpt.ref)
         except BackendError as exc:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrain.backends.base import BackendError
-from retrain.config.loader import diff, dumps_config, loads_config
+from retrain.config.loader import diff, loads_config
 from retrain.config.sections import Config, ConfigError, to_dict
 from retrain.errors import UserError
 from retrain.run import run_facts
@@ -269,12 +269,6 @@ def ensure_writable(run_dir: Path) -> None:
             fh.flush()
     except OSError as exc:
         raise user_error_from_os(exc, "logging.log_dir") from None
-
-
-def write_config(run_dir: Path, cfg: Config) -> None:
-    """The resolved config, re-runnable as is (rewritten on every launch)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    runlog.replace_atomically(run_dir / runlog.CONFIG_FILE, dumps_config(cfg).encode("utf-8"))
 
 
 def prune(folder: Path, current: int, save_every: int, max_steps: int) -> None:

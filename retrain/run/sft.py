@@ -29,7 +29,7 @@ from retrain.backends.base import (
     LossConfig,
     skipped_nonfinite,
 )
-from retrain.config.sections import Config
+from retrain.config.sections import SftConfig, TrainingConfig
 from retrain.environments.ledger import Renderer
 from retrain.environments.sft.data import SftData
 from retrain.environments.sft.datums import SftExample, sft_example
@@ -37,6 +37,7 @@ from retrain.environments.tasks import DataCursor
 from retrain.errors import UserError
 from retrain.run import checkpoint, endings
 from retrain.run.progress import Progress
+from retrain.run.record import RunRecord
 from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
 from retrain.run.step_row import max_rss_mb
@@ -57,20 +58,21 @@ def is_sft_point(state: runlog.RunState) -> bool:
 class SftStage:
     """The SFT steps of one run; `run` returns the exit status and the state after them."""
 
-    def __init__(self, cfg: Config, data: SftData, run_dir: Path, backend: Backend,
-                 config_path: Path, facts: RunFacts):
-        self.cfg, self.sft, self.training = cfg, cfg.sft, cfg.training
+    def __init__(self, sft: SftConfig, training: TrainingConfig, record: RunRecord,
+                 data: SftData, run_dir: Path, backend: Backend, config_path: Path,
+                 facts: RunFacts):
+        self.sft, self.training, self.record = sft, training, record
         self.data, self.run_dir, self.backend = data, run_dir, backend
         self.config_path = config_path
         self.facts, self.steps = facts, facts.sft_steps  # fixed when the run started
-        self.last_step = self.steps + cfg.training.max_steps  # the run's last step
-        seed = derive_seed(cfg.training.seed, 0, "sft-data")
+        self.last_step = self.steps + training.max_steps  # the run's last step
+        seed = derive_seed(training.seed, 0, "sft-data")
         self.cursor = DataCursor(data.rows, seed, data.data.shuffle)
         self.renderer = Renderer(backend.tokenizer, data.data.chat_template)
-        self.limit = min(cfg.sft.max_tokens, backend.max_context or cfg.sft.max_tokens)
+        self.limit = min(sft.max_tokens, backend.max_context or sft.max_tokens)
         eos = getattr(backend.tokenizer, "eos_token_id", None)  # ends a reply without a template
         self.eos = eos if isinstance(eos, int) else None
-        self.progress = Progress(cfg.logging.run_name)
+        self.progress = Progress(record.run_name)
         self.stop = StopRequest()
         self.state = runlog.RunState()
         self.streak = 0   # steps in a row not applied for a non-finite loss or gradient
@@ -82,8 +84,7 @@ class SftStage:
         the start). Returns (exit status, the state after the last step done)."""
         self._refuse_if_nothing_trains()
         first = self._restore(points) if points else self._fresh()
-        checkpoint.write_config(self.run_dir, self.cfg)
-        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
+        trackers = self.record.open(self.run_dir)  # config.toml, then the trackers
         endings.mark_running(self.run_dir, self.state, self.last_step)
         self.stop.install()
         try:

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from retrain.backends import create_backend
 from retrain.config.cross_checks import run_name_problem
-from retrain.config.sections import Config, run_config
+from retrain.config.sections import Config, DataConfig, run_config
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
 from retrain.environments.sft.data import SftData, load_sft, sft_steps
 from retrain.environments.tasks import TaskSplits, data_path, load_task
 from retrain.errors import UserError
 from retrain.run import checkpoint, run_lock
+from retrain.run.record import RunRecord
+from retrain.run.rl_sections import RlSections
 from retrain.run.run_facts import DataDigest, RunFacts, digest
 from retrain.run.sft import SftStage, is_sft_point
 from retrain.run.trainer import Trainer
@@ -40,7 +42,7 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     sft = load_sft(cfg.sft, config_dir) if cfg.sft.enabled else None
     rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
     splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
-    digests = _digests(cfg, config_dir, sft, splits if rl else None)
+    digests = _digests(cfg.data, config_dir, sft, splits if rl else None)
     start = checkpoint.prepare(run_dir, cfg, new=new, digests=digests,
                                sft_steps=sft_steps(cfg.sft, sft.rows) if sft else 0)
     if start.moved_to is not None:
@@ -55,7 +57,8 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     scorer = build_scorer(cfg.reward, config_dir, run_dir) \
         if rl and uses_scorer(cfg.environment) else None
-    backend = create_backend(cfg, slots, config_dir=config_dir,
+    backend = create_backend(cfg.model, cfg.training, cfg.backend, slots,
+                             keep_reference=cfg.algorithm.kl_coef > 0, config_dir=config_dir,
                              checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
     rollouts = None
     try:
@@ -63,15 +66,17 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
             rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
                                       config_dir, backend, scorer, splits.train)
         cfg = run_config(cfg, **{"logging.run_name": run_name})  # config.toml re-runnable
+        record = RunRecord.of(cfg)
         points = [start.state, *start.fallbacks] if start.state else []
         facts = RunFacts(start.sft_steps, digests)
         rl_points, after = [p for p in points if not is_sft_point(p)], None
         if sft is not None and not rl_points:  # the SFT steps not done yet come first
-            code, after = SftStage(cfg, sft, run_dir, backend, config_path, facts).run(points)
+            code, after = SftStage(cfg.sft, cfg.training, record, sft, run_dir, backend,
+                                   config_path, facts).run(points)
             if code or not rl:
                 return code
-        trainer = Trainer(cfg, run_dir, splits, scorer, backend, slots, config_path, rollouts,
-                          facts)
+        trainer = Trainer(RlSections.of(cfg), record, run_dir, splits, scorer, backend, slots,
+                          config_path, rollouts, facts)
         return trainer.run(rl_points[0] if rl_points else None, rl_points[1:], after=after)
     finally:
         if rollouts is not None:
@@ -81,12 +86,11 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
         backend.close()
 
 
-def _digests(cfg: Config, config_dir: Path, sft: SftData | None,
+def _digests(data: DataConfig, config_dir: Path, sft: SftData | None,
              splits: TaskSplits | None) -> list[DataDigest]:
     """The content digests of the data this launch reads (run/data_digest.py)."""
     found = [digest("sft.data", sft.where, sft.conversations)] if sft is not None else []
     if splits is not None:
-        data = cfg.data
         where = str(data_path(data, config_dir)) if data.source == "jsonl" else \
             data.path if data.source == "hf" else f"the built-in {data.source} task"
         found.append(digest("data", where, [*splits.train, *splits.eval]))

@@ -6,19 +6,19 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from retrain.config.loader import to_dict
-from retrain.config.sections import Config
+from retrain.config.sections import LoggingConfig
 from retrain.errors import UserError
 
 
 class Trackers:
     """Mirrors each metrics row to the configured trackers; numbers only."""
 
-    def __init__(self, cfg: Config, run_dir: Path, run_name: str):
+    def __init__(self, logging: LoggingConfig, run_dir: Path, config: dict):
+        """`config`: the resolved config as a TOML-shaped dict (W&B records it)."""
         self._sinks: list[Any] = []
-        if cfg.logging.wandb_project:
-            self._sinks.append(_wandb(cfg, run_dir, run_name))
-        if cfg.logging.tensorboard:
+        if logging.wandb_project:
+            self._sinks.append(_wandb(logging, run_dir, config))
+        if logging.tensorboard:
             self._sinks.append(_tensorboard(run_dir))
 
     def log(self, row: dict) -> None:
@@ -56,7 +56,7 @@ class _TensorBoardSink:
         self.writer.close()
 
 
-def _wandb(cfg: Config, run_dir: Path, run_name: str) -> _WandbSink:
+def _wandb(logging: LoggingConfig, run_dir: Path, config: dict) -> _WandbSink:
     try:
         import wandb
     except ImportError:
@@ -64,8 +64,8 @@ def _wandb(cfg: Config, run_dir: Path, run_name: str) -> _WandbSink:
                         "pip install wandb, or remove logging.wandb_project") from None
     # A stable id per run folder: a resumed run keeps logging into the same W&B run.
     run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    run = wandb.init(project=cfg.logging.wandb_project, name=run_name, id=run_id,
-                     resume="allow", config=to_dict(cfg), dir=str(run_dir))
+    run = wandb.init(project=logging.wandb_project, name=logging.run_name, id=run_id,
+                     resume="allow", config=config, dir=str(run_dir))
     return _WandbSink(run)
 
 

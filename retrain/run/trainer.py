@@ -37,7 +37,6 @@ from retrain.backends.base import (
     DivergedError,
     SamplingParams,
 )
-from retrain.config.sections import Config
 from retrain.control.gradnoise import GradStats, NoiseScale
 from retrain.environments.rollout import RolloutResult, Rollouts, uses_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits
@@ -47,6 +46,8 @@ from retrain.run.batch import BatchBuilder
 from retrain.run.eval import HeldOut
 from retrain.run.offpolicy import Overlap
 from retrain.run.progress import Progress
+from retrain.run.record import RunRecord
+from retrain.run.rl_sections import RlSections
 from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
 from retrain.run.sft import PHASE
@@ -69,13 +70,13 @@ ADVANTAGE_NOTE = "+-65536"  # retrain.algorithms.advantages.LOSS_LIMIT, as the n
 class Trainer:
     """Owns the order of the stages; the backend, scorer and controller do the work."""
 
-    def __init__(self, cfg: Config, run_dir: Path, splits: TaskSplits, scorer: Any,
-                 backend: Backend, slots: Any, config_path: Path, rollouts: Rollouts,
-                 facts: RunFacts):
+    def __init__(self, sections: RlSections, record: RunRecord, run_dir: Path, splits: TaskSplits,
+                 scorer: Any, backend: Backend, slots: Any, config_path: Path,
+                 rollouts: Rollouts, facts: RunFacts):
         from retrain.control.backpressure.controller import BackpressureController
 
-        self.cfg = cfg
-        self.training = cfg.training
+        self.sections, self.record = sections, record
+        self.training = sections.training
         self.run_dir = run_dir
         self.splits = splits
         self.scorer = scorer
@@ -86,19 +87,20 @@ class Trainer:
         self.facts = facts  # the [sft] steps before these, fixed when the run started
         self.sft_steps = facts.sft_steps
         self.last_step = self.sft_steps + self.training.max_steps
-        self.cursor = DataCursor(len(splits.train), self.training.seed, cfg.data.shuffle)
-        self.controller = BackpressureController(cfg.backpressure, self.training.group_size,
+        self.cursor = DataCursor(len(splits.train), self.training.seed, sections.data.shuffle)
+        self.controller = BackpressureController(sections.backpressure, self.training.group_size,
                                                  base_batch_size=self.training.batch_size)
         self.noise = NoiseScale()
         self._train_metrics: dict = {}
-        self.progress = Progress(cfg.logging.run_name)
+        self.progress = Progress(record.run_name)
         self.stop = StopRequest()
         self.state = runlog.RunState()
         self.batch_size = self.training.batch_size
-        self.failures = endings.FailureReport(self.progress.say, uses_scorer(cfg.environment))
-        self.heldout = HeldOut(backend, rollouts, splits.eval, scorer, cfg.data, self.training)
-        self.batches = BatchBuilder(backend, rollouts.train.host, cfg.algorithm, self.training,
-                                    cfg.reward)
+        self.failures = endings.FailureReport(self.progress.say, uses_scorer(sections.environment))
+        self.heldout = HeldOut(backend, rollouts, splits.eval, scorer, sections.data,
+                               self.training)
+        self.batches = BatchBuilder(backend, rollouts.train.host, sections.algorithm,
+                                    self.training, sections.reward)
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
         self._api_waited = 0.0         # API waits already counted in a row (api_wait_s)
@@ -115,8 +117,7 @@ class Trainer:
         `after`: the SFT stage's last state (its weights are the backend's now)."""
         # Restore before writing anything: a resume that fails leaves the folder untouched.
         first = self._restore([resume, *(fallbacks or [])]) if resume else self._fresh(after)
-        checkpoint.write_config(self.run_dir, self.cfg)
-        trackers = Trackers(self.cfg, self.run_dir, self.cfg.logging.run_name)
+        trackers = self.record.open(self.run_dir)  # config.toml, then the trackers
         endings.mark_running(self.run_dir, self.state, self.last_step)
         self.stop.install()
         try:
@@ -144,7 +145,7 @@ class Trainer:
         self.state = saved
         self.facts.stamp(self.state)
         # Hand-edited sizes must not make a step take 10**12 prompts: keep the configured range.
-        limit = max(self.training.batch_size, self.cfg.backpressure.max_batch_size)
+        limit = max(self.training.batch_size, self.sections.backpressure.max_batch_size)
         self.batch_size = saved.batch_size if 1 <= saved.batch_size <= limit else \
             self.training.batch_size
         # Resume points from before the controller owned the out-of-memory ceiling.
@@ -311,7 +312,7 @@ class Trainer:
              train: dict, lr: float) -> dict:
         row = rollout_row(result, rewards, batch_size, self.training.group_size, train)
         row.update(lr=lr, reward_failures=self.rollouts.train.host.failures)
-        if not uses_scorer(self.cfg.environment):
+        if not uses_scorer(self.sections.environment):
             row.update(result.metrics())
         return row
 
@@ -319,14 +320,14 @@ class Trainer:
         """The groups of a step: problem indices from the data cursor (task kind), else
         episode seeds derived from (training.seed, step, group index); `drawn`: groups this
         step already took (refill rounds)."""
-        if uses_scorer(self.cfg.environment) or self.cfg.environment.kind == "task":
+        if uses_scorer(self.sections.environment) or self.sections.environment.kind == "task":
             return self.cursor.take(batch_size)
         return [derive_seed(self.training.seed, step, f"episode:{g}")
                 for g in range(drawn, drawn + batch_size)]
 
     def _lr(self, step: int, batch_size: int) -> float:
         """The schedule's rate at `step`, scaled for the batch back-pressure chose."""
-        t, bp = self.training, self.cfg.backpressure
+        t, bp = self.training, self.sections.backpressure
         lr = t.lr * lr_multiplier(step - self.sft_steps, t.max_steps, t.lr_schedule,
                                   t.warmup_steps, t.min_lr_ratio)
         return step_lr(lr, t.batch_size, batch_size, bp.lr_scaling, bp.enabled)
@@ -337,7 +338,7 @@ class Trainer:
         if not any(groups):  # every group uniform: nothing to learn from this step
             self._land_commit()
             return {**NO_UPDATE, **self.backend.thread_metrics()}  # every row has the threads
-        done = update_batch(self.backend, groups, self.cfg.algorithm, self.training, lr)
+        done = update_batch(self.backend, groups, self.sections.algorithm, self.training, lr)
         row, self._train_metrics = summary(done)
         self._land_commit()  # the last step's save landed while this step's update ran
         if row["updates"]:  # skipped updates leave the weights (and staleness) as they were

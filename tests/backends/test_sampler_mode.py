@@ -76,7 +76,7 @@ def _backend(tiny_model, sampler: str) -> LocalBackend:
     cfg = from_dict({"model": {"name": tiny_model, "dtype": "float32", "device": "cpu",
                                "threads": 1}, "backend": {"sampler": sampler},
                      "training": {"max_tokens": 64}})  # within the tiny model's context
-    return LocalBackend.from_config(cfg)
+    return LocalBackend.from_config(cfg.model, cfg.training, cfg.backend)
 
 
 def test_the_backend_samples_through_the_mode(tiny_model):

@@ -42,7 +42,9 @@ def _trainer_texts(run, step):
     from retrain.environments.tasks import load_task, render_prompt
 
     cfg = load_config(run / "config.toml")
-    backend = create_backend(cfg, config_dir=run, checkpoint_dir=run / "checkpoints")
+    backend = create_backend(cfg.model, cfg.training, cfg.backend,
+                             keep_reference=cfg.algorithm.kl_coef > 0, config_dir=run,
+                             checkpoint_dir=run / "checkpoints")
     backend.load_state(str(run / "checkpoints" / f"step-{step:06d}"))
     held = load_task(cfg.data, cfg.training.seed, run).eval
     prompts = [render_prompt(backend.tokenizer, p, cfg.data) for p in held]

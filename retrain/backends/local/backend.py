@@ -50,7 +50,7 @@ from retrain.backends.local.training.pack import BUCKET_OVERHEAD
 from retrain.control.stepcost import ModelCost
 
 if TYPE_CHECKING:
-    from retrain.config.sections import Config
+    from retrain.config.sections import BackendConfig, ModelConfig, TrainingConfig
 
 class LocalBackend:
     """One LoRA adapter of a LocalModel, with its AdamW optimizer and sampling RNG."""
@@ -97,23 +97,23 @@ class LocalBackend:
                             checkpoint_dir=checkpoint_dir)
 
     @classmethod
-    def from_config(cls, cfg: Config, config_dir: Path | None = None,
+    def from_config(cls, model: ModelConfig, training: TrainingConfig, backend: BackendConfig,
+                    config_dir: Path | None = None,
                     checkpoint_dir: Path | None = None) -> LocalBackend:
         """A private LocalModel with one adapter, from `[model]` and `[training]` (and
-        `[backend] compile`)."""
-        m = cfg.model
-        model = LocalModel.from_config(cfg, config_dir)
-        lora.check_target_modules(model.base, m.lora_target_modules, m.name)
-        backend = LocalBackend.new_adapter(model, "default", m.lora_rank, m.lora_alpha,
-                                           m.lora_dropout, m.lora_target_modules,
-                                           seed=cfg.training.seed,
-                                           micro_batch_size=cfg.training.micro_batch_size,
-                                           checkpoint_dir=checkpoint_dir)
-        if compiled.wanted(cfg.backend.compile):
-            model.compile_decoding()
-        model.use_sampler(cfg.backend.sampler)
-        backend.fast_ratio_cap = cfg.backend.fast_ratio_cap
-        return backend
+        `[backend]` compile, sampler, fast_ratio_cap)."""
+        loaded = LocalModel.from_config(model, training, config_dir)
+        lora.check_target_modules(loaded.base, model.lora_target_modules, model.name)
+        built = LocalBackend.new_adapter(loaded, "default", model.lora_rank, model.lora_alpha,
+                                         model.lora_dropout, model.lora_target_modules,
+                                         seed=training.seed,
+                                         micro_batch_size=training.micro_batch_size,
+                                         checkpoint_dir=checkpoint_dir)
+        if compiled.wanted(backend.compile):
+            loaded.compile_decoding()
+        loaded.use_sampler(backend.sampler)
+        built.fast_ratio_cap = backend.fast_ratio_cap
+        return built
 
     @property
     def tokenizer(self) -> Any:

@@ -26,7 +26,7 @@ from retrain.backends.local.model import LocalModel
 from retrain.backends.local.sampling import compiled
 
 if TYPE_CHECKING:
-    from retrain.config.sections import Config
+    from retrain.config.sections import BackendConfig, ModelConfig, TrainingConfig
 
 WEIGHTS = "model.safetensors"
 NAME = "full"  # what stands in the adapter's place in the LocalBackend's calls
@@ -52,18 +52,18 @@ class FullBackend(LocalBackend):
         return params
 
     @classmethod
-    def from_config(cls, cfg: Config, config_dir: Path | None = None,
-                    checkpoint_dir: Path | None = None) -> FullBackend:
-        """A private LocalModel trained whole, from `[model]`, `[training]`, `[algorithm]
-        kl_coef` (the reference copy) and `[backend] compile`."""
-        model = LocalModel.from_config(cfg, config_dir)
-        backend = cls(model, micro_batch_size=cfg.training.micro_batch_size,
-                      seed=cfg.training.seed, checkpoint_dir=checkpoint_dir,
-                      keep_reference=cfg.algorithm.kl_coef > 0)
-        if compiled.wanted(cfg.backend.compile):
-            model.compile_decoding()
-        model.use_sampler("exact")  # the fast sampler merges LoRA layers, which are absent
-        return backend
+    def from_config(cls, model: ModelConfig, training: TrainingConfig, backend: BackendConfig,
+                    config_dir: Path | None = None, checkpoint_dir: Path | None = None,
+                    keep_reference: bool = False) -> FullBackend:
+        """A private LocalModel trained whole, from `[model]`, `[training]` and `[backend]
+        compile`; `keep_reference` (the run's loss has a KL term) keeps the base weights."""
+        loaded = LocalModel.from_config(model, training, config_dir)
+        built = cls(loaded, micro_batch_size=training.micro_batch_size, seed=training.seed,
+                    checkpoint_dir=checkpoint_dir, keep_reference=keep_reference)
+        if compiled.wanted(backend.compile):
+            loaded.compile_decoding()
+        loaded.use_sampler("exact")  # the fast sampler merges LoRA layers, which are absent
+        return built
 
     def snapshot(self, name: str | None = None) -> str:
         raise BackendError("snapshots copy a LoRA adapter; full fine-tuning has none "

@@ -28,7 +28,7 @@ from retrain.machine.cpu import auto_threads
 from retrain.machine.cpu_share import cpu_sample
 
 if TYPE_CHECKING:
-    from retrain.config.sections import Config
+    from retrain.config.sections import ModelConfig, TrainingConfig
 
 
 class LocalModel:
@@ -82,21 +82,21 @@ class LocalModel:
         return loaded
 
     @classmethod
-    def from_config(cls, cfg: Config, config_dir: Path | None = None) -> LocalModel:
+    def from_config(cls, model: ModelConfig, training: TrainingConfig,
+                    config_dir: Path | None = None) -> LocalModel:
         """`[model]` loaded (model.name resolved from `config_dir`), checked against
         training.max_tokens when the run samples; a folder or id that is no model is the
         config's fault."""
         from retrain.backends.models import resolve_model
 
-        m = cfg.model
-        path = resolve_model(m.name, config_dir)
+        path = resolve_model(model.name, config_dir)
         try:
-            model = cls.load(path, m.dtype, m.device, m.threads)
+            loaded = cls.load(path, model.dtype, model.device, model.threads)
         except BackendError as exc:
-            raise UserError(f"model.name = {m.name!r}: {exc}") from None
-        if cfg.training.max_steps:  # an SFT run (max_steps = 0) samples nothing
-            check_max_tokens(cfg.training.max_tokens, model.max_context, m.name)
-        return model
+            raise UserError(f"model.name = {model.name!r}: {exc}") from None
+        if training.max_steps:  # an SFT run (max_steps = 0) samples nothing
+            check_max_tokens(training.max_tokens, loaded.max_context, model.name)
+        return loaded
 
     def cost_model(self) -> ModelCost:
         """Parameter count, weight bytes and KV-cache bytes per token (for the roofline)."""

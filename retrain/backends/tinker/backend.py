@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the contract's datatypes this backend only names in signatu
         SamplingParams,
         TokenIds,
     )
-    from retrain.config.sections import Config
+    from retrain.config.sections import BackendConfig, ModelConfig, TrainingConfig
 
 
 class TinkerBackend:
@@ -94,16 +94,17 @@ class TinkerBackend:
         return self._calls.rate_limit_wait_s
 
     @classmethod
-    def from_config(cls, cfg: Config, slots: ApiSlots | None = None) -> TinkerBackend:
+    def from_config(cls, model: ModelConfig, training: TrainingConfig, backend: BackendConfig,
+                    slots: ApiSlots | None = None) -> TinkerBackend:
         """`[backend] backend = "tinker"`: base model = model.name, rank = model.lora_rank."""
-        if cfg.training.temperature != 1.0:
+        if training.temperature != 1.0:
             warnings.warn("Tinker computes training log-probs at temperature 1, so "
-                          f"training.temperature = {cfg.training.temperature} biases the "
+                          f"training.temperature = {training.temperature} biases the "
                           "importance ratio; use 1.0 with backend = 'tinker'", stacklevel=2)
-        return cls(base_model=cfg.model.name, lora_rank=cfg.model.lora_rank,
-                   seed=cfg.training.seed, base_url=cfg.backend.base_url or None,
-                   request_timeout_s=cfg.backend.request_timeout_s, slots=slots,
-                   keep_every=cfg.training.save_every, final_step=cfg.training.max_steps)
+        return cls(base_model=model.name, lora_rank=model.lora_rank,
+                   seed=training.seed, base_url=backend.base_url or None,
+                   request_timeout_s=backend.request_timeout_s, slots=slots,
+                   keep_every=training.save_every, final_step=training.max_steps)
 
     @property
     def training(self) -> Any:

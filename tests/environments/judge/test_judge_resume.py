@@ -6,15 +6,15 @@ same key given at its default are one setting."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from retrain.config.loader import load_config
 from retrain.errors import UserError
 from retrain.run import checkpoint
+from retrain.run.record import RunRecord
 from tests.judge_server import RUBRIC, JudgeServer
-from tests.run_helpers import rows, run_in_process, state, write_config
+from tests.run_helpers import REPO, rows, run_in_process, state, write_config
 
 JUDGE = {"base_url": "http://127.0.0.1:8000/v1", "model": "judge", "rubric": RUBRIC}
 
@@ -28,7 +28,7 @@ def judged_config(folder, max_steps: int = 1, **judge):
 def started(tmp_path):
     """A run folder whose config.toml is the judged config's (as a first launch writes it)."""
     run_dir = tmp_path / "run"
-    checkpoint.write_config(run_dir, load_config(judged_config(tmp_path)))
+    RunRecord.of(load_config(judged_config(tmp_path))).open(run_dir).close()
     return run_dir
 
 
@@ -87,7 +87,7 @@ def test_a_run_resumed_on_another_judge_url_finishes_there(tmp_path, tiny_model)
 def test_the_training_doc_lists_exactly_the_keys_a_resume_may_change():
     """docs/training.md's list is RESUMABLE_CHANGES, no key more or less (a section as
     `[logging]`): the judge's keys were once left out of it."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    text = (REPO / "docs" / "training.md").read_text()
     bullet = text.split("- Changing a key that alters the training", 1)[1].split("\n- ", 1)[0]
     named = set(re.findall(r"`([^`]+)`", bullet))
     code = {f"[{k[:-1]}]" if k.endswith(".") else k for k in checkpoint.RESUMABLE_CHANGES}
