@@ -39,6 +39,7 @@ from retrain.run import checkpoint, endings
 from retrain.run.progress import Progress
 from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
+from retrain.run.spend import Spend
 from retrain.run.step_row import max_rss_mb
 from retrain.run.stop_request import StopRequest
 from retrain.run.trackers import Trackers
@@ -74,6 +75,7 @@ class SftStage:
         self.stop = StopRequest()
         self.state = runlog.RunState()
         self.streak = 0   # steps in a row not applied for a non-finite loss or gradient
+        self.spend = Spend(run_dir, backend, cfg)  # each row's tokens and time
         self.examples: dict[int, SftExample] = {}  # by row, tokenized once
         self.said_untrainable = False
 
@@ -126,8 +128,12 @@ class SftStage:
                               f"{self.training.max_steps} RL steps")
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
             for step in range(first, self.steps + 1):
+                if why := self.spend.crossed():  # [training] budget_*: stop between steps
+                    return endings.record_budget(self.run_dir, self.state, self.progress.close,
+                                                 self.last_step, why)
                 row = self._step(step)
                 self.streak = self.streak + 1 if row["skipped_nonfinite"] else 0
+                self.spend.into(row)
                 writer.write(row)
                 trackers.log(row)
                 self.progress.say(step_line(row, self.steps))
