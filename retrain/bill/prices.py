@@ -74,12 +74,6 @@ class Budget:
     def any(self) -> bool:
         return self.usd > 0 or self.tokens > 0
 
-    def rest(self, spent: Tally, prices: Prices) -> Budget:
-        """What is left of this budget after `spent` (0 left stays a limit: it is crossed)."""
-        usd = price(spent, prices).usd or 0.0
-        return Budget(usd=max(self.usd - usd, 1e-12) if self.usd else 0.0,
-                      tokens=max(self.tokens - spent.tokens, 1) if self.tokens else 0)
-
 
 def crossed(spent: Tally, prices: Prices, budget: Budget, keys: str = "training") -> str | None:
     """Why `spent` has reached `budget` (None: it has not); `keys`: the section named."""
