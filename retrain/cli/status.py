@@ -21,8 +21,8 @@ from retrain.runfiles import runlog, safejson
 # A run that says "running" but whose process cannot be checked (another host) is stale
 # after this long without an update, or after 5 median steps, whichever is longer.
 STALE_AFTER_S = 600.0
-STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "skipped",
-          "unreadable")
+STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "budget",
+          "skipped", "unreadable")
 # What state.json and manifest.json may say: status shows the same word (plus "stale").
 _FILE_STATES = frozenset(runlog.RUN_STATUSES)
 
