@@ -6,6 +6,7 @@ backends are interchangeable. Nothing here imports torch or an SDK.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -142,6 +143,33 @@ class OptimOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class TokenUsage:
+    """The tokens a backend's calls carried, counted since it was built (cumulative): the raw
+    figures of the bill. `prefill`: prompt tokens of each sample call (each prompt once per
+    call, as sent) and of reference log-prob calls; `sampled`: completion tokens returned;
+    `trained`: the tokens of the datums sent to forward_backward."""
+
+    prefill: int = 0
+    sampled: int = 0
+    trained: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, prefill: int = 0, sampled: int = 0, trained: int = 0) -> None:
+        with self._lock:  # sample jobs finish in worker threads
+            self.prefill += prefill
+            self.sampled += sampled
+            self.trained += trained
+
+    def count_sample(self, prompts: list[TokenIds], groups: list[list[Completion]]) -> None:
+        self.count(prefill=sum(map(len, prompts)),
+                   sampled=sum(len(c.tokens) for g in groups for c in g))
+
+    def snapshot(self) -> tuple[int, int, int]:
+        with self._lock:
+            return self.prefill, self.sampled, self.trained
+
+
 def context_overflow(prompt_tokens: int, max_tokens: int, max_context: int | None) -> str | None:
     """Why `prompt_tokens` + `max_tokens` do not fit the model's context (None: they fit, or
     the context is unknown). The one check of the local sampler, the rollout, `retrain
@@ -198,6 +226,7 @@ class Backend(Protocol):
     rate_limit_wait_s: float    # seconds spent waiting out the service's rate limits (0 if none)
     cost_model: ModelCost | None  # what FLOPs/bytes estimates need; None where unknown (remote)
     max_context: int | None     # prompt + completion tokens the model takes; None: unknown
+    token_usage: TokenUsage     # the tokens its calls carried so far (the bill)
 
     def sample(self, prompts: list[TokenIds], n: int,
                params: SamplingParams) -> list[list[Completion]]: ...

@@ -18,8 +18,9 @@ from retrain.errors import UserError
 from retrain.runfiles import runlog, safejson
 
 # skipped: a run a race did not need (docs/campaigns.md, "Racing"); it never started.
-RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted", "skipped")
-CAMPAIGN_STATUSES = ("running", "completed", "failed", "interrupted")
+RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted", "skipped",
+                "budget")
+CAMPAIGN_STATUSES = ("running", "completed", "failed", "interrupted", "budget")
 # The campaign folder: <campaign>/slots/ holds the API semaphore; <campaign>/<run>/worker.log
 # is each worker's output.
 SLOTS_DIR = "slots"
@@ -49,6 +50,7 @@ class RunEntry:
     host: str = ""    # where the current (or last) attempt runs; Ray executor only
     node: str = ""
     placements: list[dict[str, Any]] = field(default_factory=list)  # {attempt, host, node, pid}
+    spent: dict[str, float] = field(default_factory=dict)  # its bill's Tally, at the end
 
 
 @dataclass

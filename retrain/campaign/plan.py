@@ -68,6 +68,11 @@ class CampaignPlan:
                      "ones behind beyond doubt (metric, direction, min_seeds, max_seeds, "
                      "round_seeds, confidence, margin, budget_runs, threshold; "
                      "docs/campaigns.md#racing)", factory=True)
+    budget_usd: float = opt(0.0, "start no run whose estimate would take the campaign's cost "
+                            "([cost]) past this many US dollars; a run stops where it "
+                            "crosses (0 = none)", lo=0)
+    budget_tokens: int = opt(0, "the same for prefill + sampled + trained tokens (0 = none)",
+                             lo=0)
 
     @property
     def is_campaign(self) -> bool:

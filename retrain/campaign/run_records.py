@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from retrain.bill.tally import Tally
 from retrain.campaign import executor as ex
 from retrain.campaign.manifest import (
     SLOTS_DIR,
@@ -238,6 +239,7 @@ def record_progress(entry: RunEntry, run_dir: Path, final: bool = False) -> bool
             if evals:
                 last["eval_accuracy"] = evals[-1]
             entry.final_metrics = last
+            entry.spent = Tally.of_rows(rows).as_dict()
             if state is None and isinstance(last.get("step"), int):
                 entry.last_step = last["step"]
         changed = True

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from retrain.campaign import executor as ex
+from retrain.campaign.budget import CampaignBudget
 from retrain.campaign.concurrency import CampaignConcurrency, FileCap, RayCap
 from retrain.campaign.manifest import (
     SLOTS_DIR,
@@ -40,9 +41,10 @@ from retrain.campaign.run_records import (
     write_run_config,
 )
 from retrain.config.paths import anchor_paths
-from retrain.config.sections import Config, ConfigError
+from retrain.config.sections import Config, ConfigError, run_config
 from retrain.errors import UserError
 from retrain.machine.cpu import AUTO_THREADS_ENV, available_cores
+from retrain.run.endings import BUDGET, BUDGET_EXIT
 from retrain.runfiles import runlog
 from retrain.slots.file_slots import ENV_VAR, clear_cap, env_value
 
@@ -186,6 +188,7 @@ class Runner:
         if hasattr(executor, "worker_env"):  # Ray: the slot actor instead of a local folder
             self.env = executor.worker_env(cfg.backend.slot_count)
         self.concurrency = concurrency
+        self.budget = CampaignBudget(cfg, c, [p.run_dir for p in plans])
         self.alive: dict[str, ex.Worker] = {}
         self.todo: list[RunEntry] = []
         self.stop = _Stop()
@@ -218,7 +221,7 @@ class Runner:
         return self._finish()
 
     def _wants_run(self, e: RunEntry) -> bool:
-        if e.status in ("pending", "interrupted"):
+        if e.status in ("pending", "interrupted", BUDGET):  # BUDGET: when it was raised
             return True
         return e.status == "failed" and e.failures <= self.max_retries
 
@@ -265,6 +268,12 @@ class Runner:
 
     def _launch(self, entry: RunEntry) -> None:
         plan = self.plans[entry.name]
+        if why := self.budget.refusal():  # [campaign] budget_*: reached, start nothing more
+            entry.status = BUDGET
+            self._save()
+            self.say(f"{entry.name}: not started: {why}")
+            return
+        plan.config = run_config(plan.config, **self.budget.handed(plan.config, plan.run_dir))
         config_path = write_run_config(plan)
         log_path = plan.run_dir / WORKER_LOG
         entry.attempts += 1
@@ -370,6 +379,8 @@ class Runner:
             self.manifest.status = "interrupted"
         elif counts["failed"]:
             self.manifest.status = "failed"
+        elif counts[BUDGET]:
+            self.manifest.status = BUDGET
         elif counts["completed"] + counts["skipped"] == len(self.manifest.runs):
             self.manifest.status = "completed"
         else:
@@ -380,6 +391,8 @@ class Runner:
         print(summary(self.manifest, self.dir), flush=True)
         if self.stop.signum is not None:
             return 128 + self.stop.signum
+        if self.manifest.status == BUDGET:
+            return BUDGET_EXIT
         return 0 if self.manifest.status == "completed" else 1
 
     @contextmanager
@@ -406,6 +419,8 @@ def _outcome(code: int, state: runlog.RunState | None, stopping: bool) -> str:
     """completed | failed | interrupted, from the exit status and the run's own state.json."""
     if code == 0 or (state is not None and state.status == "completed"):
         return "completed"
+    if state is not None and state.status == BUDGET:
+        return BUDGET  # stopped at its budget, checkpointed: resumed when it is raised
     if stopping:
         return "interrupted"
     if state is not None and state.status == "interrupted" and code in (130, 143, -2, -15):

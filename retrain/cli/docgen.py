@@ -36,6 +36,9 @@ SECTION_INTROS = {
     "backpressure": "The USL controller that can tune `batch_size` from measured throughput.",
     "sft": "A supervised stage before the RL steps: conversations from [sft.data], only the "
            "assistant tokens trained. See docs/sft.md.",
+    "cost": "Prices, in US dollars, that the bill is counted by (all optional; none = not "
+            "priced, and the bill shows tokens and device-hours only). No table of published "
+            "prices ships. See docs/cost.md.",
     "campaign": "Turns one file into a matrix of runs (conditions x seeds [x grid]). "
                 "A file with `seeds`, `conditions` or `grid` is a campaign.",
     "logging": "Where runs write, and optional trackers.",

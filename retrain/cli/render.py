@@ -87,7 +87,7 @@ def rich_table(table: Table) -> Any:
 
 
 _STATE_STYLES = {"running": "cyan", "completed": "green", "failed": "bold red",
-                 "stale": "yellow", "interrupted": "yellow", "pending": "dim"}
+                 "stale": "yellow", "interrupted": "yellow", "budget": "yellow", "pending": "dim"}
 
 
 def _style(cell: str) -> Any:

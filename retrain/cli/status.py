@@ -16,13 +16,14 @@ from typing import Any
 from retrain.config import toml_io
 from retrain.control import capacity
 from retrain.errors import UserError
+from retrain.results.spent import Bill, run_bill, total
 from retrain.runfiles import runlog, safejson
 
 # A run that says "running" but whose process cannot be checked (another host) is stale
 # after this long without an update, or after 5 median steps, whichever is longer.
 STALE_AFTER_S = 600.0
-STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "skipped",
-          "unreadable")
+STATES = ("running", "completed", "failed", "stale", "pending", "interrupted", "budget",
+          "skipped", "unreadable")
 # What state.json and manifest.json may say: status shows the same word (plus "stale").
 _FILE_STATES = frozenset(runlog.RUN_STATUSES)
 
@@ -52,6 +53,7 @@ class RunStatus:
     attempts: int | None = None
     exit_code: int | None = None
     node: str | None = None        # Ray campaigns: host (node id) of the current attempt
+    bill: Bill = field(default_factory=Bill)  # tokens and cost spent (docs/cost.md)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class CampaignStatus:
     max_workers: int = 0
     problem: str = ""              # why manifest.json could not be read (its runs still show)
     race: dict = field(default_factory=dict)  # [campaign.race]: manifest.json's race
+    bill: Bill = field(default_factory=Bill)  # its runs' bills summed
 
 
 @dataclass
@@ -155,6 +158,7 @@ def scan_run(folder: Path, root: Path | None = None, now: float | None = None) -
     if (folder / runlog.PLOT_FILE).is_file():
         run.plot = str(folder / runlog.PLOT_FILE)
     run.error = str(state.get("error") or "")[:500]
+    run.bill = run_bill(folder, rows)
     run.updated_at = _updated_at(folder, state)
     run.state = _run_state(run, state, now)
     return run
@@ -277,7 +281,8 @@ def scan_campaign(folder: Path, now: float | None = None,
         api_slots_in_use=_slots_in_use(folder, manifest),
         max_concurrent=max(_int(manifest.get("max_concurrent"), 0), 0) or None,
         parallel=parallel, max_workers=max_workers, **_api_cap(folder),
-        race=manifest["race"] if isinstance(manifest.get("race"), dict) else {})
+        race=manifest["race"] if isinstance(manifest.get("race"), dict) else {},
+        bill=total(r.bill for r in runs))
 
 
 def _read_manifest(folder: Path) -> tuple[dict, str]:

@@ -81,7 +81,7 @@ def _counts_suffix(counts: dict[str, int]) -> str:
 
 
 RUN_HEADERS = ["run", "state", "step", "reward", "step time", "tok/s", "max-tok hit",
-               "bp", "bad lines"]
+               "bp", "spent", "bad lines"]
 
 
 def _run_cells(r: RunStatus) -> list[str]:
@@ -95,7 +95,7 @@ def _run_cells(r: RunStatus) -> list[str]:
                                              if r.mean_turns is not None else ""),
             render.fmt_seconds(r.median_step_time_s),
             render.fmt_num(r.tokens_per_second), render.fmt_num(r.max_token_hit_rate),
-            bp, str(r.bad_lines)]
+            bp, r.bill.text(), str(r.bad_lines)]
 
 
 def runs_table(runs: list[RunStatus], with_campaign: bool = False) -> render.Table:
@@ -141,6 +141,8 @@ def campaign_header(c: CampaignStatus) -> str:
         bits.append(f"{c.steps_left} steps left, time left unknown")
     else:
         bits.append(f"{c.steps_left} steps left, ~{capacity.human_duration(c.time_left_s)}")
+    if c.bill.text() != "-":
+        bits.append(f"spent {c.bill.text()}")
     if c.api_cap is not None:
         used = "" if c.api_slots_in_use is None else f"{c.api_slots_in_use} in use, "
         bits.append(f"API cap {c.api_cap} (auto; {used}last: {c.api_cap_reason})")

@@ -13,6 +13,7 @@ import re
 import unicodedata
 
 from retrain.algorithms.losses import config_problems
+from retrain.config.cost_section import cost_issues
 from retrain.config.judge_section import judge_issues
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 from retrain.config.sft_section import sft_issues
@@ -69,7 +70,10 @@ def table_checks(cfg, issues: list[ConfigIssue]) -> list[ConfigIssue]:
     """The tables inside sections, [reward.judge] (only when [reward] itself is sound:
     `issues` are those found so far) and [sft] with its [sft.data]."""
     judge = [] if any(i.key.startswith("reward.") for i in issues) else judge_issues(cfg.reward)
-    return judge + sft_issues(cfg.sft, cfg.training)
+    cost = [] if any(i.key.startswith("cost.") for i in issues) else \
+        cost_issues(cfg.cost, cfg.training)
+    return judge + sft_issues(cfg.sft, cfg.training) + cost
+
 
 
 def _task_conflicts(cfg) -> list[ConfigIssue]:

@@ -17,6 +17,7 @@ from retrain.campaign import plan as plan_mod
 from retrain.campaign.plan import FILE_SECTIONS, SECTION, CampaignPlan
 from retrain.config import sections as config
 from retrain.config import toml_io
+from retrain.config.cost_section import campaign_cost_issues
 from retrain.config.cross_checks import cross_checks, table_checks
 from retrain.config.judge_section import JudgeConfig
 from retrain.config.schema import flatten, section_problem
@@ -42,7 +43,7 @@ def parse(raw: dict, source: str = "<config>") -> tuple[Config, CampaignPlan]:
             plan_mod.set_keys(plan, body, issues)
         else:
             config.set_section(cfg, name, body, issues, FILE_SECTIONS)
-    issues += cross_checks(cfg) + plan_mod.checks(plan)
+    issues += cross_checks(cfg) + plan_mod.checks(plan) + campaign_cost_issues(cfg.cost, plan)
     issues += table_checks(cfg, issues)
     if issues:
         raise ConfigError(source, issues)

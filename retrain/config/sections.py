@@ -19,6 +19,7 @@ from typing import Any
 
 from retrain.algorithms.aggregation import AGGREGATIONS
 from retrain.algorithms.losses import DEFAULT_DRO_BETA, TINKER_LOSS_FN_TYPES
+from retrain.config.cost_section import CostConfig
 from retrain.config.cross_checks import cross_checks, table_checks
 from retrain.config.schema import (
     MAX_BATCH,
@@ -255,6 +256,10 @@ class TrainingConfig:
                        "sample more prompts until batch_size groups carry signal")
     max_refill_rounds: int = opt(4, "refill: extra sampling rounds a step may take", lo=1,
                                  hi=MAX_UPDATES)
+    budget_usd: float = opt(0.0, "stop at the step where the run's cost ([cost]) reaches "
+                            "this many US dollars (resumable; 0 = none)", lo=0)
+    budget_tokens: int = opt(0, "stop at the step where its prefill + sampled + trained "
+                             "tokens reach this (resumable; 0 = none)", lo=0)
 
 
 @dataclass
@@ -341,6 +346,7 @@ class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 

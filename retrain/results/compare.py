@@ -22,6 +22,7 @@ from retrain.results.run_rows import read_rows
 from retrain.results.stats import Difference, Estimate, difference, estimate, median
 from retrain.runfiles import runlog
 
+BILL = ("tokens", "cost_usd", "tokens_to_threshold", "cost_to_threshold")
 COMPARED = (("final_reward", "final reward"), ("eval_accuracy", "eval accuracy"))
 
 
@@ -40,6 +41,10 @@ class ConditionSummary:
     steps_to_threshold: Estimate
     seconds_to_threshold: Estimate
     tokens_per_second: Estimate
+    tokens: Estimate                          # the bill (docs/cost.md): per run, in all ...
+    cost_usd: Estimate
+    tokens_to_threshold: Estimate             # ... and up to the step that reached it
+    cost_to_threshold: Estimate
     reached: int = 0                          # completed runs that reached the threshold
     rank: int | None = None                   # by final reward, 1 = highest
     vs_baseline: list[Difference] = field(default_factory=list)
@@ -149,6 +154,7 @@ def _summary(name: str, runs: list[RunFigures], overrides: dict) -> ConditionSum
         steps_to_threshold=estimate([float(v) for v in _values(done, "steps_to_threshold")]),
         seconds_to_threshold=estimate(_values(done, "seconds_to_threshold")),
         tokens_per_second=estimate(_values(done, "tokens_per_second")),
+        **{k: estimate([float(v) for v in _values(done, k)]) for k in BILL},
         reached=sum(1 for r in done if r.steps_to_threshold is not None))
 
 

@@ -16,7 +16,7 @@ from retrain.results.stats import Estimate
 from retrain.runfiles.runlog import METRICS_FILE
 
 HEADERS = ["condition", "rank", "seeds", "final reward", "eval accuracy", "best eval",
-           "best eval step", "steps to thr", "seconds to thr", "tok/s"]
+           "best eval step", "steps to thr", "seconds to thr", "cost to thr", "cost", "tok/s"]
 
 
 def fmt_estimate(e: Estimate) -> str:
@@ -34,7 +34,15 @@ def _row(c: ConditionSummary) -> list[str]:
             fmt_estimate(c.final_reward), fmt_estimate(c.eval_accuracy),
             fmt_estimate(c.best_eval), fmt_estimate(c.best_eval_step),
             fmt_estimate(c.steps_to_threshold) + reached, fmt_estimate(c.seconds_to_threshold),
+            _cost(c.cost_to_threshold, c.tokens_to_threshold), _cost(c.cost_usd, c.tokens),
             fmt_estimate(c.tokens_per_second)]
+
+
+def _cost(usd: Estimate, tokens: Estimate) -> str:
+    """Dollars where the runs' [cost] prices them, else tokens (never a made-up price)."""
+    if usd.mean is not None:
+        return "$" + fmt_estimate(usd)
+    return fmt_estimate(tokens) + (" tok" if tokens.mean is not None else "")
 
 
 def table(report: CompareReport) -> render.Table:
@@ -56,7 +64,8 @@ def method_lines(report: CompareReport) -> list[str]:
     return [f"final reward: a run's mean_reward averaged over {window}; eval accuracy: at its "
             "last eval; figures: mean over completed seeds [95% Student t interval]",
             f"threshold: {thr} ({report.threshold_source}); steps/seconds to reach it: first "
-            "step whose trailing mean reward reaches it, seconds = summed step_time_s"]
+            "step whose trailing mean reward reaches it, seconds = summed step_time_s; cost: "
+            "a run's bill in US dollars by its [cost] prices, else in tokens (docs/cost.md)"]
 
 
 def verdict_lines(report: CompareReport) -> list[str]:

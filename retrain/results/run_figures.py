@@ -4,7 +4,8 @@ decides on (`race_value`), computed in one place so that both say the same.
 final_reward: the run's mean_reward averaged over its last 10% of steps (at least 1; `last`
 steps when given); eval_accuracy: at its last eval; best_eval: its highest eval (and the first
 step that reached it); steps and seconds to a threshold: the first step whose trailing mean
-reward (over the final-reward window) reaches it, and the summed step_time_s up to it.
+reward (over the final-reward window) reaches it, and the summed step_time_s up to it; the
+run's tokens and cost ([cost] of its config.toml, docs/cost.md), in all and up to that step.
 Reads the run folder only through `run_rows`.
 """
 
@@ -13,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from retrain.bill.prices import price
+from retrain.bill.tally import Tally
 from retrain.results.run_rows import RunRows, number, read_run_rows, series
+from retrain.results.spent import run_prices
 from retrain.results.stats import mean
 
 LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
@@ -46,6 +50,10 @@ class RunFigures:
     steps_to_threshold: int | None = None    # None: never reached
     seconds_to_threshold: float | None = None
     tokens_per_second: float | None = None
+    tokens: int | None = None                # prefill + sampled + trained (docs/cost.md)
+    cost_usd: float | None = None            # None: its [cost] prices nothing
+    tokens_to_threshold: int | None = None   # ... spent up to the step that reached it
+    cost_to_threshold: float | None = None
     error: str = ""
 
     @property
@@ -75,6 +83,9 @@ def figures(run_dir: Path, last: int | None = None, **identity: object) -> RunFi
         fig.best_eval_step, fig.best_eval = max(evals, key=lambda e: (e[1], -e[0]))
     speeds = [x for _, x in series(rows, "tokens_per_second")]
     fig.tokens_per_second = mean(speeds) if speeds else None
+    spent = Tally.of_rows(rows)
+    if any(r.get("sampled_tokens") is not None for r in rows):  # rows that count tokens
+        fig.tokens, fig.cost_usd = spent.tokens, price(spent, run_prices(run_dir)).usd
     return fig
 
 
@@ -89,15 +100,19 @@ def reach(fig: RunFigures, rows: list[dict], threshold: float, last: int | None)
     threshold, and the summed step_time_s up to it (both None when it never does)."""
     rewards = series(rows, "mean_reward")
     k = window(len(rewards), last)
-    seconds = {}
-    total = 0.0
+    seconds, spent = {}, {}
+    total, bill = 0.0, Tally()
     for r in rows:
         total += number(r.get("step_time_s")) or 0.0
-        seconds[r["step"]] = total
+        bill = bill + Tally.of_row(r)
+        seconds[r["step"]], spent[r["step"]] = total, bill
     for i, (step, _) in enumerate(rewards):
         trailing = [x for _, x in rewards[max(0, i - k + 1):i + 1]]
         if mean(trailing) >= threshold:
             fig.steps_to_threshold, fig.seconds_to_threshold = step, seconds[step]
+            if fig.tokens is not None:  # the bill up to that step
+                fig.tokens_to_threshold = spent[step].tokens
+                fig.cost_to_threshold = price(spent[step], run_prices(Path(fig.path))).usd
             return
 
 

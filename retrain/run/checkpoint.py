@@ -50,7 +50,8 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval
                      "reward.timeout_s", "backend.max_concurrent", "backend.request_timeout_s",
                      "reward.judge.base_url", "reward.judge.api_key_env", "reward.judge.timeout_s",
                      "reward.judge.retries", "reward.judge.max_concurrent",
-                     "reward.judge.max_failed_steps", "logging.", "campaign.")
+                     "reward.judge.max_failed_steps", "logging.", "campaign.",
+                     "training.budget_usd", "training.budget_tokens", "cost.")
 PREFIX = runlog.CHECKPOINT_PREFIX
 POINT_SUFFIX = ".json"   # checkpoints/step-000012.json: the resume point of step 12
 

@@ -5,10 +5,11 @@ when a run evaluates and what it puts on the row."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from retrain.backends.base import Backend, SamplingParams, TokenIds
+from retrain.bill.tally import JUDGE_TOKENS
 from retrain.environments.answers import Problem
 from retrain.environments.rollout import Rollout
 from retrain.environments.tasks import render_prompt
@@ -21,6 +22,7 @@ class EvalResult:
     mean_reward: float
     seconds: float
     n: int
+    spent: dict[str, float] = field(default_factory=dict)  # the judge's tokens (run/spend.py)
 
 
 def evaluate(backend: Backend, prompts: list[TokenIds], problems: list[Problem], scorer: Any,
@@ -38,7 +40,8 @@ def evaluate(backend: Backend, prompts: list[TokenIds], problems: list[Problem],
     n = len(problems)
     return EvalResult(accuracy=sum(scores.correct) / n if n else 0.0,
                       mean_reward=sum(scores.rewards) / n if n else 0.0,
-                      seconds=time.perf_counter() - start, n=n)
+                      seconds=time.perf_counter() - start, n=n,
+                      spent=_judge_tokens(getattr(scores, "metrics", {})))
 
 
 def evaluate_episodes(rollout: Rollout, seeds: list[int], max_tokens: int,
@@ -51,7 +54,12 @@ def evaluate_episodes(rollout: Rollout, seeds: list[int], max_tokens: int,
     n = len(episodes)
     return EvalResult(accuracy=sum(e.success for e in episodes) / n if n else 0.0,
                       mean_reward=sum(e.reward for e in episodes) / n if n else 0.0,
-                      seconds=time.perf_counter() - start, n=n)
+                      seconds=time.perf_counter() - start, n=n,
+                      spent=_judge_tokens(result.reward_metrics))
+
+
+def _judge_tokens(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k in JUDGE_TOKENS}
 
 
 class HeldOut:
@@ -63,6 +71,12 @@ class HeldOut:
         self.backend, self.rollouts, self.problems = backend, rollouts, eval_split
         self.scorer, self.data, self.training = scorer, data, training
         self._prompts: list[TokenIds] | None = None
+        self._spent: dict[str, float] = {}  # judge tokens not on a row yet
+
+    def take_spent(self) -> dict[str, float]:
+        """The judge tokens the evaluations spent since the last call (run/spend.py)."""
+        spent, self._spent = self._spent, {}
+        return spent
 
     def available(self) -> bool:
         if self.rollouts.make_eval is None:
@@ -74,6 +88,12 @@ class HeldOut:
         return self.available() and (step == last or bool(every and step % every == 0))
 
     def run(self) -> EvalResult:
+        result = self._run()
+        for k, v in result.spent.items():
+            self._spent[k] = self._spent.get(k, 0) + v
+        return result
+
+    def _run(self) -> EvalResult:
         training, stop = self.training, tuple(self.training.stop)
         if self.rollouts.make_eval is not None:  # an environment: held-out episodes
             seeds = heldout_episode_seeds(training.seed, self.data.eval_size)

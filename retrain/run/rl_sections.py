@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from retrain.config.cost_section import CostConfig
 from retrain.config.sections import (
     AlgorithmConfig,
     BackpressureConfig,
@@ -25,8 +26,9 @@ class RlSections:
     reward: RewardConfig
     algorithm: AlgorithmConfig
     backpressure: BackpressureConfig
+    cost: CostConfig
 
     @classmethod
     def of(cls, cfg: Config) -> RlSections:
         return cls(cfg.training, cfg.data, cfg.environment, cfg.reward, cfg.algorithm,
-                   cfg.backpressure)
+                   cfg.backpressure, cfg.cost)

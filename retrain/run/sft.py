@@ -29,6 +29,7 @@ from retrain.backends.base import (
     LossConfig,
     skipped_nonfinite,
 )
+from retrain.config.cost_section import CostConfig
 from retrain.config.sections import SftConfig, TrainingConfig
 from retrain.environments.ledger import Renderer
 from retrain.environments.sft.data import SftData
@@ -40,6 +41,7 @@ from retrain.run.progress import Progress
 from retrain.run.record import RunRecord
 from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
+from retrain.run.spend import Spend
 from retrain.run.step_row import max_rss_mb
 from retrain.run.stop_request import StopRequest
 from retrain.run.trackers import Trackers
@@ -58,9 +60,9 @@ def is_sft_point(state: runlog.RunState) -> bool:
 class SftStage:
     """The SFT steps of one run; `run` returns the exit status and the state after them."""
 
-    def __init__(self, sft: SftConfig, training: TrainingConfig, record: RunRecord,
-                 data: SftData, run_dir: Path, backend: Backend, config_path: Path,
-                 facts: RunFacts):
+    def __init__(self, sft: SftConfig, training: TrainingConfig, cost: CostConfig,
+                 record: RunRecord, data: SftData, run_dir: Path, backend: Backend,
+                 config_path: Path, facts: RunFacts):
         self.sft, self.training, self.record = sft, training, record
         self.data, self.run_dir, self.backend = data, run_dir, backend
         self.config_path = config_path
@@ -76,6 +78,7 @@ class SftStage:
         self.stop = StopRequest()
         self.state = runlog.RunState()
         self.streak = 0   # steps in a row not applied for a non-finite loss or gradient
+        self.spend = Spend(run_dir, backend, cost, training)  # each row's tokens and time
         self.examples: dict[int, SftExample] = {}  # by row, tokenized once
         self.said_untrainable = False
 
@@ -127,8 +130,12 @@ class SftStage:
                               f"{self.training.max_steps} RL steps")
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
             for step in range(first, self.steps + 1):
+                if why := self.spend.crossed():  # [training] budget_*: stop between steps
+                    return endings.record_budget(self.run_dir, self.state, self.progress.close,
+                                                 self.last_step, why)
                 row = self._step(step)
                 self.streak = self.streak + 1 if row["skipped_nonfinite"] else 0
+                self.spend.into(row)
                 writer.write(row)
                 trackers.log(row)
                 self.progress.say(step_line(row, self.steps))

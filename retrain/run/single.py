@@ -71,7 +71,7 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
         facts = RunFacts(start.sft_steps, digests)
         rl_points, after = [p for p in points if not is_sft_point(p)], None
         if sft is not None and not rl_points:  # the SFT steps not done yet come first
-            code, after = SftStage(cfg.sft, cfg.training, record, sft, run_dir, backend,
+            code, after = SftStage(cfg.sft, cfg.training, cfg.cost, record, sft, run_dir, backend,
                                    config_path, facts).run(points)
             if code or not rl:
                 return code

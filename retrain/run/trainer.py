@@ -51,6 +51,7 @@ from retrain.run.rl_sections import RlSections
 from retrain.run.run_facts import RunFacts
 from retrain.run.seeds import derive_seed
 from retrain.run.sft import PHASE
+from retrain.run.spend import Spend
 from retrain.run.step_row import (
     SampledStep,
     max_rss_mb,
@@ -102,6 +103,8 @@ class Trainer:
         self.batches = BatchBuilder(backend, rollouts.train.host, sections.algorithm,
                                     self.training, sections.reward)
         self.overlap = Overlap(backend, run_dir, enabled=self.training.max_steps_off_policy > 0)
+        self.spend = Spend(run_dir, backend, sections.cost, self.training,
+                           self.heldout)  # each row's tokens and time
         self._in_flight: checkpoint.PendingCommit | None = None  # the last step's checkpoint
         self._api_waited = 0.0         # API waits already counted in a row (api_wait_s)
         self.nonfinite_streak = 0      # steps in a row not applied for a non-finite loss/grad
@@ -187,6 +190,8 @@ class Trainer:
         self.progress.start(self.last_step, first - 1)
         with runlog.MetricsWriter(self.run_dir / runlog.METRICS_FILE) as writer:
             for step in range(first, self.last_step + 1):
+                if why := self.spend.crossed():  # [training] budget_*: stop between steps
+                    return self._over_budget(why)
                 row = self._guarded(step, self._step, step)
                 if initial is not None:
                     row["initial_eval_accuracy"] = initial.accuracy
@@ -195,6 +200,7 @@ class Trainer:
                 self.nonfinite_streak = self.nonfinite_streak + 1 if row["skipped_nonfinite"] \
                     else 0
                 stop = self.nonfinite_streak >= self.training.max_nonfinite_steps
+                self.spend.into(row)
                 writer.write(row)
                 trackers.log(row)
                 self.progress.step(row)
@@ -412,6 +418,11 @@ class Trainer:
         endings.record_interrupt(self.run_dir, self.state, self.progress.close, self.last_step,
                                  self.config_path)
         return self.stop.exit_code
+
+    def _over_budget(self, why: str) -> int:
+        self._land_commit()
+        return endings.record_budget(self.run_dir, self.state, self.progress.close,
+                                     self.last_step, why)
 
     def _guarded(self, step: int, call: Any, *args: Any, saved: bool = True) -> Any:
         """`call(*args)` for `step`; a DivergedError becomes the one-line "weights diverged"

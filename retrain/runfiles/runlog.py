@@ -196,7 +196,7 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
 
 
 # Run states as written in state.json; `status` adds "stale" (says running, process gone).
-RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted")
+RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted", "budget")
 
 
 @dataclass

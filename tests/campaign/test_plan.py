@@ -113,7 +113,7 @@ PLAN_ERRORS = [
      "[campaign])"),
     ("[campain]\n", "c.toml: [campain]: unknown section (did you mean 'campaign'?); sections are "
      "model, data, reward, environment, algorithm, training, backend, backpressure, sft, "
-     "campaign, logging"),
+     "cost, campaign, logging"),
     ("[campaign]\nseeds = [2, 2]\n", "c.toml: campaign.seeds: seeds must be unique, got [2, 2]"),
     ("[campaign]\nseeds = [-1]\n", "c.toml: campaign.seeds: seeds must be >= 0, got [-1]"),
     ("[campaign]\nmax_workers = 5000\n",

@@ -362,3 +362,30 @@ def test_a_run_that_breaks_the_summary_is_shown_unreadable_beside_the_others(
     assert report.counts == {"unreadable": 1}
     (c,) = report.campaigns
     assert {r.name: r.state for r in c.runs}["grpo_s2"] == "unreadable"
+
+
+def test_status_shows_tokens_and_cost_per_run_and_per_campaign(tmp_path):
+    """The bill (docs/cost.md): each run's rows summed, priced by its config's [cost]; a run
+    with no price shows device-hours, never dollars; a campaign sums its runs."""
+    camp = tmp_path / "logs" / "camp"
+    spend = {"prefill_tokens": 100, "sampled_tokens": 50, "trained_tokens": 150,
+             "wall_s": 1800.0}
+    priced = make_run(camp / "priced", {"status": "completed", "step": 2, "max_steps": 2},
+                      rows(2, **spend))
+    (priced / "config.toml").write_text("[cost]\nsample_per_mtok = 1000.0\nprefill_per_mtok = 0"
+                                        "\ntrain_per_mtok = 0\ndevice_hour = 0\n")
+    make_run(camp / "unpriced", {"status": "budget", "step": 1, "max_steps": 2,
+                                 "error": "spent 300 tokens"}, rows(1, **spend))
+    runlog.write_json_atomic(camp / "manifest.json", {
+        "campaign": "camp", "status": "budget", "runs": [
+            {"name": n, "condition": "c", "seed": s, "log_dir": n, "status": st}
+            for n, s, st in (("priced", 1, "completed"), ("unpriced", 2, "budget"))]})
+    report = status.scan(tmp_path / "logs")
+    [c] = report.campaigns
+    by_name = {r.name: r for r in c.runs}
+    assert by_name["priced"].bill.text() == "600 tok, $0.1000"  # 100 sampled x $1000/Mtok
+    assert by_name["unpriced"].bill.text() == "300 tok, 0.5 device-h"
+    assert by_name["unpriced"].state == "budget"
+    assert c.bill.spent.tokens == 900 and c.bill.usd == pytest.approx(0.1)
+    out = "\n".join(status_view.plain_lines(report))
+    assert "spent 900 tok, $0.1000 (part unpriced)" in out and "600 tok, $0.1000  " in out

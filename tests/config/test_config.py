@@ -461,6 +461,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
         r.overlong_buffer, r.overlong_penalty = 0, 1.0
     be = cfg.backend
     be.max_concurrent_max = max(be.max_concurrent_max, be.max_concurrent_min)
+    if t.budget_usd and all(v == "none" for v in vars(cfg.cost).values()):
+        cfg.cost.device_hour = 1.0  # a money budget needs a price
     if 0 < be.fast_ratio_cap < 1:
         be.fast_ratio_cap = 1.0 + be.fast_ratio_cap
     if t.lr * t.weight_decay >= 1:

@@ -346,3 +346,32 @@ def test_mean_and_median_of_huge_values():
     assert mean([1.7e308, 1.7e308]) == pytest.approx(1.7e308)
     assert median([1.7e308, 1.6e308, 0.0, 1.7e308]) == pytest.approx(1.65e308)
     assert median([3.0, 1.0, 2.0]) == 2.0 and mean([1.0, 2.0]) == 1.5
+
+
+def test_cost_per_condition_and_to_the_threshold(tmp_path, capsys):
+    """The bill beside steps and seconds: each run's rows summed (100 sampled tokens a step),
+    in dollars where its config's [cost] prices them (good: $1000 per million sampled
+    tokens), in tokens where nothing does (slow): never a made-up price."""
+    camp = _campaign(tmp_path)
+    for folder in camp.iterdir():
+        if not (folder / "metrics.jsonl").is_file():
+            continue
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().split("\n")
+                if line]
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({**r, "prefill_tokens": 0, "sampled_tokens": 100, "trained_tokens": 0})
+            + "\n" for r in rows))
+        if folder.name.startswith("good"):
+            (folder / "config.toml").write_text("[cost]\nsample_per_mtok = 1000.0\n")
+    report = build(camp)
+    good, slow = report.conditions
+    first = {s: next(i for i, x in enumerate(r, 1) if x >= report.threshold)
+             for s, r in A.items()}
+    assert good.cost_usd.mean == pytest.approx(4 * 100 * 1e-3)
+    assert good.tokens_to_threshold.mean == pytest.approx(100 * sum(first.values()) / 3)
+    assert good.cost_to_threshold.mean == pytest.approx(0.1 * sum(first.values()) / 3)
+    assert slow.cost_usd.n == 0 and slow.tokens.mean == 400.0
+    assert slow.cost_to_threshold.n == 0  # slow never reaches it
+    assert run_app(["compare", str(camp)]) == 0
+    out = capsys.readouterr().out
+    assert "cost to thr" in out and "$0.4 [0.4, 0.4]" in out and "400 [400, 400] tok" in out

@@ -36,6 +36,7 @@ from retrain.backends.base import (
     OptimOutput,
     SamplingParams,
     TokenIds,
+    TokenUsage,
     finished,
 )
 from retrain.backends.local import checkpoint, lora
@@ -74,6 +75,7 @@ class LocalBackend:
         self._cost: ModelCost | None = None
         self._loss_finite = True  # the gradient waiting for optim_step came from a finite loss
         self.fast_ratio_cap = 0.0  # [backend] fast_ratio_cap, applied while sampling is fast
+        self.token_usage = TokenUsage()
 
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
         """The weights AdamW updates, by name in a stable order: this adapter's."""
@@ -160,7 +162,18 @@ class LocalBackend:
             raise BackendError("cannot sample from an empty prompt")
         self._fit_threads()
         if self.model.fast is not None:
-            return self._sample_fast(prompts, n, params, adapter, prompt_seeds)
+            out = self._sample_fast(prompts, n, params, adapter, prompt_seeds)
+        else:
+            out = self._sample_exact(prompts, n, params, adapter, prompt_seeds, on_token, stop,
+                                     leave)
+        self.token_usage.count_sample(prompts, out)
+        return out
+
+    def _sample_exact(self, prompts: list[TokenIds], n: int, params: SamplingParams,
+                      adapter: str | None, prompt_seeds: list[int] | None,
+                      on_token: OnToken | None, stop: Callable[[], bool] | None,
+                      leave: Callable[[], Collection[int]] | None) -> list[list[Completion]]:
+        """`sample` through the exact sampler (sampling/exact.py)."""
         dev = self.model.device
         gen: torch.Generator | list[torch.Generator] = self.generator
         if prompt_seeds is not None:
@@ -236,6 +249,7 @@ class LocalBackend:
                 with self.model.lock, oom_as_backend_error("forward_backward"):
                     out = self._forward_backward(datums, loss, size)
                     self._loss_finite = self._loss_finite and math.isfinite(out.loss)
+                    self.token_usage.count(trained=sum(map(len, datums)))
                     return out
             except BackendOOMError:
                 self._zero_grad()
@@ -306,7 +320,9 @@ class LocalBackend:
         with self.model.lock:
             self.model.activate(self.adapter)
             with self.model.net.disable_adapter():
-                return self.logprobs(datums, temperature)
+                out = self.logprobs(datums, temperature)
+        self.token_usage.count(prefill=sum(map(len, datums)))
+        return out
 
     def optim_step(self, adam: AdamParams) -> OptimOutput:
         """One AdamW step on this adapter's parameters; returns the pre-clip gradient norm.

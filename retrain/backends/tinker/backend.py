@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retrain.backends.base import BackendError, LossOutput, OptimOutput
+from retrain.backends.base import BackendError, LossOutput, OptimOutput, TokenUsage
 from retrain.backends.stop_strings import cut_at_stop_strings
 from retrain.backends.tinker.calls import TinkerCalls
 from retrain.backends.tinker.checkpoints import ServiceCheckpoints
@@ -87,6 +87,7 @@ class TinkerBackend:
         self.summary = f"{base_model} on Tinker ({self.base_url or 'the SDK default service'})"
         self.cost_model = None  # the service's hardware and kernels are not ours to estimate
         self.max_context: int | None = None  # the service checks it (a 400)
+        self.token_usage = TokenUsage()
 
     @property
     def rate_limit_wait_s(self) -> float:
@@ -163,6 +164,9 @@ class TinkerBackend:
             sampler = sampler_job.result()  # its save may still be landing: wait here, not above
             res = self._calls.call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
+            # the bill: the ids this call sent, the tokens the service returned
+            self.token_usage.count(prefill=len(prompt),
+                                   sampled=sum(len(s.tokens) for s in res.sequences))
             out = [cut_at_stop_strings(completion_of(s, set(stop)), params.stop_strings, decode)
                    for s in res.sequences]
             self.slots.record(completions=len(out), tokens=sum(len(c.tokens) for c in out))
@@ -183,12 +187,15 @@ class TinkerBackend:
         self._calls.check_usable()
         self._sampler.wait_sent()  # keep its save ahead of this call in the SDK's order
         submitted = threading.Event()
+        trained = sum(map(len, datums))
 
         def run() -> Any:  # in a worker thread: take a slot, submit, wait
             try:
-                return self._calls.call("forward_backward",
-                                        lambda: tc.forward_backward(data, loss.name, config),
-                                        submitted=submitted)
+                out = self._calls.call("forward_backward",
+                                       lambda: tc.forward_backward(data, loss.name, config),
+                                       submitted=submitted)
+                self.token_usage.count(trained=trained)  # the model_input ids each datum sent
+                return out
             finally:
                 submitted.set()
 
@@ -220,6 +227,7 @@ class TinkerBackend:
             tokens = list(d.input_tokens[:1]) + list(d.target_tokens)
             lps = self._calls.call("compute_logprobs", lambda: base.compute_logprobs(
                 types.ModelInput.from_ints(tokens)), fatal_timeout=False)
+            self.token_usage.count(prefill=len(tokens))
             return [float(lps[i + 1]) if m and lps[i + 1] is not None else 0.0
                     for i, m in enumerate(d.mask)]
 

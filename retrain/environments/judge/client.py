@@ -31,6 +31,8 @@ class Answer:
     text: str | None      # None: no usable answer after the retries
     error: str = ""
     calls: int = 0        # HTTP requests sent for it, retries included
+    input_tokens: int = 0   # the API's own `usage` of its replies (0 where it reports none)
+    output_tokens: int = 0
 
 
 def _openai() -> Any:
@@ -134,6 +136,7 @@ class JudgeClient:
                         model=self.cfg.model, messages=[{"role": "user", "content": prompt}],
                         temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
                 out.text, out.error = _content(reply), ""
+                out.input_tokens, out.output_tokens = _usage(reply)
                 return out
             except o.APIStatusError as exc:
                 out.error = f"HTTP {exc.status_code}: {clip_message(str(exc), 160)}"
@@ -163,6 +166,13 @@ def _content(reply: Any) -> str:
         return reply.choices[0].message.content or ""
     except (AttributeError, IndexError, TypeError):
         return ""
+
+
+def _usage(reply: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens of the reply's `usage`; zeros where the API sent none."""
+    usage = getattr(reply, "usage", None)
+    counts = (getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0))
+    return tuple(c if isinstance(c, int) and c >= 0 else 0 for c in counts)  # type: ignore
 
 
 def backoff(attempt: int) -> float:

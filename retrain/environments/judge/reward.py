@@ -44,7 +44,7 @@ from retrain.runfiles import safejson
 
 CACHE_FILE = "judge_cache.jsonl"
 METRICS = ("judge_calls", "judge_errors", "judge_parse_errors", "judge_seconds",
-           "judge_cache_hits")
+           "judge_cache_hits", "judge_input_tokens", "judge_output_tokens")
 
 
 class JudgeCache:
@@ -101,6 +101,8 @@ class _Tally:
     errors: int = 0
     parse_errors: int = 0
     cache_hits: int = 0
+    input_tokens: int = 0   # the judge API's `usage`, summed over the call's requests
+    output_tokens: int = 0
     messages: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -156,7 +158,9 @@ class JudgeScorer:
         out.metrics = {"judge_calls": tally.calls, "judge_errors": tally.errors,
                        "judge_parse_errors": tally.parse_errors,
                        "judge_seconds": time.perf_counter() - start,
-                       "judge_cache_hits": tally.cache_hits}
+                       "judge_cache_hits": tally.cache_hits,
+                       "judge_input_tokens": tally.input_tokens,
+                       "judge_output_tokens": tally.output_tokens}
         if batches:
             self._count_failures(tally.errors == len(batches), tally.messages)
         return out
@@ -197,6 +201,8 @@ class JudgeScorer:
         answer = self.client.ask(request)
         with tally.lock:
             tally.calls += answer.calls
+            tally.input_tokens += answer.input_tokens
+            tally.output_tokens += answer.output_tokens
         if answer.text is None:
             tally.fail(f"judge request failed: {answer.error}", parse=False)
             return [0.0] * len(texts)

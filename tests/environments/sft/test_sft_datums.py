@@ -206,8 +206,10 @@ def test_a_conversation_the_template_refuses_is_one_line(tiny_model, tmp_path):
 
     from transformers import AutoTokenizer
 
+    from retrain.backends.base import TokenUsage
     from retrain.config.sections import Config
     from retrain.environments.sft.data import SftData, data_config
+    from retrain.run.record import RunRecord
     from retrain.run.run_facts import RunFacts
     from retrain.run.sft import SftStage
 
@@ -217,8 +219,9 @@ def test_a_conversation_the_template_refuses_is_one_line(tiny_model, tmp_path):
     cfg = Config()
     cfg.sft = sft(path="c.jsonl")
     data = SftData([CHAT[1:], CHAT], "c.jsonl", data_config(cfg.sft))
-    stage = SftStage(cfg, data, tmp_path, SimpleNamespace(tokenizer=tok, max_context=None),
-                     tmp_path / "c.toml", RunFacts(sft_steps=1, digests=[]))
+    backend = SimpleNamespace(tokenizer=tok, max_context=None, token_usage=TokenUsage())
+    stage = SftStage(cfg.sft, cfg.training, cfg.cost, RunRecord.of(cfg), data, tmp_path,
+                     backend, tmp_path / "c.toml", RunFacts(sft_steps=1, digests=[]))
     assert stage._example(0).trained_tokens > 0  # no system turn: rendered
     with pytest.raises(UserError) as err:
         stage._example(1)

@@ -1,0 +1,1 @@
+"""Tests of retrain/bill/ and what a run spends: tokens, prices, budgets."""
