@@ -270,3 +270,27 @@ def test_a_hand_broken_race_in_the_manifest_is_one_line_not_a_traceback(env):
     manifest.write_text(json.dumps(data))
     with pytest.raises(UserError, match="manifest.json's race cannot be read .*--new"):
         _run(env, path)
+
+
+def test_a_finished_race_with_its_seeds_reordered_is_refused_naming_both_orders(env):
+    """A race takes seeds in order: reordered, its decisions no longer hold, and deciding afresh
+    (which the runner would otherwise do silently) needs --force."""
+    path = _write(env)
+    bad = '[[campaign.conditions]]\nname = "bad"\n"backend.options.rewards" = [0.05, 0.03, 0.06, ' \
+          '0.04, 0.05]\n'
+    assert bad in path.read_text()
+    path.write_text(path.read_text().replace(bad, ""))  # every run runs: every config.toml
+    assert _run(env, path) == 0
+    decided = load_manifest(env / "logs" / "exp").race
+    assert decided["outcome"] == "max_seeds" and decided["runs"]["saved"] == 0
+    path.write_text(path.read_text().replace("seeds = [1, 2, 3, 4, 5]", "seeds = [4, 5, 1, 2, 3]"))
+    with pytest.raises(UserError) as info:
+        _run(env, path)
+    text = str(info.value)
+    assert len(text.splitlines()) == 1 and "hash" not in text, text
+    assert "the race's seeds 1, 2, 3, 4, 5 -> 4, 5, 1, 2, 3 since the race's first decision " \
+           "(3 made)" in text and "--new" in text and "--force" in text
+    assert load_manifest(env / "logs" / "exp").race == decided  # untouched
+    assert _run(env, path, force=True) == 0  # decided afresh, in the new order
+    looks = load_manifest(env / "logs" / "exp").race["state"]["looks"]
+    assert looks[0]["seeds"] == [4, 5, 1] and len(_starts(env)) == 10  # no run twice

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from retrain.campaign import race as race_mod
 from retrain.campaign.manifest import Manifest, RunEntry
+from retrain.campaign.matrix import RunSpec
 from retrain.campaign.race import RaceState, new_race
 from retrain.campaign.race_plan import RacePlan, race_of, run_issues
 from retrain.config.sections import Config, ConfigError
@@ -28,21 +29,40 @@ def check_runs(race: RacePlan, configs: dict[str, Config], source: str) -> None:
         raise ConfigError(source, issues)
 
 
-def check_resume(old: Manifest | None, table: dict, force: bool, source: str) -> None:
-    """Refuse to go on with a race whose plan changed since its first decision (the decisions
-    so far were made under the old one) unless forced; forcing drops its decisions."""
+def check_resume(old: Manifest | None, table: dict, force: bool, source: str,
+                 specs: list[RunSpec]) -> None:
+    """Refuse to go on with a race whose plan, conditions or seed order changed since its first
+    decision (the decisions so far were made under the old ones) unless forced; forcing drops
+    its decisions. `specs`: the campaign's runs now, in matrix order."""
     before = (old.race or {}) if old is not None else {}
-    if not before.get("state", {}).get("looks"):
+    state = before.get("state") if isinstance(before.get("state"), dict) else {}
+    if not state.get("looks"):
         return
-    now = asdict(race_of(table)) if table else None
-    if before.get("plan") == now:
+    race = race_of(table) if table else None
+    now = asdict(race) if race else None
+    seeds = list(dict.fromkeys(s.seed for s in specs))
+    drawn = (list(dict.fromkeys(s.condition for s in specs)), seeds[:race.seeds_cap(len(seeds))]
+             ) if race else None
+    if force or (before.get("plan") == now and drawn == (state.get("conditions"),
+                                                         state.get("seeds"))):
         return
-    if not force:
+    made = f"since the race's first decision ({len(state['looks'])} made)"
+    keep = ("Start a fresh campaign with --new, or --force to drop them (the runs so far are "
+            "kept and read again)")
+    if before.get("plan") != now:
         what = "was removed" if now is None else "changed"
-        raise UserError(f"{source}: [campaign.race] {what} since the race's first decision "
-                        f"({len(before['state']['looks'])} made); its decisions hold only for "
-                        "the plan they were made under. Start a fresh campaign with --new, or "
-                        "--force to drop them (the runs so far are kept and read again)")
+        raise UserError(f"{source}: [campaign.race] {what} {made}; its decisions hold only for "
+                        f"the plan they were made under. {keep}")
+    changed = "; ".join(f"{w} {_shown(a)} -> {_shown(b)}" for w, a, b in zip(
+        ("conditions", "seeds"), (state.get("conditions"), state.get("seeds")), drawn,
+        strict=True) if a != b)
+    raise UserError(f"{source}: the race's {changed} {made}; a race takes its seeds in order, "
+                    "so its decisions hold only for the seeds and order they were made with. "
+                    f"Restore [campaign] seeds (and conditions) as they were. {keep}")
+
+
+def _shown(values: object) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, list) else repr(values)
 
 
 def keeper_for(race: RacePlan | None, manifest: Manifest, run_dirs: dict[str, Path],

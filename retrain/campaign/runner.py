@@ -78,7 +78,8 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
-        check_resume(load_manifest(campaign_dir), campaign.race, force, str(config_path))
+        check_resume(load_manifest(campaign_dir), campaign.race, force, str(config_path),
+                     specs)
         manifest, adopted = prepare_manifest(cfg, campaign, config_path, campaign_dir, plans,
                                              force, executor)
         keeper = keeper_for(race, manifest, {p.spec.name: p.run_dir for p in plans},
