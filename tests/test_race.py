@@ -26,6 +26,7 @@ from retrain.campaign.race import (  # noqa: E402
     wanted,
 )
 from retrain.campaign.race_plan import RacePlan  # noqa: E402
+from retrain.campaign.race_record import read_state  # noqa: E402
 
 NAMES = ["a", "b", "c", "d"]
 SEEDS = list(range(1, 9))
@@ -49,7 +50,7 @@ def _run(race: RacePlan, values: dict, through_json: bool = False) -> RaceState:
         state = decide(state, race, {c: {s: values[c][s] for s in want[c]}
                                      for c in state.racing()})
         if through_json:  # what a killed runner's successor reads back from manifest.json
-            state = RaceState.from_dict(json.loads(json.dumps(state.to_dict())))
+            state = read_state(json.loads(json.dumps(state.to_dict())))
     return state
 
 

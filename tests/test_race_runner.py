@@ -258,7 +258,8 @@ def test_status_compare_and_explain_show_the_race(env, capsys):
     manifest["race"]["state"] = {"looks": "garbage"}
     (camp / "manifest.json").write_text(json.dumps(manifest))
     assert run_app(["status", str(env / "logs")]) == 0
-    assert "race: manifest.json's race is unreadable" in capsys.readouterr().out
+    assert f"race: {camp / 'manifest.json'}'s race is unreadable (race.state.conditions: " \
+        "missing)" in capsys.readouterr().out.replace("\n  ", " ")
 
 
 def test_a_hand_broken_race_in_the_manifest_is_one_line_not_a_traceback(env):
@@ -294,3 +295,53 @@ def test_a_finished_race_with_its_seeds_reordered_is_refused_naming_both_orders(
     assert _run(env, path, force=True) == 0  # decided afresh, in the new order
     looks = load_manifest(env / "logs" / "exp").race["state"]["looks"]
     assert looks[0]["seeds"] == [4, 5, 1] and len(_starts(env)) == 10  # no run twice
+
+
+@pytest.mark.parametrize("where, value, field", [
+    (("state", "standings", "bad", "why", "diff"), "-0.86", "race.state.standings.bad.why.diff: "
+                                                          'expected a number, got "-0.86"'),
+    (("state", "standings", "good", "seeds"), "5", "race.state.standings.good.seeds: expected an "
+                                                   'integer, got "5"'),
+    (("state", "looks", 0, "values", "bad", "1"), "0.05", "race.state.looks[0].values.bad.1: "
+                                                          'expected a number, got "0.05"'),
+    (("plan", "confidence"), "0.95", 'race.plan.confidence: expected a number, got "0.95"'),
+    (("runs", "saved"), "2", 'race.runs.saved: expected an integer, got "2"'),
+])
+def test_a_string_for_a_number_in_the_race_is_one_line_naming_file_and_field(
+        race_done, tmp_path, capsys, where, value, field):
+    """A hand edit of manifest.json's race: status and compare say which field, in one line,
+    and show the rest (the runs, compare's own table) as usual."""
+    import shutil
+
+    from retrain.cli.app import run_app
+
+    shutil.copytree(race_done / "logs", tmp_path / "logs")
+    camp = tmp_path / "logs" / "exp"
+    manifest = camp / "manifest.json"
+    data = json.loads(manifest.read_text())
+    inner = data["race"]
+    for key in where[:-1]:
+        inner = inner[key]
+    inner[where[-1]] = value
+    manifest.write_text(json.dumps(data))
+    line = f"race: {manifest}'s race is unreadable ({field})"
+    for args in (["status", str(tmp_path / "logs")], ["compare", str(camp)]):
+        assert run_app(args) == 0
+        out = capsys.readouterr().out.replace("\n  ", " ")  # the renderer wraps long lines
+        assert line in out and "Traceback" not in out, out
+        assert "good" in out and "close" in out  # the runs still show
+
+
+@pytest.fixture(scope="module")
+def race_done(tmp_path_factory):
+    """A finished race (the default file), for tests to copy and edit."""
+    base = tmp_path_factory.mktemp("race-done")
+    (base / "fake_worker.py").write_text(FAKE_WORKER)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FAKE_EVENTS", str(base / "events.jsonl"))
+    mp.setenv("PYTHONPATH", str(REPO))
+    try:
+        assert _run(base, _write(base)) == 0
+    finally:
+        mp.undo()
+    return base

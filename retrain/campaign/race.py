@@ -98,18 +98,6 @@ class RaceState:
                               for c, vals in look["values"].items()}
         return data
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RaceState:
-        looks = [Look(number=int(x["number"]), seeds=[int(s) for s in x["seeds"]],
-                      confidence=float(x["confidence"]),
-                      values={c: {int(s): float(v) for s, v in vals.items()}
-                              for c, vals in x["values"].items()},
-                      eliminated=list(x["eliminated"])) for x in d["looks"]]
-        standings = {c: Standing(**{**s, "why": Comparison(**s["why"]) if s["why"] else None})
-                     for c, s in d["standings"].items()}
-        return cls(conditions=list(d["conditions"]), seeds=[int(s) for s in d["seeds"]],
-                   looks=looks, standings=standings, outcome=str(d["outcome"]))
-
 
 # ---------------------------------------------------------------------------- the plan
 

@@ -17,6 +17,7 @@ from retrain.campaign.manifest import Manifest, RunEntry
 from retrain.campaign.matrix import RunSpec
 from retrain.campaign.race import RaceState, new_race
 from retrain.campaign.race_plan import RacePlan, race_of, run_issues
+from retrain.campaign.race_record import RaceRecordError, read_state
 from retrain.config.sections import Config, ConfigError
 from retrain.errors import UserError
 from retrain.results.run_figures import race_value
@@ -183,10 +184,10 @@ class RaceKeeper:
 
 def _read_state(saved: dict) -> RaceState:
     try:
-        return RaceState.from_dict(saved)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UserError(f"manifest.json's race cannot be read ({type(exc).__name__}: {exc}); "
-                        "the run folders are intact. Start a fresh campaign with --new") from None
+        return read_state(saved)
+    except RaceRecordError as exc:
+        raise UserError(f"manifest.json's race cannot be read ({exc}); the run folders are "
+                        "intact. Start a fresh campaign with --new") from None
 
 
 def standing_line(name: str, s: race_mod.Standing, race: RacePlan) -> str:
