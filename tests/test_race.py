@@ -183,6 +183,22 @@ def test_a_pair_with_fewer_than_two_shared_seeds_decides_nothing():
         decide(state, race, {})
 
 
+def test_a_condition_without_figures_takes_no_more_seeds_and_crowns_no_one():
+    """Every run of 'broken' failed for good (no figure): it stops taking seeds at that
+    decision, and the one left is not called best over a condition that was never measured."""
+    race = RacePlan(min_seeds=3)
+    good, close = {1: 0.9, 2: 0.8, 3: 0.85}, {1: 0.88, 2: 0.83, 3: 0.86}
+    state = decide(new_race(["good", "close", "broken"], SEEDS), race,
+                   {"good": good, "close": close})
+    assert state.standings["broken"].state == "no_figures" and state.outcome == "racing"
+    assert wanted(state, race) == {"good": [1, 2, 3, 4], "close": [1, 2, 3, 4],
+                                   "broken": [1, 2, 3]}
+    state = decide(new_race(["good", "broken"], SEEDS), race, {"good": good})
+    assert state.outcome == "no_figures" and state.standings["good"].state == "undecided"
+    assert wanted(state, race) == {"good": [1, 2, 3], "broken": [1, 2, 3]}
+    assert read_state(json.loads(json.dumps(state.to_dict()))) == state
+
+
 def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zero():
     """An accuracy over few problems can differ by exactly 2/64 on three seeds by chance: that
     is no evidence (the simulation's false verdicts rose to 5.7% when it counted as some)."""

@@ -43,6 +43,8 @@ FAKE_WORKER = textwrap.dedent('''
     state = runlog.load_state(run_dir) or runlog.RunState()
     state.status, state.pid, state.max_steps = "running", os.getpid(), cfg["training"]["max_steps"]
     runlog.save_state(run_dir, state)
+    if opts["rewards"][seed - 1] == "fail":
+        sys.exit(3)  # a run that fails, on every attempt
     step_s = opts["slow_step_s"] if seed >= opts.get("slow_from_seed", 99) else 0.01
     with runlog.MetricsWriter(run_dir / runlog.METRICS_FILE) as metrics:
         for step in range(state.step + 1, state.max_steps + 1):
@@ -345,3 +347,27 @@ def race_done(tmp_path_factory):
     finally:
         mp.undo()
     return base
+
+
+def test_a_condition_whose_runs_all_fail_stops_after_max_retries_and_says_so(env, capsys):
+    from retrain.cli.app import run_app
+
+    path = _write(env)
+    path.write_text(path.read_text().replace("[0.05, 0.03, 0.06, 0.04, 0.05]",
+                                             '["fail", "fail", "fail", "fail", "fail"]'))
+    assert _run(env, path) != 0  # bad's runs failed: the race waits for their retry
+    assert "race: waits for bad_s1, bad_s2, bad_s3" in capsys.readouterr().out
+    assert _run(env, path) != 0  # retried (max_retries = 1) and failed for good
+    out = capsys.readouterr().out
+    assert "race: bad: no figures at decision 1 (every run of it failed or has no " \
+           "final_reward); it takes no more seeds" in out
+    m = load_manifest(env / "logs" / "exp")
+    assert {r.name: r.status for r in m.runs if r.condition == "bad"} == {
+        "bad_s1": "failed", "bad_s2": "failed", "bad_s3": "failed", "bad_s4": "skipped",
+        "bad_s5": "skipped"}
+    assert m.race["state"]["standings"]["bad"]["state"] == "no_figures"
+    started = [e["run"] for e in _starts(env)]
+    assert sorted(n for n in started if n.startswith("bad")) == [
+        "bad_s1", "bad_s1", "bad_s2", "bad_s2", "bad_s3", "bad_s3"]  # 2 attempts, no seed 4
+    assert run_app(["status", str(env / "logs")]) in (0, 1)
+    assert "bad: no figures at decision 1" in capsys.readouterr().out.replace("\n  ", " ")

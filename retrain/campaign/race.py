@@ -27,8 +27,8 @@ from retrain.campaign.race_plan import RacePlan
 from retrain.results.stats import paired_interval
 
 INTERIM_SHARE = 0.2     # of alpha, spent over the looks before the last, by information
-STATES = ("racing", "eliminated", "winner", "equivalent", "undecided")
-OUTCOMES = ("racing", "winner", "equivalent", "max_seeds", "budget")
+STATES = ("racing", "eliminated", "winner", "equivalent", "undecided", "no_figures")
+OUTCOMES = ("racing", "winner", "equivalent", "max_seeds", "budget", "no_figures")
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,9 @@ def decide(state: RaceState, race: RacePlan,
     means = {c: _mean(v) for c, v in vals.items()}
     standings = {c: replace(s, mean=means[c], seeds=len(vals[c])) if c in vals else s
                  for c, s in state.standings.items()}  # (earlier looks are never changed)
+    for c in racing:  # every run of it ended without a figure (failed for good): no more seeds
+        if not vals[c]:
+            standings[c] = Standing("no_figures", k + 1, 0)
     new = replace(state, looks=[*state.looks, look], standings=standings)
     look.eliminated = _eliminate(new, race, look, leader(racing, means, race.direction))
     _conclude(new, race, sched, look, means)
@@ -246,6 +249,12 @@ def _conclude(state: RaceState, race: RacePlan, sched: Schedule, look: Look,
     race (those left get their final state); else it goes on."""
     left = state.racing()
     top = leader(left, means, race.direction)
+    dropped = any(s.state == "no_figures" for s in state.standings.values())
+    if len(left) < 2 and (dropped or not left):
+        # nothing left to compare with: one left is not best beyond doubt over a condition
+        # without figures
+        _settle(state, left, "undecided", look, {}, "no_figures")
+        return
     if len(left) == 1:
         rivals = sorted(look.eliminated, key=lambda c: _rank(means[c], race.direction))
         why = next((c for r in rivals if (c := compare(look, left[0], r)) is not None), None)

@@ -173,9 +173,12 @@ class RaceKeeper:
                  f"(intervals at {race_mod.percent(look.confidence)} each)"]
         for c in look.eliminated:
             lines.append("race: " + standing_line(c, self.state.standings[c], self.race))
+        lines += ["race: " + standing_line(c, s, self.race) for c, s in
+                  self.state.standings.items() if s.state == "no_figures" and s.look == look.number]
         if self.state.outcome != "racing":
             lines += ["race: " + standing_line(c, s, self.race)
-                      for c, s in self.state.standings.items() if s.state != "eliminated"]
+                      for c, s in self.state.standings.items()
+                      if s.state not in ("eliminated", "no_figures")]
         runs = self.manifest.race["runs"]
         lines.append(f"race: {self.state.outcome}; {runs['taken']} of {runs['full']} runs "
                      f"({runs['saved']} saved so far)")
@@ -192,6 +195,9 @@ def _read_state(saved: dict) -> RaceState:
 
 def standing_line(name: str, s: race_mod.Standing, race: RacePlan) -> str:
     """One condition's state in words, with the interval that justified it."""
+    if s.state == "no_figures":
+        return (f"{name}: no figures at decision {s.look} (every run of it failed or has no "
+                f"{race.metric}); it takes no more seeds")
     where = f"after {s.seeds} seed{'s' if s.seeds != 1 else ''}" if s.look else ""
     text = f"{name}: {s.state} {where}".rstrip()
     if s.why is not None:

@@ -36,7 +36,8 @@ def header(plan: RacePlan, state: RaceState, looks: list[int]) -> str:
              "winner": f"a winner after {done} decision{'s' if done != 1 else ''}",
              "equivalent": f"the rest equivalent within {plan.margin:g} after {done}",
              "max_seeds": f"max_seeds ({looks[-1]}) reached without a verdict",
-             "budget": f"budget_runs ({plan.budget_runs}) reached without a verdict"}
+             "budget": f"budget_runs ({plan.budget_runs}) reached without a verdict",
+             "no_figures": "stopped: fewer than 2 conditions with figures left to compare"}
     return (f"race on {plan.metric} ({plan.direction}, confidence {plan.confidence:g}; "
             f"decisions after {', '.join(map(str, looks))} seeds): "
             f"{where.get(state.outcome, state.outcome)}")
