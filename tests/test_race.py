@@ -216,6 +216,46 @@ def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zer
     assert compare(state.looks[0], "x", "y") is None and state.outcome == "max_seeds"
 
 
+def test_a_grid_figure_has_a_variance_floor_of_one_step():
+    """Accuracies over 64 problems: the same 2/64 on three seeds is still no evidence, but the
+    same 20/64 on every seed is (it was no interval at all before the floor)."""
+    race = RacePlan(min_seeds=3, max_seeds=3)
+    same = {1: 0.5, 2: 0.25, 3: 0.75}
+    step = 1 / 64
+    for k, evidence in ((2, False), (20, True)):
+        shifted = {s: v + k * step for s, v in same.items()}
+        state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": shifted, "y": same},
+                       resolution=step)
+        c = compare(state.looks[0], "x", "y")
+        assert c is not None and c.lo < c.diff < c.hi and (c.lo > 0) == evidence
+        assert state.looks[0].eliminated == (["y"] if evidence else [])
+        bare = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": shifted, "y": same})
+        assert compare(bare.looks[0], "x", "y") is None  # without a known grid: as before
+    equal = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(same), "y": same},
+                   resolution=step)
+    c = compare(equal.looks[0], "x", "y")
+    assert (c.lo, c.hi) == (0.0, 0.0)  # the same computation stays exact
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 64), st.integers(0, 64)), min_size=2, max_size=8),
+       st.sampled_from([0.9, 0.95, 0.99]))
+def test_the_floor_only_ever_widens_an_interval(pairs, confidence):
+    """With the floor, an interval is the plain one or wider around the same difference: it
+    never finds more evidence than the spread itself shows, except where the spread is nil."""
+    race = RacePlan(min_seeds=len(pairs), max_seeds=len(pairs), confidence=confidence)
+    seeds = list(range(1, len(pairs) + 1))
+    values = {"x": {s: a / 64 for s, (a, _) in zip(seeds, pairs, strict=True)},
+              "y": {s: b / 64 for s, (_, b) in zip(seeds, pairs, strict=True)}}
+    plain = compare(decide(new_race(["x", "y"], seeds), race, values).looks[0], "x", "y")
+    floored = compare(decide(new_race(["x", "y"], seeds), race, values, 1 / 64).looks[0], "x",
+                      "y")
+    if plain is None:
+        return
+    assert floored.diff == plain.diff
+    assert floored.lo <= plain.lo + 1e-12 and floored.hi >= plain.hi - 1e-12
+
+
 def test_a_per_look_confidence_reads_as_a_percentage_without_trailing_zeros():
     assert [percent(c) for c in (0.95, 0.986, 0.9972667, 0.99993333, 0.5)] == \
         ["95%", "98.6%", "99.7267%", "99.9933%", "50%"]

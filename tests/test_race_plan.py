@@ -141,3 +141,16 @@ def test_explain_prints_the_direction_the_race_will_use(tmp_path, capsys):
     path.write_text(CAMPAIGN + 'metric = "steps_to_threshold"\nthreshold = 0.5\n')
     assert run_app(["explain", str(path)]) == 0
     assert "race           steps_to_threshold (min, threshold 0.5)" in capsys.readouterr().out
+
+
+def test_the_resolution_of_a_race_figure_is_its_grid_step():
+    from retrain.campaign.race_plan import resolution
+
+    small, large = Config(), Config()
+    small.data.eval_size, large.data.eval_size = 16, 64
+    runs = {"a": small, "b": large}
+    assert resolution(RacePlan(metric="eval_accuracy"), runs) == 1 / 16  # the coarsest
+    assert resolution(RacePlan(metric="best_eval"), {"b": large}) == 1 / 64
+    assert resolution(RacePlan(metric="steps_to_threshold", threshold=0.5), runs) == 1.0
+    assert resolution(RacePlan(), runs) == 0.0  # a mean reward: no known grid
+    assert resolution(RacePlan(metric="seconds_to_threshold", threshold=0.5), runs) == 0.0

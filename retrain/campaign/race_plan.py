@@ -146,3 +146,13 @@ def run_issues(race: RacePlan, runs: dict[str, Config]) -> list[ConfigIssue]:
         if issues:
             break  # one line: the first condition that cannot be raced
     return issues
+
+
+def resolution(race: RacePlan, runs: dict[str, Config]) -> float:
+    """The step of the grid the race's figure lies on (`race.compare` floors the spread of
+    differences at it): 1 / eval problems for an accuracy (the coarsest condition's), one step
+    for steps_to_threshold, 0 (none known) for a mean reward or seconds."""
+    if race.metric in EVAL_METRICS:
+        sizes = [cfg.data.eval_size for cfg in runs.values() if cfg.data.eval_size > 0]
+        return 1.0 / min(sizes) if sizes else 0.0
+    return 1.0 if race.metric == "steps_to_threshold" else 0.0

@@ -72,7 +72,8 @@ def _look(look: Any, at: str) -> Look:
     return Look(number=_int(look, "number", at), seeds=_ints(look, "seeds", at),
                 confidence=_number(look, "confidence", at),
                 values={c: _figures(v, f"{at}.values.{c}") for c, v in values.items()},
-                eliminated=_texts(look, "eliminated", at))
+                eliminated=_texts(look, "eliminated", at),
+                resolution=_number(look, "resolution", at) if "resolution" in look else 0.0)
 
 
 def _figures(values: Any, at: str) -> dict[int, float]:

@@ -67,11 +67,11 @@ def _shown(values: object) -> str:
 
 
 def keeper_for(race: RacePlan | None, manifest: Manifest, run_dirs: dict[str, Path],
-               max_retries: int) -> RaceKeeper | None:
+               max_retries: int, resolution: float = 0.0) -> RaceKeeper | None:
     """The campaign's race; without one (never had one, or it was dropped under --force), runs
-    a race had skipped are pending again."""
+    a race had skipped are pending again. `resolution`: the figure's grid step."""
     if race is not None:
-        return RaceKeeper(race, manifest, run_dirs, max_retries)
+        return RaceKeeper(race, manifest, run_dirs, max_retries, resolution)
     for e in manifest.runs:
         if e.status == "skipped":
             e.status = "pending"
@@ -83,9 +83,10 @@ class RaceKeeper:
     """The race of one campaign, resumed from its manifest (or started)."""
 
     def __init__(self, race: RacePlan, manifest: Manifest, run_dirs: dict[str, Path],
-                 max_retries: int):
+                 max_retries: int, resolution: float = 0.0):
         self.race, self.manifest, self.run_dirs = race, manifest, run_dirs
         self.max_retries = max_retries
+        self.resolution = resolution  # the figure's grid step (race_plan.resolution)
         conditions = list(dict.fromkeys(r.condition for r in manifest.runs))
         seeds = list(dict.fromkeys(r.seed for r in manifest.runs))
         seeds = seeds[:race.seeds_cap(len(seeds))]
@@ -123,7 +124,8 @@ class RaceKeeper:
                              "the same command again to retry)")
             if retry or any(e.status not in ("completed", "failed") for e in mine):
                 break
-            self.state = race_mod.decide(self.state, self.race, self._values(mine))
+            self.state = race_mod.decide(self.state, self.race, self._values(mine),
+                                         self.resolution)
             if self.state.outcome != "racing":
                 for e in self.manifest.runs:
                     if e.status == "pending" and not self.released(e):
