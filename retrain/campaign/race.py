@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from retrain.campaign.race_plan import RacePlan
-from retrain.results.stats import paired_interval
+from retrain.results.stats import paired_interval, t_quantile
 
 INTERIM_SHARE = 0.2     # of alpha, spent over the looks before the last, by information
-STATES = ("racing", "eliminated", "winner", "equivalent", "undecided")
-OUTCOMES = ("racing", "winner", "equivalent", "max_seeds", "budget")
+STATES = ("racing", "eliminated", "winner", "equivalent", "undecided", "no_figures")
+OUTCOMES = ("racing", "winner", "equivalent", "max_seeds", "budget", "no_figures")
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,15 @@ class Standing:
 @dataclass
 class Look:
     """One decision: its number (1-based), the seeds it read, the per-pair confidence of its
-    intervals, every figure it read (condition -> seed -> value) and whom it eliminated."""
+    intervals, every figure it read (condition -> seed -> value), whom it eliminated, and the
+    figure's resolution (its grid's step, 1 / eval problems for an accuracy; 0: none known)."""
 
     number: int
     seeds: list[int]
     confidence: float
     values: dict[str, dict[int, float]]
     eliminated: list[str] = field(default_factory=list)
+    resolution: float = 0.0
 
 
 @dataclass
@@ -97,18 +99,6 @@ class RaceState:
             look["values"] = {c: {str(s): v for s, v in vals.items()}
                               for c, vals in look["values"].items()}
         return data
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RaceState:
-        looks = [Look(number=int(x["number"]), seeds=[int(s) for s in x["seeds"]],
-                      confidence=float(x["confidence"]),
-                      values={c: {int(s): float(v) for s, v in vals.items()}
-                              for c, vals in x["values"].items()},
-                      eliminated=list(x["eliminated"])) for x in d["looks"]]
-        standings = {c: Standing(**{**s, "why": Comparison(**s["why"]) if s["why"] else None})
-                     for c, s in d["standings"].items()}
-        return cls(conditions=list(d["conditions"]), seeds=[int(s) for s in d["seeds"]],
-                   looks=looks, standings=standings, outcome=str(d["outcome"]))
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -176,10 +166,11 @@ def bounds(race: RacePlan, seeds: int, conditions: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------- a decision
 
 
-def decide(state: RaceState, race: RacePlan,
-           values: dict[str, dict[int, float]]) -> RaceState:
+def decide(state: RaceState, race: RacePlan, values: dict[str, dict[int, float]],
+           resolution: float = 0.0) -> RaceState:
     """The next look: `values` holds each racing condition's figure per seed (finished runs
-    only; seeds beyond this look are ignored). Returns the new state; `state` is unchanged."""
+    only; seeds beyond this look are ignored), `resolution` the figure's grid step (see
+    `compare`). Returns the new state; `state` is unchanged."""
     if state.outcome != "racing":
         raise ValueError(f"the race is over ({state.outcome})")
     sched = schedule(race, len(state.seeds), len(state.conditions))
@@ -188,10 +179,14 @@ def decide(state: RaceState, race: RacePlan,
     racing = state.racing()
     vals = {c: {s: float(values[c][s]) for s in seeds if s in values.get(c, {})}
             for c in racing}
-    look = Look(number=k + 1, seeds=list(seeds), confidence=sched.confidences[k], values=vals)
+    look = Look(number=k + 1, seeds=list(seeds), confidence=sched.confidences[k], values=vals,
+                resolution=resolution)
     means = {c: _mean(v) for c, v in vals.items()}
     standings = {c: replace(s, mean=means[c], seeds=len(vals[c])) if c in vals else s
                  for c, s in state.standings.items()}  # (earlier looks are never changed)
+    for c in racing:  # every run of it ended without a figure (failed for good): no more seeds
+        if not vals[c]:
+            standings[c] = Standing("no_figures", k + 1, 0)
     new = replace(state, looks=[*state.looks, look], standings=standings)
     look.eliminated = _eliminate(new, race, look, leader(racing, means, race.direction))
     _conclude(new, race, sched, look, means)
@@ -208,20 +203,35 @@ def leader(racing: list[str], means: dict[str, float | None], direction: str) ->
 
 
 def compare(look: Look, a: str, b: str) -> Comparison | None:
-    """a - b over the seeds both have at this look. None with fewer than 2, and when every
-    seed differs by the same amount: no spread, no interval (a figure on a coarse grid, an
-    accuracy over few problems, repeats differences by chance, and two recipes that both score
-    0 everywhere say nothing about each other). The one exception: figures that vary from seed
-    to seed and are equal on every one (the same computation, e.g. two losses that make the
-    same update): their interval is [0, 0]."""
+    """a - b over the seeds both have at this look. None with fewer than 2. Figures on a grid
+    (an accuracy over few problems, steps) repeat a difference by chance, so the differences'
+    standard deviation is floored at one step of the grid (`look.resolution`): the same
+    2/64 on three seeds is no evidence, 20/64 on every seed is. Without a known grid, a
+    difference without spread gives no interval. Two conditions equal everywhere: no interval
+    when their figures do not vary either (both score 0 everywhere say nothing about each
+    other), else [0, 0] (the same computation, e.g. two losses that make the same update)."""
     shared = sorted(look.values[a].keys() & look.values[b].keys())
     if len(shared) < 2:
         return None
     ours = [look.values[a][s] for s in shared]
     diff, lo, hi = paired_interval(ours, [look.values[b][s] for s in shared], look.confidence)
-    if hi - lo <= 1e-9 * abs(diff) and (diff != 0 or max(ours) == min(ours)):
-        return None  # no spread (up to float rounding), and not the same computation
+    flat = hi - lo <= 1e-9 * abs(diff)  # no spread, up to float rounding
+    if flat and diff == 0:
+        if max(ours) == min(ours):
+            return None
+    elif look.resolution > 0:
+        lo, hi = _floored(diff, lo, hi, len(shared), look)
+    elif flat:
+        return None
     return Comparison(a, b, diff, lo, hi, shared, look.confidence)
+
+
+def _floored(diff: float, lo: float, hi: float, n: int, look: Look) -> tuple[float, float]:
+    """The interval with the differences' standard deviation at least one grid step."""
+    t = t_quantile(n - 1, look.confidence)
+    sd = max((hi - lo) / 2 * math.sqrt(n) / t, look.resolution)
+    half = t * sd / math.sqrt(n)
+    return diff - half, diff + half
 
 
 def beats(c: Comparison, direction: str) -> bool:
@@ -258,6 +268,12 @@ def _conclude(state: RaceState, race: RacePlan, sched: Schedule, look: Look,
     race (those left get their final state); else it goes on."""
     left = state.racing()
     top = leader(left, means, race.direction)
+    dropped = any(s.state == "no_figures" for s in state.standings.values())
+    if len(left) < 2 and (dropped or not left):
+        # nothing left to compare with: one left is not best beyond doubt over a condition
+        # without figures
+        _settle(state, left, "undecided", look, {}, "no_figures")
+        return
     if len(left) == 1:
         rivals = sorted(look.eliminated, key=lambda c: _rank(means[c], race.direction))
         why = next((c for r in rivals if (c := compare(look, left[0], r)) is not None), None)

@@ -19,6 +19,8 @@ METRICS = ("final_reward", "eval_accuracy", "best_eval", "steps_to_threshold",
            "seconds_to_threshold")
 THRESHOLD_METRICS = ("steps_to_threshold", "seconds_to_threshold")
 EVAL_METRICS = ("eval_accuracy", "best_eval")
+# Which way each metric is better: fewer steps or seconds to a threshold, more of the rest.
+NATURAL = {m: "min" if m in THRESHOLD_METRICS else "max" for m in METRICS}
 MAX_SEEDS = 10_000
 
 
@@ -29,7 +31,8 @@ class RacePlan:
     metric: str = opt("final_reward", "the figure the race decides on, by its name in "
                       "`retrain compare`", choices=METRICS)
     direction: str = opt("max", "which way is better: max (a reward, an accuracy) or min "
-                         "(steps or seconds to a threshold)", choices=("max", "min"))
+                         "(steps or seconds to a threshold); the metric's own way when left "
+                         "out, and no other", choices=("max", "min"))
     min_seeds: int = opt(3, "seeds every condition runs before the first decision", lo=2,
                          hi=MAX_SEEDS)
     max_seeds: int = opt(0, "the most seeds a condition runs, the first max_seeds of [campaign] "
@@ -62,10 +65,26 @@ def parse(value: Any, issues: list[ConfigIssue]) -> dict:
         issues.append(ConfigIssue(TABLE, f"must be a table ([{TABLE}]), got {show(value)}"))
         return {}
     found = table_issues(RacePlan, value, TABLE)
+    if not found:
+        found = _direction_issues(value)
     issues += found
-    # The metric is always written out, so that an empty [campaign.race] (every default) is a
-    # race, and the plan's default {} is none.
-    return {} if found else {"metric": RacePlan.metric, **value}
+    # The metric and direction are always written out, so that an empty [campaign.race] (every
+    # default) is a race, and the plan's default {} is none.
+    metric = value.get("metric", RacePlan.metric)
+    return {} if found else {"metric": metric, "direction": NATURAL[metric], **value}
+
+
+def _direction_issues(table: dict) -> list[ConfigIssue]:
+    """A direction against its metric's (more steps to a threshold counted as better would
+    crown the slowest condition)."""
+    metric = table.get("metric", RacePlan.metric)
+    given, natural = table.get("direction"), NATURAL[metric]
+    if given is None or given == natural:
+        return []
+    better = "fewer is better" if natural == "min" else "more is better"
+    return [ConfigIssue(f"{TABLE}.direction", f"is {show(given)} but metric = {show(metric)} "
+                        f"is always raced {show(natural)} ({better}); remove direction or set "
+                        f"direction = {show(natural)}")]
 
 
 def race_of(table: dict) -> RacePlan | None:
@@ -127,3 +146,13 @@ def run_issues(race: RacePlan, runs: dict[str, Config]) -> list[ConfigIssue]:
         if issues:
             break  # one line: the first condition that cannot be raced
     return issues
+
+
+def resolution(race: RacePlan, runs: dict[str, Config]) -> float:
+    """The step of the grid the race's figure lies on (`race.compare` floors the spread of
+    differences at it): 1 / eval problems for an accuracy (the coarsest condition's), one step
+    for steps_to_threshold, 0 (none known) for a mean reward or seconds."""
+    if race.metric in EVAL_METRICS:
+        sizes = [cfg.data.eval_size for cfg in runs.values() if cfg.data.eval_size > 0]
+        return 1.0 / min(sizes) if sizes else 0.0
+    return 1.0 if race.metric == "steps_to_threshold" else 0.0

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from retrain.campaign import race as race_mod
 from retrain.campaign.manifest import Manifest, RunEntry
+from retrain.campaign.matrix import RunSpec
 from retrain.campaign.race import RaceState, new_race
 from retrain.campaign.race_plan import RacePlan, race_of, run_issues
+from retrain.campaign.race_record import RaceRecordError, read_state
 from retrain.config.sections import Config, ConfigError
 from retrain.errors import UserError
 from retrain.results.run_figures import race_value
@@ -28,29 +30,48 @@ def check_runs(race: RacePlan, configs: dict[str, Config], source: str) -> None:
         raise ConfigError(source, issues)
 
 
-def check_resume(old: Manifest | None, table: dict, force: bool, source: str) -> None:
-    """Refuse to go on with a race whose plan changed since its first decision (the decisions
-    so far were made under the old one) unless forced; forcing drops its decisions."""
+def check_resume(old: Manifest | None, table: dict, force: bool, source: str,
+                 specs: list[RunSpec]) -> None:
+    """Refuse to go on with a race whose plan, conditions or seed order changed since its first
+    decision (the decisions so far were made under the old ones) unless forced; forcing drops
+    its decisions. `specs`: the campaign's runs now, in matrix order."""
     before = (old.race or {}) if old is not None else {}
-    if not before.get("state", {}).get("looks"):
+    state = before.get("state") if isinstance(before.get("state"), dict) else {}
+    if not state.get("looks"):
         return
-    now = asdict(race_of(table)) if table else None
-    if before.get("plan") == now:
+    race = race_of(table) if table else None
+    now = asdict(race) if race else None
+    seeds = list(dict.fromkeys(s.seed for s in specs))
+    drawn = (list(dict.fromkeys(s.condition for s in specs)), seeds[:race.seeds_cap(len(seeds))]
+             ) if race else None
+    if force or (before.get("plan") == now and drawn == (state.get("conditions"),
+                                                         state.get("seeds"))):
         return
-    if not force:
+    made = f"since the race's first decision ({len(state['looks'])} made)"
+    keep = ("Start a fresh campaign with --new, or --force to drop them (the runs so far are "
+            "kept and read again)")
+    if before.get("plan") != now:
         what = "was removed" if now is None else "changed"
-        raise UserError(f"{source}: [campaign.race] {what} since the race's first decision "
-                        f"({len(before['state']['looks'])} made); its decisions hold only for "
-                        "the plan they were made under. Start a fresh campaign with --new, or "
-                        "--force to drop them (the runs so far are kept and read again)")
+        raise UserError(f"{source}: [campaign.race] {what} {made}; its decisions hold only for "
+                        f"the plan they were made under. {keep}")
+    changed = "; ".join(f"{w} {_shown(a)} -> {_shown(b)}" for w, a, b in zip(
+        ("conditions", "seeds"), (state.get("conditions"), state.get("seeds")), drawn,
+        strict=True) if a != b)
+    raise UserError(f"{source}: the race's {changed} {made}; a race takes its seeds in order, "
+                    "so its decisions hold only for the seeds and order they were made with. "
+                    f"Restore [campaign] seeds (and conditions) as they were. {keep}")
+
+
+def _shown(values: object) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, list) else repr(values)
 
 
 def keeper_for(race: RacePlan | None, manifest: Manifest, run_dirs: dict[str, Path],
-               max_retries: int) -> RaceKeeper | None:
+               max_retries: int, resolution: float = 0.0) -> RaceKeeper | None:
     """The campaign's race; without one (never had one, or it was dropped under --force), runs
-    a race had skipped are pending again."""
+    a race had skipped are pending again. `resolution`: the figure's grid step."""
     if race is not None:
-        return RaceKeeper(race, manifest, run_dirs, max_retries)
+        return RaceKeeper(race, manifest, run_dirs, max_retries, resolution)
     for e in manifest.runs:
         if e.status == "skipped":
             e.status = "pending"
@@ -62,9 +83,10 @@ class RaceKeeper:
     """The race of one campaign, resumed from its manifest (or started)."""
 
     def __init__(self, race: RacePlan, manifest: Manifest, run_dirs: dict[str, Path],
-                 max_retries: int):
+                 max_retries: int, resolution: float = 0.0):
         self.race, self.manifest, self.run_dirs = race, manifest, run_dirs
         self.max_retries = max_retries
+        self.resolution = resolution  # the figure's grid step (race_plan.resolution)
         conditions = list(dict.fromkeys(r.condition for r in manifest.runs))
         seeds = list(dict.fromkeys(r.seed for r in manifest.runs))
         seeds = seeds[:race.seeds_cap(len(seeds))]
@@ -102,7 +124,8 @@ class RaceKeeper:
                              "the same command again to retry)")
             if retry or any(e.status not in ("completed", "failed") for e in mine):
                 break
-            self.state = race_mod.decide(self.state, self.race, self._values(mine))
+            self.state = race_mod.decide(self.state, self.race, self._values(mine),
+                                         self.resolution)
             if self.state.outcome != "racing":
                 for e in self.manifest.runs:
                     if e.status == "pending" and not self.released(e):
@@ -152,9 +175,12 @@ class RaceKeeper:
                  f"(intervals at {race_mod.percent(look.confidence)} each)"]
         for c in look.eliminated:
             lines.append("race: " + standing_line(c, self.state.standings[c], self.race))
+        lines += ["race: " + standing_line(c, s, self.race) for c, s in
+                  self.state.standings.items() if s.state == "no_figures" and s.look == look.number]
         if self.state.outcome != "racing":
             lines += ["race: " + standing_line(c, s, self.race)
-                      for c, s in self.state.standings.items() if s.state != "eliminated"]
+                      for c, s in self.state.standings.items()
+                      if s.state not in ("eliminated", "no_figures")]
         runs = self.manifest.race["runs"]
         lines.append(f"race: {self.state.outcome}; {runs['taken']} of {runs['full']} runs "
                      f"({runs['saved']} saved so far)")
@@ -163,14 +189,17 @@ class RaceKeeper:
 
 def _read_state(saved: dict) -> RaceState:
     try:
-        return RaceState.from_dict(saved)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UserError(f"manifest.json's race cannot be read ({type(exc).__name__}: {exc}); "
-                        "the run folders are intact. Start a fresh campaign with --new") from None
+        return read_state(saved)
+    except RaceRecordError as exc:
+        raise UserError(f"manifest.json's race cannot be read ({exc}); the run folders are "
+                        "intact. Start a fresh campaign with --new") from None
 
 
 def standing_line(name: str, s: race_mod.Standing, race: RacePlan) -> str:
     """One condition's state in words, with the interval that justified it."""
+    if s.state == "no_figures":
+        return (f"{name}: no figures at decision {s.look} (every run of it failed or has no "
+                f"{race.metric}); it takes no more seeds")
     where = f"after {s.seeds} seed{'s' if s.seeds != 1 else ''}" if s.look else ""
     text = f"{name}: {s.state} {where}".rstrip()
     if s.why is not None:

@@ -140,10 +140,24 @@ def describe_changes(old: Manifest, plans: list[PlannedRun], new_hash: str) -> l
             lines.append(f"{p.spec.name}: overrides {entry.overrides} -> {p.spec.overrides}")
     if old.config_hash != new_hash:
         key_lines, all_read = _key_changes(plans)
+        order = order_changes(old, [p.spec for p in plans]) if not lines else []
         if not key_lines and not all_read:
-            key_lines = [f"the resolved run configs changed (hash {old.config_hash} -> "
-                         f"{new_hash})"]
+            key_lines = order or [f"the resolved run configs changed (hash {old.config_hash} "
+                                  f"-> {new_hash})"]
         lines += key_lines
+    return lines
+
+
+def order_changes(old: Manifest, specs: list) -> list[str]:
+    """The seeds or conditions, the same ones, in another order (the run hash covers the order,
+    and a race takes seeds in it), in words; [] when neither was reordered."""
+    lines = []
+    for what, before, now in (("seed", old.seeds, [s.seed for s in specs]),
+                              ("condition", old.conditions, [s.condition for s in specs])):
+        now = list(dict.fromkeys(now))
+        if before != now and sorted(map(str, before)) == sorted(map(str, now)):
+            lines.append(f"{what} order: {', '.join(map(str, before))} -> "
+                         f"{', '.join(map(str, now))}")
     return lines
 
 

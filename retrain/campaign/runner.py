@@ -30,7 +30,7 @@ from retrain.campaign.manifest import (
 )
 from retrain.campaign.matrix import expand, run_config_for, safe_name
 from retrain.campaign.plan import CampaignPlan
-from retrain.campaign.race_plan import race_of
+from retrain.campaign.race_plan import race_of, resolution
 from retrain.campaign.race_runs import RaceKeeper, check_resume, check_runs, keeper_for
 from retrain.campaign.report import describe_exit, log_tail, summary
 from retrain.campaign.run_records import (
@@ -80,11 +80,14 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
         plans = [PlannedRun(s, anchor_paths(run_config_for(cfg, s, campaign_dir),
                                             config_path.parent), campaign_dir / s.name)
                  for s in specs]
-        check_resume(load_manifest(campaign_dir), campaign.race, force, str(config_path))
+        check_resume(load_manifest(campaign_dir), campaign.race, force, str(config_path),
+                     specs)
         manifest, adopted = prepare_manifest(cfg, campaign, config_path, campaign_dir, plans,
                                              force, executor)
         keeper = keeper_for(race, manifest, {p.spec.name: p.run_dir for p in plans},
-                            campaign.max_retries)
+                            campaign.max_retries,
+                            resolution(race, {p.spec.condition: p.config for p in plans})
+                            if race else 0.0)
         runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor, concurrency,
                         keeper)
         return runner.run(adopted)

@@ -16,6 +16,7 @@ from retrain.control import capacity
 from retrain.errors import UserError
 from retrain.results import compare, compare_view
 from retrain.results.race_view import race_lines
+from retrain.runfiles.runlog import MANIFEST_FILE
 
 
 def blocks(report: StatusReport) -> list[Block]:
@@ -33,7 +34,8 @@ def blocks(report: StatusReport) -> list[Block]:
         if c.runs:
             out += [Block(table=runs_table(c.runs, True), indent="  ", gap=True),
                     *_failures(c.runs)]
-        out += [Block(line, indent="  ", gap=i == 0) for i, line in enumerate(race_lines(c.race))]
+        out += [Block(line, indent="  ", gap=i == 0) for i, line in enumerate(
+            race_lines(c.race, str(Path(c.path) / MANIFEST_FILE)))]
         if compare.has_seeds_to_compare(c.runs):
             out += compare_view.status_blocks(c.path)
     runs = _all_runs(report)

@@ -18,7 +18,7 @@ from typing import Any
 from retrain.cli.status import RunStatus, scan_campaign
 from retrain.errors import UserError
 from retrain.results.run_figures import RunFigures, figures, reach
-from retrain.results.run_rows import read_rows
+from retrain.results.run_rows import RunRows, read_run_rows
 from retrain.results.stats import Difference, Estimate, difference, estimate, median
 from retrain.runfiles import runlog
 
@@ -86,7 +86,8 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
     if baseline is not None and baseline not in names:
         raise UserError(f"--baseline {baseline!r} is not a condition of {folder}; its "
                         f"conditions are {', '.join(names)}")
-    runs = [_figures(r, last) for r in camp.runs]
+    reads = {r.path: read_run_rows(Path(r.path)) for r in camp.runs}  # each file read once
+    runs = [_figures(r, last, reads[r.path]) for r in camp.runs]
     report = CompareReport(campaign=camp.name, path=str(folder), baseline=baseline or names[0],
                            threshold=threshold, threshold_source="--threshold", last=last,
                            runs=runs, bad_lines=sum(r.bad_lines for r in runs))
@@ -94,7 +95,7 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
         finals = [r.final_reward for r in runs if r.included and r.final_reward is not None]
         report.threshold = median(finals) if finals else None
         report.threshold_source = "median final reward of all completed runs"
-    rows_of = {r.path: read_rows(Path(r.path)) for r in runs if r.included}
+    rows_of = {r.path: reads[r.path].rows for r in runs if r.included}
     for r in runs:
         if r.included and report.threshold is not None:
             reach(r, rows_of[r.path], report.threshold, last)
@@ -125,9 +126,10 @@ def _check_folder(folder: Path) -> None:
                         f"compare takes the folder a campaign writes, e.g. logs/<campaign>{hint}")
 
 
-def _figures(status: RunStatus, last: int | None) -> RunFigures:
-    return figures(Path(status.path), last, name=status.name, condition=status.condition or "-",
-                   seed=status.seed, state=status.state, steps=status.step, error=status.error)
+def _figures(status: RunStatus, last: int | None, read: RunRows) -> RunFigures:
+    return figures(Path(status.path), last, read, name=status.name,
+                   condition=status.condition or "-", seed=status.seed, state=status.state,
+                   steps=status.step, error=status.error)
 
 
 def _included(runs: list[RunFigures], condition: str) -> list[RunFigures]:

@@ -13,7 +13,7 @@ from retrain.errors import UserError
 from retrain.results.compare import CompareReport, ConditionSummary, build
 from retrain.results.race_view import race_lines
 from retrain.results.stats import Estimate
-from retrain.runfiles.runlog import METRICS_FILE
+from retrain.runfiles.runlog import MANIFEST_FILE, METRICS_FILE
 
 HEADERS = ["condition", "rank", "seeds", "final reward", "eval accuracy", "best eval",
            "best eval step", "steps to thr", "seconds to thr", "cost to thr", "cost", "tok/s"]
@@ -106,7 +106,7 @@ def blocks(report: CompareReport) -> list[Block]:
     out = [Block(header(report), style="bold"),
            *[Block(line, style="dim") for line in method_lines(report)],
            Block(table=table(report), gap=True)]
-    race = race_lines(report.race)
+    race = race_lines(report.race, str(Path(report.path) / MANIFEST_FILE))
     if race:
         out.append(Block("the race's decisions (manifest.json), each with the interval that "
                          "made it:", gap=True))

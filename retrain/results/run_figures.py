@@ -18,7 +18,7 @@ from retrain.bill.prices import price
 from retrain.bill.tally import Tally
 from retrain.results.run_rows import RunRows, number, read_run_rows, series
 from retrain.results.spent import run_prices
-from retrain.results.stats import mean
+from retrain.results.stats import mean, trailing_means
 
 LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
 # The figures a race may decide on, by their names in `compare`.
@@ -66,10 +66,11 @@ def window(n_steps: int, last: int | None) -> int:
     return max(1, last if last is not None else int(n_steps * LAST_FRACTION))
 
 
-def figures(run_dir: Path, last: int | None = None, **identity: object) -> RunFigures:
-    """The figures of the run in `run_dir` (all but the threshold ones: see `reach`);
-    `identity` fills name, condition, seed, state, ... as given."""
-    read = read_run_rows(run_dir)
+def figures(run_dir: Path, last: int | None = None, read: RunRows | None = None,
+            **identity: object) -> RunFigures:
+    """The figures of the run in `run_dir` (all but the threshold ones: see `reach`), from its
+    rows `read` when the caller has them; `identity` fills name, condition, seed, state, ..."""
+    read = read if read is not None else read_run_rows(run_dir)
     fig = RunFigures(path=str(run_dir), **identity)
     _dropped(fig, read)
     rows = read.rows
@@ -106,9 +107,10 @@ def reach(fig: RunFigures, rows: list[dict], threshold: float, last: int | None)
         total += number(r.get("step_time_s")) or 0.0
         bill = bill + Tally.of_row(r)
         seconds[r["step"]], spent[r["step"]] = total, bill
-    for i, (step, _) in enumerate(rewards):
-        trailing = [x for _, x in rewards[max(0, i - k + 1):i + 1]]
-        if mean(trailing) >= threshold:
+    # (one pass: summing each window again grew with the square of the steps, 10% per window)
+    means = trailing_means((x for _, x in rewards), k)
+    for (step, _), trailing in zip(rewards, means, strict=True):
+        if trailing >= threshold:
             fig.steps_to_threshold, fig.seconds_to_threshold = step, seconds[step]
             if fig.tokens is not None:  # the bill up to that step
                 fig.tokens_to_threshold = spent[step].tokens
@@ -120,11 +122,12 @@ def race_value(run_dir: Path, metric: str, threshold: float | None = None) -> fl
     """The figure `metric` of a finished run, as a race reads it (None: the run has none).
     A run that never reached the threshold counts at its last step (steps_to_threshold) or its
     summed step_time_s (seconds_to_threshold): a censored value, the least it would take."""
-    fig = figures(run_dir)
+    read = read_run_rows(run_dir)
+    fig = figures(run_dir, read=read)
     if metric not in THRESHOLD_METRICS:
         value = getattr(fig, metric)
         return None if value is None else float(value)
-    rows = read_run_rows(run_dir).rows
+    rows = read.rows
     if threshold is None or not series(rows, "mean_reward"):
         return None
     reach(fig, rows, threshold, None)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 CONFIDENCE = 0.95
@@ -46,6 +48,30 @@ def mean(values: list[float]) -> float:
     1e308) overflow a plain sum; scaled down they do not."""
     values, scale = _scaled(values)
     return math.fsum(values) / len(values) * scale
+
+
+def trailing_means(values: Iterable[float], k: int) -> Iterator[float]:
+    """For each value, `mean` of it and the k - 1 before it (fewer at the start), in one pass:
+    the window's sum is kept exactly, as an integer count of 2**-1074 (every float is one), so
+    each mean is the float `mean` gives, bit for bit, without summing the window again."""
+    window: deque[int] = deque()
+    raw: deque[float] = deque()
+    total, big = 0, 0   # the window's exact sum; its values too large for the exact sum's route
+    for x in values:
+        num, den = x.as_integer_ratio()
+        window.append(num * (_ULP_DENOMINATOR // den))
+        raw.append(x)
+        total += window[-1]
+        big += abs(x) >= _BIG
+        if len(window) > k:
+            total -= window.popleft()
+            big -= abs(raw.popleft()) >= _BIG
+        # (int / int is correctly rounded, as fsum is: the same float; `mean` scales big values)
+        yield mean(list(raw)) if big else total / _ULP_DENOMINATOR / len(window)
+
+
+_ULP_DENOMINATOR = 2 ** 1074  # every finite float is an integer multiple of 2**-1074
+_BIG = 2.0 ** 500             # where `mean` scales its values down (_scaled)
 
 
 def median(values: list[float]) -> float:

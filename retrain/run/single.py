@@ -32,8 +32,20 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
         raise UserError(f"{config_path}: logging.run_name (the file's stem by default): "
                         f"{run_name_problem(run_name)}")
     run_dir = Path(cfg.logging.log_dir) / run_name
+    _refuse_a_campaign_folder(config_path, run_dir)
     with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
         return _run_locked(cfg, config_path, run_dir, run_name, new)
+
+
+def _refuse_a_campaign_folder(config_path: Path, run_dir: Path) -> None:
+    """A campaign and a single run both default to the file's stem: a file whose [campaign]
+    was removed would write into the campaign's folder, and its --new move the campaign."""
+    if runlog.is_campaign_dir(run_dir):
+        raise UserError(f"{config_path}: {run_dir} holds a campaign ({runlog.MANIFEST_FILE}), "
+                        "and this file is a single run (no [campaign] seeds, conditions or "
+                        "grid); nothing was changed. Set logging.run_name to another name (it "
+                        "defaults to the file's stem), or restore [campaign] to go on with the "
+                        "campaign")
 
 
 def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,

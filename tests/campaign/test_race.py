@@ -26,6 +26,7 @@ from retrain.campaign.race import (  # noqa: E402
     wanted,
 )
 from retrain.campaign.race_plan import RacePlan  # noqa: E402
+from retrain.campaign.race_record import read_state  # noqa: E402
 
 NAMES = ["a", "b", "c", "d"]
 SEEDS = list(range(1, 9))
@@ -49,7 +50,7 @@ def _run(race: RacePlan, values: dict, through_json: bool = False) -> RaceState:
         state = decide(state, race, {c: {s: values[c][s] for s in want[c]}
                                      for c in state.racing()})
         if through_json:  # what a killed runner's successor reads back from manifest.json
-            state = RaceState.from_dict(json.loads(json.dumps(state.to_dict())))
+            state = read_state(json.loads(json.dumps(state.to_dict())))
     return state
 
 
@@ -182,6 +183,22 @@ def test_a_pair_with_fewer_than_two_shared_seeds_decides_nothing():
         decide(state, race, {})
 
 
+def test_a_condition_without_figures_takes_no_more_seeds_and_crowns_no_one():
+    """Every run of 'broken' failed for good (no figure): it stops taking seeds at that
+    decision, and the one left is not called best over a condition that was never measured."""
+    race = RacePlan(min_seeds=3)
+    good, close = {1: 0.9, 2: 0.8, 3: 0.85}, {1: 0.88, 2: 0.83, 3: 0.86}
+    state = decide(new_race(["good", "close", "broken"], SEEDS), race,
+                   {"good": good, "close": close})
+    assert state.standings["broken"].state == "no_figures" and state.outcome == "racing"
+    assert wanted(state, race) == {"good": [1, 2, 3, 4], "close": [1, 2, 3, 4],
+                                   "broken": [1, 2, 3]}
+    state = decide(new_race(["good", "broken"], SEEDS), race, {"good": good})
+    assert state.outcome == "no_figures" and state.standings["good"].state == "undecided"
+    assert wanted(state, race) == {"good": [1, 2, 3], "broken": [1, 2, 3]}
+    assert read_state(json.loads(json.dumps(state.to_dict()))) == state
+
+
 def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zero():
     """An accuracy over few problems can differ by exactly 2/64 on three seeds by chance: that
     is no evidence (the simulation's false verdicts rose to 5.7% when it counted as some)."""
@@ -197,6 +214,46 @@ def test_the_same_difference_on_every_seed_is_no_interval_but_equal_runs_are_zer
     floor = {1: 0.0, 2: 0.0, 3: 0.0}  # both score 0 on every seed: no evidence either way
     state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(floor), "y": floor})
     assert compare(state.looks[0], "x", "y") is None and state.outcome == "max_seeds"
+
+
+def test_a_grid_figure_has_a_variance_floor_of_one_step():
+    """Accuracies over 64 problems: the same 2/64 on three seeds is still no evidence, but the
+    same 20/64 on every seed is (it was no interval at all before the floor)."""
+    race = RacePlan(min_seeds=3, max_seeds=3)
+    same = {1: 0.5, 2: 0.25, 3: 0.75}
+    step = 1 / 64
+    for k, evidence in ((2, False), (20, True)):
+        shifted = {s: v + k * step for s, v in same.items()}
+        state = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": shifted, "y": same},
+                       resolution=step)
+        c = compare(state.looks[0], "x", "y")
+        assert c is not None and c.lo < c.diff < c.hi and (c.lo > 0) == evidence
+        assert state.looks[0].eliminated == (["y"] if evidence else [])
+        bare = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": shifted, "y": same})
+        assert compare(bare.looks[0], "x", "y") is None  # without a known grid: as before
+    equal = decide(new_race(["x", "y"], [1, 2, 3]), race, {"x": dict(same), "y": same},
+                   resolution=step)
+    c = compare(equal.looks[0], "x", "y")
+    assert (c.lo, c.hi) == (0.0, 0.0)  # the same computation stays exact
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 64), st.integers(0, 64)), min_size=2, max_size=8),
+       st.sampled_from([0.9, 0.95, 0.99]))
+def test_the_floor_only_ever_widens_an_interval(pairs, confidence):
+    """With the floor, an interval is the plain one or wider around the same difference: it
+    never finds more evidence than the spread itself shows, except where the spread is nil."""
+    race = RacePlan(min_seeds=len(pairs), max_seeds=len(pairs), confidence=confidence)
+    seeds = list(range(1, len(pairs) + 1))
+    values = {"x": {s: a / 64 for s, (a, _) in zip(seeds, pairs, strict=True)},
+              "y": {s: b / 64 for s, (_, b) in zip(seeds, pairs, strict=True)}}
+    plain = compare(decide(new_race(["x", "y"], seeds), race, values).looks[0], "x", "y")
+    floored = compare(decide(new_race(["x", "y"], seeds), race, values, 1 / 64).looks[0], "x",
+                      "y")
+    if plain is None:
+        return
+    assert floored.diff == plain.diff
+    assert floored.lo <= plain.lo + 1e-12 and floored.hi >= plain.hi - 1e-12
 
 
 def test_a_per_look_confidence_reads_as_a_percentage_without_trailing_zeros():

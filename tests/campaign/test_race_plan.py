@@ -109,3 +109,48 @@ def test_race_keys_can_be_set_on_the_command_line_and_are_checked_there():
         with pytest.raises(ConfigError) as info:
             parse_set_args([item])
         assert message in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("metric, natural", [
+    ("final_reward", "max"), ("eval_accuracy", "max"), ("best_eval", "max"),
+    ("steps_to_threshold", "min"), ("seconds_to_threshold", "min")])
+def test_each_metric_is_raced_its_own_way_and_a_contrary_direction_is_refused(metric, natural):
+    threshold = "\nthreshold = 0.5" if natural == "min" else ""
+    table = f'metric = "{metric}"{threshold}'
+    assert race_of(_load(table)[1].race).direction == natural  # left out: the metric's way
+    assert race_of(_load(f'{table}\ndirection = "{natural}"')[1].race).direction == natural
+    contrary = "max" if natural == "min" else "min"
+    text = _error(f'{table}\ndirection = "{contrary}"')
+    assert len(text.splitlines()) == 1 and "campaign.race.direction" in text, text
+    assert f'is "{contrary}" but metric = "{metric}" is always raced "{natural}"' in text
+    assert f'set direction = "{natural}"' in text
+
+
+def test_a_contrary_direction_set_on_the_command_line_is_refused_too():
+    raw = loader.parse_toml(CAMPAIGN + 'metric = "steps_to_threshold"\nthreshold = 0.5',
+                            "race.toml")
+    sets = {"campaign.race.direction": "max"}
+    with pytest.raises(ConfigError, match="campaign.race.direction: is \"max\""):
+        loader.parse(loader.config.apply_overrides(raw, sets), "race.toml")
+
+
+def test_explain_prints_the_direction_the_race_will_use(tmp_path, capsys):
+    from retrain.cli.app import run_app
+
+    path = tmp_path / "race.toml"
+    path.write_text(CAMPAIGN + 'metric = "steps_to_threshold"\nthreshold = 0.5\n')
+    assert run_app(["explain", str(path)]) == 0
+    assert "race           steps_to_threshold (min, threshold 0.5)" in capsys.readouterr().out
+
+
+def test_the_resolution_of_a_race_figure_is_its_grid_step():
+    from retrain.campaign.race_plan import resolution
+
+    small, large = Config(), Config()
+    small.data.eval_size, large.data.eval_size = 16, 64
+    runs = {"a": small, "b": large}
+    assert resolution(RacePlan(metric="eval_accuracy"), runs) == 1 / 16  # the coarsest
+    assert resolution(RacePlan(metric="best_eval"), {"b": large}) == 1 / 64
+    assert resolution(RacePlan(metric="steps_to_threshold", threshold=0.5), runs) == 1.0
+    assert resolution(RacePlan(), runs) == 0.0  # a mean reward: no known grid
+    assert resolution(RacePlan(metric="seconds_to_threshold", threshold=0.5), runs) == 0.0

@@ -43,6 +43,8 @@ FAKE_WORKER = textwrap.dedent('''
     state = runlog.load_state(run_dir) or runlog.RunState()
     state.status, state.pid, state.max_steps = "running", os.getpid(), cfg["training"]["max_steps"]
     runlog.save_state(run_dir, state)
+    if opts["rewards"][seed - 1] == "fail":
+        sys.exit(3)  # a run that fails, on every attempt
     step_s = opts["slow_step_s"] if seed >= opts.get("slow_from_seed", 99) else 0.01
     with runlog.MetricsWriter(run_dir / runlog.METRICS_FILE) as metrics:
         for step in range(state.step + 1, state.max_steps + 1):
@@ -258,7 +260,8 @@ def test_status_compare_and_explain_show_the_race(env, capsys):
     manifest["race"]["state"] = {"looks": "garbage"}
     (camp / "manifest.json").write_text(json.dumps(manifest))
     assert run_app(["status", str(env / "logs")]) == 0
-    assert "race: manifest.json's race is unreadable" in capsys.readouterr().out
+    assert f"race: {camp / 'manifest.json'}'s race is unreadable (race.state.conditions: " \
+        "missing)" in capsys.readouterr().out.replace("\n  ", " ")
 
 
 def test_a_hand_broken_race_in_the_manifest_is_one_line_not_a_traceback(env):
@@ -270,3 +273,101 @@ def test_a_hand_broken_race_in_the_manifest_is_one_line_not_a_traceback(env):
     manifest.write_text(json.dumps(data))
     with pytest.raises(UserError, match="manifest.json's race cannot be read .*--new"):
         _run(env, path)
+
+
+def test_a_finished_race_with_its_seeds_reordered_is_refused_naming_both_orders(env):
+    """A race takes seeds in order: reordered, its decisions no longer hold, and deciding afresh
+    (which the runner would otherwise do silently) needs --force."""
+    path = _write(env)
+    bad = '[[campaign.conditions]]\nname = "bad"\n"backend.options.rewards" = [0.05, 0.03, 0.06, ' \
+          '0.04, 0.05]\n'
+    assert bad in path.read_text()
+    path.write_text(path.read_text().replace(bad, ""))  # every run runs: every config.toml
+    assert _run(env, path) == 0
+    decided = load_manifest(env / "logs" / "exp").race
+    assert decided["outcome"] == "max_seeds" and decided["runs"]["saved"] == 0
+    path.write_text(path.read_text().replace("seeds = [1, 2, 3, 4, 5]", "seeds = [4, 5, 1, 2, 3]"))
+    with pytest.raises(UserError) as info:
+        _run(env, path)
+    text = str(info.value)
+    assert len(text.splitlines()) == 1 and "hash" not in text, text
+    assert "the race's seeds 1, 2, 3, 4, 5 -> 4, 5, 1, 2, 3 since the race's first decision " \
+           "(3 made)" in text and "--new" in text and "--force" in text
+    assert load_manifest(env / "logs" / "exp").race == decided  # untouched
+    assert _run(env, path, force=True) == 0  # decided afresh, in the new order
+    looks = load_manifest(env / "logs" / "exp").race["state"]["looks"]
+    assert looks[0]["seeds"] == [4, 5, 1] and len(_starts(env)) == 10  # no run twice
+
+
+@pytest.mark.parametrize("where, value, field", [
+    (("state", "standings", "bad", "why", "diff"), "-0.86", "race.state.standings.bad.why.diff: "
+                                                          'expected a number, got "-0.86"'),
+    (("state", "standings", "good", "seeds"), "5", "race.state.standings.good.seeds: expected an "
+                                                   'integer, got "5"'),
+    (("state", "looks", 0, "values", "bad", "1"), "0.05", "race.state.looks[0].values.bad.1: "
+                                                          'expected a number, got "0.05"'),
+    (("plan", "confidence"), "0.95", 'race.plan.confidence: expected a number, got "0.95"'),
+    (("runs", "saved"), "2", 'race.runs.saved: expected an integer, got "2"'),
+])
+def test_a_string_for_a_number_in_the_race_is_one_line_naming_file_and_field(
+        race_done, tmp_path, capsys, where, value, field):
+    """A hand edit of manifest.json's race: status and compare say which field, in one line,
+    and show the rest (the runs, compare's own table) as usual."""
+    import shutil
+
+    from retrain.cli.app import run_app
+
+    shutil.copytree(race_done / "logs", tmp_path / "logs")
+    camp = tmp_path / "logs" / "exp"
+    manifest = camp / "manifest.json"
+    data = json.loads(manifest.read_text())
+    inner = data["race"]
+    for key in where[:-1]:
+        inner = inner[key]
+    inner[where[-1]] = value
+    manifest.write_text(json.dumps(data))
+    line = f"race: {manifest}'s race is unreadable ({field})"
+    for args in (["status", str(tmp_path / "logs")], ["compare", str(camp)]):
+        assert run_app(args) == 0
+        out = capsys.readouterr().out.replace("\n  ", " ")  # the renderer wraps long lines
+        assert line in out and "Traceback" not in out, out
+        assert "good" in out and "close" in out  # the runs still show
+
+
+@pytest.fixture(scope="module")
+def race_done(tmp_path_factory):
+    """A finished race (the default file), for tests to copy and edit."""
+    base = tmp_path_factory.mktemp("race-done")
+    (base / "fake_worker.py").write_text(FAKE_WORKER)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FAKE_EVENTS", str(base / "events.jsonl"))
+    mp.setenv("PYTHONPATH", str(REPO))
+    try:
+        assert _run(base, _write(base)) == 0
+    finally:
+        mp.undo()
+    return base
+
+
+def test_a_condition_whose_runs_all_fail_stops_after_max_retries_and_says_so(env, capsys):
+    from retrain.cli.app import run_app
+
+    path = _write(env)
+    path.write_text(path.read_text().replace("[0.05, 0.03, 0.06, 0.04, 0.05]",
+                                             '["fail", "fail", "fail", "fail", "fail"]'))
+    assert _run(env, path) != 0  # bad's runs failed: the race waits for their retry
+    assert "race: waits for bad_s1, bad_s2, bad_s3" in capsys.readouterr().out
+    assert _run(env, path) != 0  # retried (max_retries = 1) and failed for good
+    out = capsys.readouterr().out
+    assert "race: bad: no figures at decision 1 (every run of it failed or has no " \
+           "final_reward); it takes no more seeds" in out
+    m = load_manifest(env / "logs" / "exp")
+    assert {r.name: r.status for r in m.runs if r.condition == "bad"} == {
+        "bad_s1": "failed", "bad_s2": "failed", "bad_s3": "failed", "bad_s4": "skipped",
+        "bad_s5": "skipped"}
+    assert m.race["state"]["standings"]["bad"]["state"] == "no_figures"
+    started = [e["run"] for e in _starts(env)]
+    assert sorted(n for n in started if n.startswith("bad")) == [
+        "bad_s1", "bad_s1", "bad_s2", "bad_s2", "bad_s3", "bad_s3"]  # 2 attempts, no seed 4
+    assert run_app(["status", str(env / "logs")]) in (0, 1)
+    assert "bad: no figures at decision 1" in capsys.readouterr().out.replace("\n  ", " ")

@@ -577,3 +577,14 @@ def test_a_runner_killed_between_starting_a_worker_and_recording_it_starts_nothi
     assert all(r.status == "completed" and r.attempts == 1 for r in m.runs)
     starts = [e["run"] for e in _events(env) if e["tag"] == "start"]
     assert sorted(starts) == ["a_s1", "a_s2", "b_s1", "b_s2"]  # a_s1 once, by the dead runner
+
+
+def test_reordered_seeds_are_named_not_shown_as_two_hashes(env):
+    path = _write(env)
+    assert _run(env, path) == 0
+    (env / "logs" / "exp" / "a_s2" / "config.toml").unlink()  # a run folder not written yet
+    path.write_text(path.read_text().replace("seeds = [1, 2]", "seeds = [2, 1]"))
+    with pytest.raises(UserError) as err:
+        _run(env, path)
+    msg = str(err.value)
+    assert "matrix changed" in msg and "seed order: 1, 2 -> 2, 1" in msg and "hash" not in msg

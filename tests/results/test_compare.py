@@ -375,3 +375,43 @@ def test_cost_per_condition_and_to_the_threshold(tmp_path, capsys):
     assert run_app(["compare", str(camp)]) == 0
     out = capsys.readouterr().out
     assert "cost to thr" in out and "$0.4 [0.4, 0.4]" in out and "400 [400, 400] tok" in out
+
+
+def _lines_run(fn) -> int:
+    """How many lines of Python `fn()` executes (its callees' included): work, counted."""
+    import sys
+
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return trace
+
+    before = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(before)
+    return count
+
+
+def test_steps_to_threshold_is_linear_in_the_rows():
+    """A rising reward that reaches the threshold at its end (a learning curve against the
+    median final reward): the trailing mean of each step used to sum its window again (10% of
+    the steps each), so twice the rows took four times the work (107 MB metrics: over 300 s)."""
+    from retrain.results.run_figures import RunFigures, reach
+    from retrain.results.stats import mean
+
+    def work(n: int) -> int:
+        rows = [{"step": i, "mean_reward": i / n, "step_time_s": 0.5} for i in range(1, n + 1)]
+        final = mean([r["mean_reward"] for r in rows[-n // 10:]])  # its final reward
+        fig = RunFigures()
+        lines = _lines_run(lambda: reach(fig, rows, final, None))
+        assert fig.steps_to_threshold == n and fig.seconds_to_threshold == n * 0.5
+        return lines
+
+    small, large = work(1000), work(2000)
+    assert large < 2.3 * small, (small, large)

@@ -11,7 +11,13 @@ np = pytest.importorskip("numpy")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from retrain.results.stats import difference, paired_interval, t_quantile  # noqa: E402
+from retrain.results.stats import (  # noqa: E402
+    difference,
+    mean,
+    paired_interval,
+    t_quantile,
+    trailing_means,
+)
 
 values = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -71,3 +77,16 @@ def test_difference_pairs_shared_seeds_and_falls_back_to_welch():
     unseeded = difference("r", [(None, 0.9), (None, 0.8)], [(None, 0.1), (None, 0.3)], "a", "b")
     assert unseeded.test == "Welch"
     assert difference("r", [], b, "a", "b").verdict == "no r for a"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                          st.sampled_from([0.1, 0.2, 0.3, 1e308, -1e308, 5e-324])),
+                min_size=1, max_size=40),
+       st.integers(min_value=1, max_value=12))
+def test_trailing_means_are_the_windows_means_bit_for_bit(values, k):
+    """One pass with an exact running sum, and the very float `mean` gives for each window (a
+    threshold equal to a run's final reward is reached by its last window, never missed by a
+    rounding of the running sum)."""
+    expected = [mean(values[max(0, i - k + 1):i + 1]) for i in range(len(values))]
+    assert list(trailing_means(values, k)) == expected

@@ -77,3 +77,29 @@ def test_sigterm_checkpoints_and_the_next_launch_resumes(tmp_path, cli_env, pyth
     assert done.returncode == 0, done.stderr
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4, 5, 6]
     assert state(run_dir)["status"] == "completed"
+
+
+def test_a_single_run_never_lands_in_or_moves_a_campaigns_folder(tmp_path, cli_env, python,
+                                                                  tiny_model):
+    """A campaign and a single run both default to the file's stem: remove [campaign] from
+    exp.toml and its single run (with or without --new) is refused, the campaign untouched."""
+    path = write_config(tmp_path, "exp", training={"max_steps": 1}, data={"eval_size": 0},
+                        campaign={"seeds": [3]})
+    done = retrain(python, cli_env, tmp_path, path.name)
+    assert done.returncode == 0, done.stderr
+    camp = tmp_path / "logs" / "exp"
+    before = sorted(p.relative_to(camp) for p in camp.rglob("*"))
+    assert (camp / "manifest.json").is_file()
+    path.write_text(path.read_text().replace("[campaign]\nseeds = [3]\n", ""))
+    assert "[campaign]" not in path.read_text()
+    for args in ([path.name], [path.name, "--new"]):
+        done = retrain(python, cli_env, tmp_path, *args)
+        assert done.returncode == 2, done.stdout + done.stderr
+        err = done.stderr.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "logs/exp holds a campaign (manifest.json)" in err and "logging.run_name" in err
+    assert sorted(p.relative_to(camp) for p in camp.rglob("*")) == before
+    assert [p.name for p in (tmp_path / "logs").iterdir() if ".prev-" in p.name] == []
+    renamed = retrain(python, cli_env, tmp_path, path.name, "--set", "logging.run_name=solo")
+    assert renamed.returncode == 0, renamed.stderr
+    assert (tmp_path / "logs" / "solo" / "metrics.jsonl").is_file()
