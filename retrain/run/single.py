@@ -87,7 +87,9 @@ def _digests(cfg: Config, config_dir: Path, sft: SftData | None,
     found = [digest("sft.data", sft.where, sft.conversations)] if sft is not None else []
     if splits is not None:
         data = cfg.data
-        where = str(data_path(data, config_dir)) if data.source == "jsonl" else \
+        local = data.source == "jsonl" or (data.source == "hf"
+                                           and data_path(data, config_dir).exists())
+        where = str(data_path(data, config_dir)) if local else \
             data.path if data.source == "hf" else f"the built-in {data.source} task"
         found.append(digest("data", where, [*splits.train, *splits.eval]))
     return found
