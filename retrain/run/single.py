@@ -37,7 +37,8 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
 def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
                 new: bool) -> int:
     config_dir = config_path.resolve().parent
-    sft = load_sft(cfg.sft, config_dir) if cfg.sft.enabled else None
+    needs_sft = cfg.sft.enabled and (new or not _past_sft(run_dir))
+    sft = load_sft(cfg.sft, config_dir) if needs_sft else None
     rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
     splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
     digests = _digests(cfg, config_dir, sft, splits if rl else None)
@@ -79,6 +80,15 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
         if scorer is not None:
             scorer.close()
         backend.close()
+
+
+def _past_sft(run_dir: Path) -> bool:
+    """Whether the run's newest resume point is an RL step's (with the SFT step count fixed at
+    its start): its SFT stage is over, so [sft.data] is neither read nor checked again (the
+    file may be gone). A resume inside the stage still reads and checks it."""
+    points = checkpoint.resume_points(run_dir, runlog.read_state(run_dir).state)
+    return bool(points) and not is_sft_point(points[0]) \
+        and checkpoint.fixed_sft_steps(points[0], -1) >= 0
 
 
 def _digests(cfg: Config, config_dir: Path, sft: SftData | None,
