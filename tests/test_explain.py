@@ -365,3 +365,29 @@ def test_explain_reads_data_as_the_run_will(tmp_path, monkeypatch, capsys):
                                         'prompt_field = "question"\neval_size = 1\n', "ok.toml")
     assert run_app(["explain", str(good)]) == 0
     assert "q.parquet: 3 training problems, 1 held out" in capsys.readouterr().out
+
+
+def test_a_named_pipe_is_refused_not_read(tmp_path, cli_env, python):
+    """A pipe waits for a writer: explain (the run too) refuses it in one line naming it, as
+    the config file or as a data file the config names. The timeout turns a hang into a
+    failure."""
+    import subprocess
+
+    os.mkfifo(tmp_path / "pipe.toml")
+    os.mkfifo(tmp_path / "rows.jsonl")
+    os.mkfifo(tmp_path / "rows.parquet")
+    configs = {
+        "pipe.toml": "pipe.toml: is a named pipe, not a regular file",
+        write(tmp_path, SINGLE_RUN + '[data]\nsource = "jsonl"\npath = "rows.jsonl"\n',
+              "j.toml").name: f"data.path: {tmp_path / 'rows.jsonl'} is a named pipe",
+        write(tmp_path, SINGLE_RUN + '[data]\nsource = "hf"\npath = "rows.parquet"\n',
+              "h.toml").name: f"{tmp_path / 'rows.parquet'} is a named pipe, not a dataset",
+        write(tmp_path, SINGLE_RUN + '[sft]\nsteps = 1\n'
+                                     '[sft.data]\npath = "rows.jsonl"\n', "s.toml").name:
+            f"sft.data.path: {tmp_path / 'rows.jsonl'} is a named pipe",
+    }
+    for name, said in configs.items():
+        done = subprocess.run([python, "-m", "retrain", "explain", name], cwd=tmp_path,
+                              env=cli_env, capture_output=True, text=True, timeout=60)
+        err = done.stderr.strip()
+        assert done.returncode == 2 and said in err and "\n" not in err, (name, err)

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from retrain.config.paths import special_file
 from retrain.config.sections import DataConfig
 from retrain.environments.answers import Problem
 from retrain.environments.chat_problems import chat_problem
@@ -60,6 +61,10 @@ def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
                                 f"{', '.join(FILE_KINDS)} file or a dataset folder")
             return datasets.load_dataset(kind, data_files=str(path),
                                          description=_content(path.resolve()))
+        if special_file(path):  # reading it would wait for a writer, or never end
+            raise UserError(f"{where}: {path} is {special_file(path)}, not a dataset file or "
+                            f"folder; point {key}.path at a {', '.join(FILE_KINDS)} file or a "
+                            "dataset folder")
         if path.is_dir():
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
                 return datasets.load_from_disk(str(path))  # its Arrow files, read as they are
