@@ -1,4 +1,5 @@
-"""Wall time of the light CLI paths: `retrain --help`, `explain <template>`, `status <dir>`.
+"""Wall time of the light CLI paths: `retrain --help`, `explain <template>`, `explain` of an
+SFT config of the tiny model (its rows counted with the model's tokenizer), `status <dir>`.
 
 Each command runs as a fresh subprocess (`python -m retrain ...`, this checkout first on
 PYTHONPATH) several times; the script prints the median and the minimum. Target: < 0.3 s.
@@ -55,6 +56,19 @@ def _synthetic_logs(root: Path) -> None:
                                                     "max_steps": 100}))
 
 
+def _sft_config(root: Path) -> None:
+    """sft.toml: an [sft] stage over 8 chat rows on `tiny-random`, built first (explain counts
+    the rows with its tokenizer only when the model is on the machine)."""
+    from retrain.backends.models import TINY, resolve_model
+
+    resolve_model(TINY)
+    rows = [{"messages": [{"role": "user", "content": f"{i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i)}]} for i in range(8)]
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "sft.toml").write_text(f'[model]\nname = "{TINY}"\ndevice = "cpu"\n'
+                                   '[sft]\nsteps = 2\n[sft.data]\npath = "chat.jsonl"\n')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
@@ -62,6 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         _synthetic_logs(cwd)
+        _sft_config(cwd)
         subprocess.run([sys.executable, "-m", "retrain", "init", "quickstart.toml"], cwd=cwd,
                        env=_env(), check=True, stdout=subprocess.DEVNULL)
         _time(["--version"], cwd, 2)  # warm the OS file cache and the bytecode cache
@@ -69,6 +84,7 @@ def main() -> None:
         print(f"{'command':32s} {'median':>8s} {'min':>8s}")
         for label, cmd in (("retrain --help", ["--help"]),
                            ("retrain explain quickstart.toml", ["explain", "quickstart.toml"]),
+                           ("retrain explain sft.toml", ["explain", "sft.toml"]),
                            ("retrain status logs", ["status", "logs"])):
             t = _time(cmd, cwd, args.repeat)
             flag = "" if statistics.median(t) < TARGET_S else "  (over target)"

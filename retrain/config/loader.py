@@ -20,6 +20,7 @@ from retrain.config import toml_io
 from retrain.config.cost_section import campaign_cost_issues
 from retrain.config.cross_checks import cross_checks, table_checks
 from retrain.config.judge_section import JudgeConfig
+from retrain.config.paths import special_file
 from retrain.config.schema import flatten, section_problem
 from retrain.config.sections import Config, ConfigError, ConfigIssue
 from retrain.config.sft_section import SftDataConfig
@@ -92,6 +93,9 @@ def read_toml_file(path: str | Path) -> dict:
                                             "`retrain init --template quickstart`")])
     if p.is_dir():
         raise ConfigError(src, [ConfigIssue("", "is a directory, not a TOML file")])
+    if special_file(p):  # reading a pipe waits for a writer; a device may never end
+        raise ConfigError(src, [ConfigIssue("", f"is {special_file(p)}, not a regular file; "
+                                            "give the path of a TOML file")])
     try:
         data = p.read_bytes()
     except OSError as exc:

@@ -5,6 +5,7 @@ when it is re-run from its log folder."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,15 @@ def _anchor_spec(spec: str, config_dir: Path) -> str:
     if "." not in target and module_file.is_file():
         return f"{module_file}:{name}"  # a module beside the config file
     return spec  # an installed module (or a package beside the config, found via config_dir)
+
+
+def special_file(path: Path) -> str | None:
+    """What `path` is when it exists but is neither a regular file nor a folder ("a named
+    pipe", ...): reading it may block or never end. None otherwise."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), None)

@@ -10,17 +10,15 @@ an answer (`answer_field`); a field the dataset lacks is a UserError listing its
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from retrain.config.paths import special_file
 from retrain.config.sections import DataConfig
 from retrain.environments.answers import Problem
 from retrain.environments.chat_problems import chat_problem
+from retrain.environments.hf_files import FILE_KINDS, content_key, files_read, say_files_used
 from retrain.errors import UserError
-
-_FILE_KINDS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json",
-               ".csv": "csv"}
 
 
 def load_hf_problems(data: DataConfig, config_dir: Path,
@@ -57,16 +55,22 @@ def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors: our one line
     try:
         if path.is_file():
-            kind = _FILE_KINDS.get(path.suffix.lower())
+            kind = FILE_KINDS.get(path.suffix.lower())
             if kind is None:
                 raise UserError(f"{where}: {path} is not a dataset file; use a "
-                                f"{', '.join(_FILE_KINDS)} file or a dataset folder")
-            return datasets.load_dataset(kind, data_files=str(path))
+                                f"{', '.join(FILE_KINDS)} file or a dataset folder")
+            return datasets.load_dataset(kind, data_files=str(path),
+                                         description=_content(path.resolve()))
+        if special_file(path):  # reading it would wait for a writer, or never end
+            raise UserError(f"{where}: {path} is {special_file(path)}, not a dataset file or "
+                            f"folder; point {key}.path at a {', '.join(FILE_KINDS)} file or a "
+                            "dataset folder")
         if path.is_dir():
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-                return datasets.load_from_disk(str(path))
-            _say_files_used(datasets.load_dataset_builder(str(path)), path, where, key)
-            return datasets.load_dataset(str(path))
+                return datasets.load_from_disk(str(path))  # its Arrow files, read as they are
+            builder = datasets.load_dataset_builder(str(path))
+            say_files_used(builder, path, where, key)
+            return datasets.load_dataset(str(path), description=_content(*files_read(builder)))
         return datasets.load_dataset(name)
     except UserError:
         raise
@@ -80,6 +84,12 @@ def _load(datasets: Any, path: Path, name: str, where: str, key: str) -> Any:
         datasets.logging.set_verbosity(verbosity)
 
 
+def _content(*files: Path) -> str:
+    """A builder setting `datasets` keys its cache by (with paths and mtimes): the files' bytes,
+    so a file rewritten with its old mtime is read again (hf_files.py)."""
+    return f"retrain content sha256 {content_key(list(files))}"
+
+
 def _why(exc: BaseException) -> str:
     """The error that caused `exc`, in one line: the library wraps a parse error in its own
     (DatasetGenerationError: "An error occurred while generating the dataset")."""
@@ -89,29 +99,6 @@ def _why(exc: BaseException) -> str:
         seen.add(id(exc))
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text[:300]}"
-
-
-def _say_files_used(builder: Any, folder: Path, where: str, key: str) -> None:
-    """A warning naming the files `datasets` read and those it ignored, when the folder holds
-    data files of several formats (it reads those of one format only)."""
-    used = {Path(str(f)).resolve() for files in builder.config.data_files.values()
-            for f in files}
-    data = sorted(p for p in folder.rglob("*") if p.is_file()
-                  and p.suffix.lower() in _FILE_KINDS
-                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    ignored = [p for p in data if p.resolve() not in used]
-    if not ignored:
-        return
-    print(f"warning: {where}: the folder holds data files of several formats and `datasets` "
-          f"reads one: it read {_names(folder, [p for p in data if p not in ignored])} "
-          f"({builder.name}) and ignored {_names(folder, ignored)}; point {key}.path at one "
-          "file, or keep one format in the folder", file=sys.stderr, flush=True)
-
-
-def _names(folder: Path, paths: list[Path], shown: int = 5) -> str:
-    names = [p.relative_to(folder).as_posix() for p in paths]
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more"
-                                       if len(names) > shown else "")
 
 
 def _pick_split(loaded: Any, split: str, where: str, key: str) -> Any:

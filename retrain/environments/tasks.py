@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrain.config.paths import special_file
 from retrain.config.sections import DataConfig
 from retrain.environments.answers import CHECKERS, Problem
 from retrain.environments.chat_problems import (
@@ -210,7 +211,9 @@ def read_jsonl(path: Path, key: str = "data.path") -> list[Problem]:
     """Problems from a JSONL file; any bad line is a UserError naming file:line and the fix.
     `key`: the config key that named the file (sft.data.path reads through here too)."""
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
+        what = "is a folder" if path.is_dir() else \
+            f"is {special_file(path)}, not a regular file" if special_file(path) else \
+            "does not exist"
         raise UserError(f"{key}: {path} {what}; point {key} at a JSONL file "
                         f"(relative to the config file) with lines like {_EXAMPLE}")
     try:

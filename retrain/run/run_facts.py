@@ -6,8 +6,11 @@ The step count is not derived again from the data's rows at a later launch, so t
 (and their learning-rate schedule) never shift.
 
 A resume whose data changed is refused, naming the source and `--new`: steps 1..k on one
-dataset and k+1.. on another is not one experiment. The digest is taken over the rows as
-loaded (prompt, answer, messages), so it covers a JSONL file, a Hugging Face dataset and a
+dataset and k+1.. on another is not one experiment. A finished SFT stage's data is not read
+again (run/single.py), so it is not checked either: what it trained on is done.
+
+The digest is taken over the rows as loaded (prompt, answer, messages), so it covers a JSONL
+file, a Hugging Face dataset (read as its files are now: environments/hf_files.py) and a
 generated task alike, and a change that leaves the row count alone is caught too. Runs from
 before digests carry none: nothing to compare, and they gain one on their next launch.
 """

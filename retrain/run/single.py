@@ -51,7 +51,8 @@ def _refuse_a_campaign_folder(config_path: Path, run_dir: Path) -> None:
 def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
                 new: bool) -> int:
     config_dir = config_path.resolve().parent
-    sft = load_sft(cfg.sft, config_dir) if cfg.sft.enabled else None
+    needs_sft = cfg.sft.enabled and (new or not _past_sft(run_dir))
+    sft = load_sft(cfg.sft, config_dir) if needs_sft else None
     rl = cfg.training.max_steps > 0  # 0: an SFT run, nothing of [data] or [reward] is used
     splits = load_task(cfg.data, cfg.training.seed, config_dir) if rl else TaskSplits([], [])
     digests = _digests(cfg.data, config_dir, sft, splits if rl else None)
@@ -98,12 +99,23 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
         backend.close()
 
 
+def _past_sft(run_dir: Path) -> bool:
+    """Whether the run's newest resume point is an RL step's (with the SFT step count fixed at
+    its start): its SFT stage is over, so [sft.data] is neither read nor checked again (the
+    file may be gone). A resume inside the stage still reads and checks it."""
+    points = checkpoint.resume_points(run_dir, runlog.read_state(run_dir).state)
+    return bool(points) and not is_sft_point(points[0]) \
+        and checkpoint.fixed_sft_steps(points[0], -1) >= 0
+
+
 def _digests(data: DataConfig, config_dir: Path, sft: SftData | None,
              splits: TaskSplits | None) -> list[DataDigest]:
     """The content digests of the data this launch reads (run/data_digest.py)."""
     found = [digest("sft.data", sft.where, sft.conversations)] if sft is not None else []
     if splits is not None:
-        where = str(data_path(data, config_dir)) if data.source == "jsonl" else \
+        local = data.source == "jsonl" or (data.source == "hf"
+                                           and data_path(data, config_dir).exists())
+        where = str(data_path(data, config_dir)) if local else \
             data.path if data.source == "hf" else f"the built-in {data.source} task"
         found.append(digest("data", where, [*splits.train, *splits.eval]))
     return found

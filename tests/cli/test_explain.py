@@ -365,3 +365,74 @@ def test_explain_reads_data_as_the_run_will(tmp_path, monkeypatch, capsys):
                                         'prompt_field = "question"\neval_size = 1\n', "ok.toml")
     assert run_app(["explain", str(good)]) == 0
     assert "q.parquet: 3 training problems, 1 held out" in capsys.readouterr().out
+
+
+def test_a_named_pipe_is_refused_not_read(tmp_path, cli_env, python):
+    """A pipe waits for a writer: explain (the run too) refuses it in one line naming it, as
+    the config file or as a data file the config names. The timeout turns a hang into a
+    failure."""
+    import subprocess
+
+    os.mkfifo(tmp_path / "pipe.toml")
+    os.mkfifo(tmp_path / "rows.jsonl")
+    os.mkfifo(tmp_path / "rows.parquet")
+    configs = {
+        "pipe.toml": "pipe.toml: is a named pipe, not a regular file",
+        write(tmp_path, SINGLE_RUN + '[data]\nsource = "jsonl"\npath = "rows.jsonl"\n',
+              "j.toml").name: f"data.path: {tmp_path / 'rows.jsonl'} is a named pipe",
+        write(tmp_path, SINGLE_RUN + '[data]\nsource = "hf"\npath = "rows.parquet"\n',
+              "h.toml").name: f"{tmp_path / 'rows.parquet'} is a named pipe, not a dataset",
+        write(tmp_path, SINGLE_RUN + '[sft]\nsteps = 1\n'
+                                     '[sft.data]\npath = "rows.jsonl"\n', "s.toml").name:
+            f"sft.data.path: {tmp_path / 'rows.jsonl'} is a named pipe",
+    }
+    for name, said in configs.items():
+        done = subprocess.run([python, "-m", "retrain", "explain", name], cwd=tmp_path,
+                              env=cli_env, capture_output=True, text=True, timeout=60)
+        err = done.stderr.strip()
+        assert done.returncode == 2 and said in err and "\n" not in err, (name, err)
+
+
+def test_an_sft_config_is_explained_without_transformers(tmp_path, cli_env, python,
+                                                         tiny_model):
+    """The rows that can never train are counted with the model's tokenizer read by
+    light_tokenizer.py: transformers (and torch under it) is never imported by explain."""
+    import subprocess
+
+    _chat_file(tmp_path)
+    long = {"messages": [{"role": "user", "content": "word " * 300},
+                         {"role": "assistant", "content": "4"}]}
+    with (tmp_path / "chat.jsonl").open("a") as f:
+        f.write(json.dumps(long) + "\n")
+    write(tmp_path, SINGLE_RUN.replace('device = "cpu"', 'device = "cpu"\nname = "tiny-random"')
+          + '[sft]\nsteps = 2\nmax_tokens = 64\n[sft.data]\npath = "chat.jsonl"\n', "sft.toml")
+    script = ("import sys\nfrom retrain.cli.app import run_app\ncode = run_app(['explain', "
+              "'sft.toml'])\nprint('exit', code, sorted(m for m in ('transformers', 'torch') "
+              "if m in sys.modules))\n")
+    done = subprocess.run([python, "-c", script], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().endswith("exit 0 []"), done.stdout + done.stderr
+    assert "sft.data: 1 of 9 conversations" in done.stdout and "row 9" in done.stdout
+
+
+def test_the_light_tokenizer_renders_as_transformers_does(tiny_model):
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from retrain.cli.explain import light_tokenizer
+    from retrain.environments.ledger import Renderer
+
+    light = light_tokenizer.load(Path(tiny_model))
+    assert light is not None
+    real = AutoTokenizer.from_pretrained(tiny_model)
+    chats = [[{"role": "user", "content": "What is 2 + 3?"}],
+             [{"role": "system", "content": "Be terse. ünï \"quoted\""},
+              {"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "5"},
+              {"role": "user", "content": "and 3 + 4?"}]]
+    for chat_template in (True, False):
+        ours, theirs = Renderer(light, chat_template), Renderer(real, chat_template)
+        assert ours.chat == chat_template and ours.closing == theirs.closing
+        for messages in chats:
+            for generation in (True, False):
+                assert ours.render(messages, generation) == theirs.render(messages, generation)

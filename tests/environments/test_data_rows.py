@@ -122,3 +122,30 @@ def test_a_folder_of_several_formats_says_which_files_it_read(tmp_path, private_
     (folder / "more.jsonl").unlink()
     load_task(hf("mixed"), 0, tmp_path)
     assert capsys.readouterr().err == ""
+
+
+def test_a_folder_whose_other_files_name_no_split_says_so(tmp_path, private_hf_cache, capsys):
+    """One format, but only train* files make up the train split: the warning names that
+    cause, not "several formats"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for name, prompts in [("train.parquet", ["a", "b"]), ("extra.parquet", ["x"]),
+                          ("more.parquet", ["y"])]:
+        pq.write_table(pa.table({"prompt": prompts, "answer": ["1"] * len(prompts)}),
+                       folder / name)
+    splits = load_task(hf("shards"), 0, tmp_path)
+    assert sorted(p.prompt for p in splits.train) == ["a", "b"]
+    err = capsys.readouterr().err
+    assert err == ("warning: data.path = 'shards': only files named for a split (train*, "
+                   "test*, validation*) make up the splits once one file is: `datasets` read "
+                   "train.parquet (train) and ignored extra.parquet, more.parquet, whose names "
+                   "give no split; point data.path at one file, or name each file for its "
+                   "split (train-2.parquet, ...)\n")
+    assert "several formats" not in err
+    (folder / "extra.parquet").rename(folder / "train-2.parquet")
+    (folder / "more.parquet").rename(folder / "train-3.parquet")
+    assert len(load_task(hf("shards"), 0, tmp_path).train) == 4
+    assert capsys.readouterr().err == ""

@@ -169,3 +169,82 @@ def test_reward_process_imports_this_checkout(tmp_path, monkeypatch):
         assert scorer.score(["x"], [Problem(prompt="p", answer="a")]).rewards == [1.0]
     finally:
         scorer.close()
+
+
+# ------------------------------------------------- a rewrite that keeps the file's old mtime
+
+
+def _write_rows(path, answers: list[str]) -> None:
+    """Rows "What is i + 1?" -> answers[i], as parquet or csv by the file's suffix."""
+    table = pa.table({"question": [f"What is {i} + 1?" for i in range(len(answers))],
+                      "solution": answers})
+    if path.suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
+
+
+def _rewrite_keeping_mtime(path, answers: list[str]) -> None:
+    """What `cp -p`, `rsync -a` or unpacking an archive do: new bytes, the old mtime."""
+    before = path.stat()
+    _write_rows(path, answers)
+    import os
+
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+LAYOUTS = {"parquet": ("rows.parquet", "rows.parquet"), "csv": ("rows.csv", "rows.csv"),
+           "folder": ("folder", "folder/train.parquet")}
+
+
+def _hf_rows(tmp_path, layout: str, answers: list[str]):
+    path, file = LAYOUTS[layout]
+    (tmp_path / file).parent.mkdir(exist_ok=True)
+    _write_rows(tmp_path / file, answers)
+    cfg = DataConfig(source="hf", path=path, prompt_field="question", answer_field="solution",
+                     eval_size=0)
+    return cfg, tmp_path / file
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_rewrite_with_the_old_mtime_is_read_as_it_is_now(tmp_path, layout):
+    """`datasets` keys its cache by path and mtime: the file said "6", training saw "5"."""
+    cfg, file = _hf_rows(tmp_path, layout, ["5", "6", "7"])
+    first = {p.prompt: p.answer for p in load_task(cfg, 0, tmp_path).train}
+    assert first["What is 0 + 1?"] == "5"
+    _rewrite_keeping_mtime(file, ["6", "7", "8"])
+    now = {p.prompt: p.answer for p in load_task(cfg, 0, tmp_path).train}
+    assert now == {"What is 0 + 1?": "6", "What is 1 + 1?": "7", "What is 2 + 1?": "8"}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_resume_after_a_rewrite_with_the_old_mtime_is_refused(tmp_path, monkeypatch, layout,
+                                                                tiny_model):
+    """The resume digest is over the rows as they are now: refused naming the data, and a
+    --new run trains on the new rows."""
+    pytest.importorskip("torch")
+    from retrain.config.loader import load_config
+    from retrain.run.single import run_single
+    from tests.run_helpers import state
+
+    monkeypatch.chdir(tmp_path)
+    cfg, file = _hf_rows(tmp_path, layout, [str(i + 1) for i in range(6)])
+    path = write_config(tmp_path, training={"max_steps": 1},
+                        data={"source": "hf", "path": cfg.path, "eval_size": 0,
+                              "prompt_field": "question", "answer_field": "solution"})
+    run_dir = tmp_path / "logs" / "run"
+    assert run_single(load_config(path, {}), path) == 0
+    then = state(run_dir)["extra"]["data_digests"]["data"]
+    _rewrite_keeping_mtime(file, [str(i + 2) for i in range(6)])  # the same rows, new answers
+    with pytest.raises(UserError) as refused:
+        run_single(load_config(path, {"training.max_steps": 2}), path)
+    said = str(refused.value)
+    assert f"data = {tmp_path / cfg.path}" in said and "the same 6 rows, different content" in \
+        said and "--new" in said
+    assert [r["step"] for r in rows(run_dir)] == [1]  # nothing was written
+    assert run_single(load_config(path, {}), path, new=True) == 0
+    now = state(run_dir)["extra"]["data_digests"]["data"]
+    assert now["rows"] == 6 and now["sha256"] != then["sha256"]

@@ -1,6 +1,7 @@
 """What a run fixes when it starts (retrain/run/run_facts.py): its [sft] step count and the
 digests of its data. Grown or rewritten data refuses the resume, naming the file and --new; a
-finished run re-run does not take more steps because its data grew."""
+finished run re-run does not take more steps because its data grew, and a finished SFT stage's
+data is not checked again."""
 
 from __future__ import annotations
 
@@ -88,7 +89,10 @@ def _launch(path, capsys, **overrides):
     return code, capsys.readouterr().out
 
 
-def test_grown_data_neither_adds_steps_to_a_finished_run_nor_resumes(sft_run, tmp_path, capsys):
+def test_grown_data_adds_no_steps_to_a_finished_run(sft_run, tmp_path, capsys):
+    """The SFT step count is fixed at the start; once the stage is over its data is not read
+    again, so continuing the RL steps is not refused (tests/run/test_sft_run.py: a resume from the
+    stage's own resume point is)."""
     from tests.run_helpers import rows, state
 
     run_dir = tmp_path / "logs" / "run"
@@ -102,30 +106,21 @@ def test_grown_data_neither_adds_steps_to_a_finished_run_nor_resumes(sft_run, tm
     assert code == 0 and "already finished 4 steps; nothing to do" in out
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4]
 
-    from retrain.config.loader import load_config
-    from retrain.run.single import run_single
-
-    with pytest.raises(UserError) as refused:  # continuing it would train on other data
-        run_single(load_config(sft_run, {"training.max_steps": 3}), sft_run)
-    said = str(refused.value)
-    assert f"sft.data = {tmp_path / 'chat.jsonl'}" in said and "8 rows then, 12 now" in said
-    assert "--new" in said
-    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4]  # nothing was written
-
-    _chats(tmp_path, 8)  # the data as it was: the run continues, with its 2 SFT steps
     code, out = _launch(sft_run, capsys, **{"training.max_steps": 3})
     assert code == 0, out
     got = rows(run_dir)
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5] and got[-1]["phase"] == "rl"
     assert state(run_dir)["extra"]["sft_steps"] == 2
+    assert state(run_dir)["extra"]["data_digests"]["sft.data"]["rows"] == 8  # as it was read
 
 
 def test_rewritten_replies_refuse_the_resume(sft_run, tmp_path, capsys):
-    """Same row count, other content (every reply rewritten): refused all the same."""
+    """Same row count, other content (every reply rewritten): refused all the same, from the
+    SFT stage's resume point (an SFT run, training.max_steps = 0, continued)."""
     from retrain.config.loader import load_config
     from retrain.run.single import run_single
 
-    assert _launch(sft_run, capsys, **{"training.max_steps": 1})[0] == 0
+    assert _launch(sft_run, capsys, **{"training.max_steps": 0})[0] == 0
     _chats(tmp_path, 8, reply=lambda i: f"{2 * i}!")
     with pytest.raises(UserError, match="the same 8 rows, different content"):
         run_single(load_config(sft_run, {"training.max_steps": 2}), sft_run)

@@ -213,3 +213,35 @@ def test_an_sft_run_is_not_refused_for_a_key_only_rl_steps_use(tmp_path, monkeyp
     with pytest.raises(UserError, match="training.max_tokens = 4096: model 'tiny-random'"):
         run_single(load_config(path, {"training.max_tokens": 4096,
                                       "logging.run_name": "rl"}), path)
+
+
+def test_a_finished_stage_no_longer_needs_its_file(tmp_path, monkeypatch, tiny_model):
+    """Once an RL step has run, [sft.data] may be gone: the resume neither reads nor checks
+    it. A resume from an SFT step's resume point still reads it, and checks it."""
+    monkeypatch.chdir(tmp_path)
+    path = sft_config(tmp_path, steps=2)
+    chat = tmp_path / "chat.jsonl"
+    run_dir = tmp_path / "logs" / "run"
+
+    def launch(max_steps: int):
+        return run_in_process(["run", str(path), "--max-steps", str(max_steps)], tmp_path)
+
+    assert launch(0).returncode == 0  # the SFT steps only: its newest point is the stage's
+    kept = chat.read_bytes()
+    chat.unlink()
+    gone = launch(1)
+    assert gone.returncode == 2 and "sft.data.path" in gone.stderr and str(chat) in gone.stderr
+    write_chats(tmp_path, n=9)
+    grown = launch(1)
+    assert grown.returncode == 2 and "8 rows then, 9 now" in grown.stderr
+    assert [r["step"] for r in rows(run_dir)] == [1, 2]  # nothing was written
+
+    chat.write_bytes(kept)
+    assert launch(1).returncode == 0  # the first RL step: the stage is over
+    chat.unlink()
+    done = launch(RL_STEPS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = rows(run_dir)
+    assert [(r["step"], r["phase"]) for r in got] == [(1, "sft"), (2, "sft"), (3, "rl"),
+                                                      (4, "rl")]
+    assert state(run_dir)["extra"]["data_digests"]["sft.data"]["rows"] == 8  # kept as it was

@@ -2,13 +2,15 @@
 token (a prompt longer than sft.max_tokens, an empty reply), found with the model's own
 tokenizer and chat template, as the run renders them (environments/sft_datums.py). The
 tokenizer is loaded only for a config with an [sft] stage, and only when the model is on this
-machine already (never built, never downloaded)."""
+machine already (never built, never downloaded); light_tokenizer.py reads it without
+transformers where it can."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from retrain.cli.explain import light_tokenizer
 from retrain.cli.explain.memory import model_folder
 from retrain.config.sections import Config
 from retrain.environments.ledger import Renderer
@@ -30,7 +32,10 @@ def _tokenizer(name: str, config_dir: Path) -> Any:
     folder = model_folder(name, config_dir)
     if folder is None:
         return None
-    from transformers import AutoTokenizer  # the run's own loader (imports torch: ~4 s)
+    light = light_tokenizer.load(folder)  # the common case: no transformers, no torch
+    if light is not None:
+        return light
+    from transformers import AutoTokenizer  # the run's own loader (imports torch: ~3 s)
 
     try:
         return AutoTokenizer.from_pretrained(str(folder))
