@@ -59,6 +59,8 @@ def client(served):
     ("completion", {"stream": "yes"}, "stream"),
     ("completion", {"prompt": [True]}, "prompt"),
     ("completion", {"prompt": [[1, True]]}, "prompt"),
+    ("chat", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ("completion", {"stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
 ])
 def test_a_field_of_the_wrong_type_is_a_400_naming_it(client, route, body, field):
     create = client.chat.completions.create if route == "chat" else client.completions.create
@@ -67,6 +69,8 @@ def test_a_field_of_the_wrong_type_is_a_400_naming_it(client, route, body, field
         create(**{**base, **body})
     assert err.value.status_code == 400 and err.value.param == field
     assert field in err.value.message
+    if "stream_options" in body:  # the nested field itself is named
+        assert "stream_options.include_usage" in err.value.message
 
 
 def test_a_number_where_a_float_goes_is_still_taken(client):

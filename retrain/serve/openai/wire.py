@@ -56,6 +56,13 @@ class OpenAIError(Exception):
                           "code": self.code}}
 
 
+class StreamOptions(pydantic.BaseModel):
+    # strict like the body: "yes" is no `include_usage` (a 400 naming it, never a guess)
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool | None = None
+
+
 class _Common(pydantic.BaseModel):
     # strict: "3", true or 3.0 are no `n`, "yes" is no `stream` and [true] no token ids (a
     # 400 naming the field, never a guess); a JSON integer is still a float.
@@ -69,7 +76,7 @@ class _Common(pydantic.BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool | None = None
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     best_of: int | None = None
 
 
@@ -181,10 +188,10 @@ def _call(body: _Common, max_tokens: int | None, max_name: str, logprobs: bool, 
     params = SamplingParams(max_tokens=max_tokens or 1, temperature=temperature, top_p=top_p,
                             seed=body.seed, stop_strings=_stops(body.stop),
                             top_logprobs=top)
-    options = body.stream_options or {}
+    usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return Call(model=body.model, n=n, params=params, max_tokens=max_tokens,
                 logprobs=logprobs, top_logprobs=top, stream=bool(body.stream),
-                include_usage=bool(body.stream and options.get("include_usage")), **prompt)
+                include_usage=usage, **prompt)
 
 
 def _refuse(body: pydantic.BaseModel) -> None:
