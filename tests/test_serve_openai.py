@@ -133,6 +133,30 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(client):
     assert got.usage.completion_tokens == plain.usage.completion_tokens
 
 
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(client):
+    """OpenAI's legacy way to score a text: `max_tokens: 0` with `echo` answers the prompt,
+    its tokens and log-probs, and no completion. Without `echo` it stays a 400 that says so."""
+    prompt = [5, 77, 104, 101, 108]
+    got = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=0,
+                                    temperature=0, logprobs=1, echo=True)
+    one = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=1,
+                                    temperature=0, logprobs=1, echo=True)
+    c, lp, lp1 = got.choices[0], got.choices[0].logprobs, one.choices[0].logprobs
+    assert c.finish_reason == "length" and one.choices[0].text.startswith(c.text)
+    assert lp.tokens == lp1.tokens[:5] and lp.text_offset == lp1.text_offset[:5]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(lp1.token_logprobs[1:5], abs=1e-5)
+    assert [len(t) for t in lp.top_logprobs[1:]] == [1, 1, 1, 1]
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (5, 0)
+    plain = client.completions.create(model="tiny-random", prompt="hello", max_tokens=0,
+                                      echo=True, n=2)
+    assert [(ch.text, ch.logprobs) for ch in plain.choices] == [("hello", None)] * 2
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny-random", prompt="hello", max_tokens=0)
+    assert err.value.status_code == 400 and err.value.param == "max_tokens"
+    assert "echo" in err.value.message
+
+
 def test_n_choices_are_seeded_and_streamed_alike(client):
     def texts(**kw):
         out = client.completions.create(model="tiny-random", prompt=["hello", "abc"],

@@ -107,6 +107,7 @@ class Call:
     stream: bool
     include_usage: bool
     echo: bool = False  # completions: the prompt, its log-probs too, before each choice's own
+    # (with max_tokens 0: the prompt alone, scored; nothing is sampled)
     messages: list[dict] = field(default_factory=list)
     prompts: list[str | list[int]] = field(default_factory=list)
 
@@ -162,7 +163,7 @@ def completion_call(body: CompletionBody) -> Call:
         raise OpenAIError(400, "echo with stream is not supported by retrain serve (leave "
                           "one out)", "echo")
     call = _call(body, max_tokens, "max_tokens", logprobs, top, prompts=prompts,
-                 echo=bool(body.echo))
+                 echo=bool(body.echo), least=0 if body.echo else 1)
     if len(prompts) * call.n > MAX_CHOICES:
         raise OpenAIError(400, f"n x prompts = {len(prompts) * call.n} completions; at most "
                           f"{MAX_CHOICES} a request", "n")
@@ -170,14 +171,19 @@ def completion_call(body: CompletionBody) -> Call:
 
 
 def _call(body: _Common, max_tokens: int | None, max_name: str, logprobs: bool, top: int,
-          **prompt: Any) -> Call:
+          least: int = 1, **prompt: Any) -> Call:
+    """`least`: the fewest tokens asked for (0: completions with `echo` score the prompt
+    only, OpenAI's legacy way to score a text without sampling)."""
     _refuse(body)
     n = _in_range("n", 1 if body.n is None else body.n, 1, MAX_N)
     if body.best_of is not None and body.best_of != n:
         raise OpenAIError(400, "best_of is not supported by retrain serve (leave it out)",
                           "best_of")
-    if max_tokens is not None and max_tokens < 1:
-        raise OpenAIError(400, f"{max_name} must be >= 1, got {max_tokens}", max_name)
+    if max_tokens is not None and max_tokens < least:
+        why = " (0 only scores the prompt, with echo: true on /v1/completions)" \
+            if max_tokens == 0 else ""
+        raise OpenAIError(400, f"{max_name} must be >= {least}, got {max_tokens}{why}",
+                          max_name)
     temperature = _number("temperature", 1.0 if body.temperature is None
                           else body.temperature, 0.0, 2.0)
     top_p = _number("top_p", 1.0 if body.top_p is None else body.top_p, 0.0, 1.0)
