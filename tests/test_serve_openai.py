@@ -59,7 +59,8 @@ def server(run_dir, tmp_path_factory, model_cache):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
 def _chat(client, model="tiny-random", **kwargs):
@@ -345,10 +346,11 @@ def test_api_key_as_a_bearer_token(tiny_engine, tmp_path):
     from tests.serve_doubles import Served
 
     served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
-    with Served(tiny_engine, tmp_path, api_key="sk-right", openai=served_as) as served:
-        good = openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-right", max_retries=0)
+    with Served(tiny_engine, tmp_path, api_key="sk-right", openai=served_as) as served, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-right",
+                          max_retries=0) as good, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-wrong", max_retries=0) as bad:
         assert [m.id for m in good.models.list().data] == ["tiny-random"]
-        bad = openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
 
@@ -368,8 +370,8 @@ def test_both_apis_share_one_batch(tiny_engine, tmp_path, sdk_env):
     served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
     prompt = [5, 77, 104, 101]
     with Served(tiny_engine, tmp_path, openai=served_as) as served, \
-            ThreadPoolExecutor(1) as pool, tinker.ServiceClient(base_url=served.url) as service:
-        oa = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+            ThreadPoolExecutor(1) as pool, tinker.ServiceClient(base_url=served.url) as service, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as oa:
         sampler = service.create_sampling_client(base_model="tiny-random").result()
         with tiny_engine.model.lock:  # the model is busy: both requests queue up
             mine = pool.submit(oa.completions.create, model="tiny-random", prompt=prompt,
