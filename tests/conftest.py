@@ -39,6 +39,22 @@ def _uses_a_shared_fixture(item) -> bool:
     return any(d and d[-1].scope in ("module", "package", "class") for d in defs)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _tinker_sessions_closed(request):
+    """A module that leaves a tinker client's session open fails here (after its own
+    servers are down), and the session is closed, so the next module starts clean."""
+    from tests.open_clients import live_tinker_sessions
+
+    yield
+    left = live_tinker_sessions()
+    for holder in left:
+        holder.close()
+    if left:
+        pytest.fail(f"{request.module.__name__} left {len(left)} tinker ServiceClient "
+                    "session(s) open: close each (`with tinker.ServiceClient(...) as s:` or "
+                    "`s.close(\"success\").result()`)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> Path:
     """A private RETRAIN_CACHE for the whole test session (tests never touch ~/.cache)."""

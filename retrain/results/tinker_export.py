@@ -28,13 +28,16 @@ def download(cfg: Config, ckpt: Checkpoint, folder: Path) -> None:
     import tinker
 
     base_url = cfg.backend.base_url or os.environ.get("TINKER_BASE_URL") or None
+    service = tinker.ServiceClient(base_url=base_url)
     try:
-        service = tinker.ServiceClient(base_url=base_url)
         training = service.create_training_client_from_state(ckpt.ref).result()
         export = training.save_weights_external("retrain-export",
                                                 ttl_seconds=EXPORT_TTL_S).result().path
     except Exception as exc:  # the SDK's errors: not offered, not found, no network
         raise UserError(_not_offered(ckpt, exc)) from None
+    finally:  # the session ends here, not at its heartbeat's timeout on the service
+        with contextlib.suppress(Exception):
+            service.close("success").result(timeout=30)
     rest = tinker.RestClient(base_url=base_url)
     try:
         urls = rest.get_external_weights_urls(export).result().urls

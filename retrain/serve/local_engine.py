@@ -244,13 +244,13 @@ class LocalEngine:
             raise EngineError(str(mine.error))
         if mine.error is not None:
             raise mine.error
-        return SampleResult(mine.result, self._prompt_logprobs(snap, prompt) if prompt_logprobs
+        return SampleResult(mine.result, self.prompt_logprobs(snap, prompt) if prompt_logprobs
                             else None)
 
     def prompt_alternatives(self, snap: Any, prompt: list[int], k: int
                             ) -> list[list[tuple[int, float]] | None]:
         """The `k` most likely tokens at each prompt position under `snap`, at temperature
-        1 (the distribution `_prompt_logprobs` scores the prompt by), most likely first; None
+        1 (the distribution `prompt_logprobs` scores the prompt by), most likely first; None
         at position 0, which nothing predicts."""
         import torch
 
@@ -266,7 +266,7 @@ class LocalEngine:
         return [None, *(list(zip(t, v, strict=True)) for t, v in
                          zip(tokens.tolist(), values.tolist(), strict=True))]
 
-    def _prompt_logprobs(self, snap: Any, prompt: list[int]) -> list[float]:
+    def prompt_logprobs(self, snap: Any, prompt: list[int]) -> list[float]:
         """log p(prompt[i] | prompt[:i]) under `snap` at temperature 1; NaN for the first."""
         if len(prompt) < 2:
             return [math.nan] * len(prompt)

@@ -160,8 +160,8 @@ def test_unknown_route_and_key_check(tmp_path, sdk_env):
         assert r.status_code == 401 and KEY not in r.text
         assert httpx.get(f"{served.url}/api/v1/healthz",
                          headers={"X-API-Key": KEY}).json() == {"status": "ok"}
-        service = tinker.ServiceClient(base_url=served.url, api_key="tml-wrong-key")
-        with pytest.raises(tinker.AuthenticationError):
+        with tinker.ServiceClient(base_url=served.url, api_key="tml-wrong-key") as service, \
+                pytest.raises(tinker.AuthenticationError):
             service.create_lora_training_client(base_model="bigram-test").result()
 
 
@@ -364,9 +364,9 @@ def test_retrain_serve_command(cli_env, python, tiny_model, tmp_path, sdk_env):
                         types.SamplingParams(max_tokens=3)).result()
         assert len(res.sequences) == 2
         service.close("success").result()
-        with pytest.raises(tinker.AuthenticationError):
-            tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_lora_training_client(
-                base_model="tiny-random").result()
+        with tinker.ServiceClient(base_url=url, api_key="tml-wrong") as wrong, \
+                pytest.raises(tinker.AuthenticationError):
+            wrong.create_lora_training_client(base_model="tiny-random").result()
     finally:
         proc.terminate()
         out = proc.communicate(timeout=30)[1]

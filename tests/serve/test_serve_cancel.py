@@ -60,6 +60,34 @@ def test_a_killed_clients_sampling_stops(tmp_path, sdk_env, tiny_engine, tinker_
         service.close("success").result()
 
 
+def test_a_killed_clients_sampling_stops_when_its_poll_hangs_up(tmp_path, sdk_env, tiny_engine,
+                                                                tinker_cli_env):
+    """No session timeout and no sweep for unpolled futures here: the killed client's poll,
+    held open when it died, is the read that notices, and its decode stops at once rather
+    than after the minutes it takes or at session end."""
+    never = 3600.0
+    with Served(tiny_engine, tmp_path, reap_every_s=never, unpolled_s=never,
+                session_timeout_s=never) as served:
+        running = served.service.running
+        client = subprocess.Popen([sys.executable, "-c", GONE_CLIENT, served.url],
+                                  env=tinker_cli_env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(served.service.futures.polls(r) for r in running) \
+                    and time.monotonic() < deadline:
+                assert client.poll() is None, client.stderr.read()[-2000:]
+                time.sleep(0.05)
+            [rid] = list(running)
+            assert served.service.futures.polls(rid) == 1, "no poll was held on the request"
+        finally:
+            client.kill()
+            client.communicate(timeout=30)
+        deadline = time.monotonic() + 120  # its decode takes minutes: never its natural end
+        while len(running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not len(running) and running.stopped == 1  # cancelled, not finished
+
+
 def test_a_slow_request_polled_all_along_is_not_cancelled(tmp_path, sdk_env):
     """Each poll is held 0.5 s and the SDK polls again at once, so a request that takes
     2.5 s is never 1 s without a poll open on it."""

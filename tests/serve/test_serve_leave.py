@@ -99,8 +99,8 @@ def test_a_client_that_hangs_up_before_its_reply_is_dropped(tiny_engine, tmp_pat
 
 
 def test_a_stream_closed_part_way_leaves_the_batch(tiny_engine, tmp_path, caplog):
-    with Served(tiny_engine, tmp_path, openai=_serving(tiny_engine)) as served:
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    with Served(tiny_engine, tmp_path, openai=_serving(tiny_engine)) as served, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as client:
         running = served.service.running
         stream = client.completions.create(**BIG, stream=True)
         for i, _ in enumerate(stream):
@@ -118,8 +118,8 @@ def test_sampling_past_the_bound_is_a_429_in_each_apis_shape(tiny_engine, tmp_pa
     """With 1000 tokens queued at most, a request queued behind the busy model fills the
     backlog; the next one, of either API, is refused until it is done."""
     with Served(tiny_engine, tmp_path, openai=_serving(tiny_engine),
-                max_queued_tokens=1000) as served, ThreadPoolExecutor(1) as pool:
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+                max_queued_tokens=1000) as served, ThreadPoolExecutor(1) as pool, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as client:
         small = {"model": "tiny-random", "prompt": [5, 6, 7], "max_tokens": 4}
         with tiny_engine.model.lock:
             first = pool.submit(client.completions.create, **{**small, "n": 100})  # 700 tokens

@@ -26,8 +26,8 @@ def _served(engine, tmp_path) -> Served:
 
 
 def test_float32_seeded_answers_do_not_depend_on_the_batch(tiny_engine, tmp_path):
-    with _served(tiny_engine, tmp_path) as served, ThreadPoolExecutor(7) as pool:
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    with _served(tiny_engine, tmp_path) as served, ThreadPoolExecutor(7) as pool, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as client:
         alone = client.chat.completions.create(**SEEDED)
         with tiny_engine.model.lock:  # the model is busy: all seven queue up together
             together = [pool.submit(client.chat.completions.create, **SEEDED)
@@ -48,8 +48,8 @@ def test_a_bfloat16_server_says_its_seeds_do_not_reach_past_the_batch(tiny_model
     from retrain.serve.local_engine import LocalEngine
 
     engine = LocalEngine(LocalModel.load(tiny_model, "bfloat16", "cpu", 1), "tiny-random")
-    with _served(engine, tmp_path) as served:
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    with _served(engine, tmp_path) as served, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as client:
         reply = client.chat.completions.create(**SEEDED)
         chunks = list(client.chat.completions.create(**SEEDED, stream=True))
     assert reply.system_fingerprint == "retrain-bfloat16"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from retrain.backends.base import Completion
+from retrain.backends.stop_strings import StopScan
 
 NEG_INF_AS = -9999.0  # what vLLM sends for a log-prob of -inf
 Top = list[tuple[int, float]]
@@ -163,11 +164,12 @@ def completion_body(rid: str, created: int, model: str, choices: list[Choice], t
 class TextStream:
     """One choice's text while its tokens arrive: `push` gives the new text that is safe to
     send (never a stop string, nor text that may begin one, nor half a character), `finish`
-    the rest of the final text."""
+    the rest of the final text. Stop strings are looked for in the new text only
+    (`StopScan`): a long stop string costs no more per token as the text grows."""
 
     def __init__(self, tok: Tokens, stops: tuple[str, ...]):
         self.tok = tok
-        self.stops = stops
+        self.scan = StopScan(stops)
         self.tokens: list[int] = []
         self.sent = ""
         self.stopped = False
@@ -177,26 +179,16 @@ class TextStream:
             return ""
         self.tokens.append(token)
         text = self.tok.decode(self.tokens)
-        cut = cut_at_stop(text, self.stops)
-        if cut != text:
+        first, held = self.scan.scan(text)
+        if first is not None:
             self.stopped = True
-        else:
-            cut = cut[:len(cut) - self._held(cut)]
-        return self._advance(cut)
+            return self._advance(text[:first])
+        if text.endswith("\ufffd"):  # a character still arriving
+            held = max(held, 1)
+        return self._advance(text[:len(text) - held])
 
     def finish(self, text: str) -> str:
         return self._advance(text)
-
-    def _held(self, text: str) -> int:
-        """Characters to hold back: a trailing U+FFFD (a character still arriving) and the
-        longest end of `text` that begins a stop string."""
-        held = 1 if text.endswith("\ufffd") else 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), held, -1):
-                if text.endswith(s[:k]):
-                    held = k
-                    break
-        return held
 
     def _advance(self, text: str) -> str:
         if not text.startswith(self.sent):

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from retrain.backends.base import Completion
 from retrain.serve.door import validate
 from retrain.serve.door.backlog import owed
 from retrain.serve.engine import EngineError, SampleResult
@@ -185,9 +186,12 @@ class OpenAIApi:
                 raise OpenAIError(400, f"{name}: the prompt ({longest} tokens) fills the "
                                   f"model's context of {context} tokens", name)
         params = replace(call.params, max_tokens=max_tokens)
+        # Scoring only (max_tokens 0, echo): checked as one token more in one more place.
+        checked, room = (params, context) if max_tokens else \
+            (replace(params, max_tokens=1), context and context + 1)
         for prompt in prompts:
             try:
-                validate.check_sample(prompt, call.n, params, self.engine.vocab_size, context)
+                validate.check_sample(prompt, call.n, checked, self.engine.vocab_size, room)
             except validate.RequestError as exc:
                 message = str(exc).replace("SamplingParams.", "")
                 param = message.split(":")[0].split()[0]
@@ -258,8 +262,13 @@ class OpenAIApi:
         with log-probs, its own log-probs and alternatives (the Tinker route's prompt
         log-probs, at temperature 1)."""
         scored = job.call.echo and job.call.logprobs
-        result = self.engine.sample(snap, prompt, job.call.n, job.params, scored, cancel,
-                                    **extra)
+        if not job.params.max_tokens:  # echo alone: the prompt scored, nothing sampled
+            empty = Completion([], [], "length", [] if job.call.top_logprobs else None)
+            result = SampleResult([empty] * job.call.n, self.engine.prompt_logprobs(
+                snap, prompt) if scored else None)
+        else:
+            result = self.engine.sample(snap, prompt, job.call.n, job.params, scored, cancel,
+                                        **extra)
         if scored and job.call.top_logprobs:
             result.prompt_top = self.engine.prompt_alternatives(snap, prompt,
                                                                 job.call.top_logprobs)

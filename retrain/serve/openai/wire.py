@@ -56,6 +56,13 @@ class OpenAIError(Exception):
                           "code": self.code}}
 
 
+class StreamOptions(pydantic.BaseModel):
+    # strict like the body: "yes" is no `include_usage` (a 400 naming it, never a guess)
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool | None = None
+
+
 class _Common(pydantic.BaseModel):
     # strict: "3", true or 3.0 are no `n`, "yes" is no `stream` and [true] no token ids (a
     # 400 naming the field, never a guess); a JSON integer is still a float.
@@ -69,7 +76,7 @@ class _Common(pydantic.BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool | None = None
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     best_of: int | None = None
 
 
@@ -100,6 +107,7 @@ class Call:
     stream: bool
     include_usage: bool
     echo: bool = False  # completions: the prompt, its log-probs too, before each choice's own
+    # (with max_tokens 0: the prompt alone, scored; nothing is sampled)
     messages: list[dict] = field(default_factory=list)
     prompts: list[str | list[int]] = field(default_factory=list)
 
@@ -155,7 +163,7 @@ def completion_call(body: CompletionBody) -> Call:
         raise OpenAIError(400, "echo with stream is not supported by retrain serve (leave "
                           "one out)", "echo")
     call = _call(body, max_tokens, "max_tokens", logprobs, top, prompts=prompts,
-                 echo=bool(body.echo))
+                 echo=bool(body.echo), least=0 if body.echo else 1)
     if len(prompts) * call.n > MAX_CHOICES:
         raise OpenAIError(400, f"n x prompts = {len(prompts) * call.n} completions; at most "
                           f"{MAX_CHOICES} a request", "n")
@@ -163,14 +171,19 @@ def completion_call(body: CompletionBody) -> Call:
 
 
 def _call(body: _Common, max_tokens: int | None, max_name: str, logprobs: bool, top: int,
-          **prompt: Any) -> Call:
+          least: int = 1, **prompt: Any) -> Call:
+    """`least`: the fewest tokens asked for (0: completions with `echo` score the prompt
+    only, OpenAI's legacy way to score a text without sampling)."""
     _refuse(body)
     n = _in_range("n", 1 if body.n is None else body.n, 1, MAX_N)
     if body.best_of is not None and body.best_of != n:
         raise OpenAIError(400, "best_of is not supported by retrain serve (leave it out)",
                           "best_of")
-    if max_tokens is not None and max_tokens < 1:
-        raise OpenAIError(400, f"{max_name} must be >= 1, got {max_tokens}", max_name)
+    if max_tokens is not None and max_tokens < least:
+        why = " (0 only scores the prompt, with echo: true on /v1/completions)" \
+            if max_tokens == 0 else ""
+        raise OpenAIError(400, f"{max_name} must be >= {least}, got {max_tokens}{why}",
+                          max_name)
     temperature = _number("temperature", 1.0 if body.temperature is None
                           else body.temperature, 0.0, 2.0)
     top_p = _number("top_p", 1.0 if body.top_p is None else body.top_p, 0.0, 1.0)
@@ -181,10 +194,10 @@ def _call(body: _Common, max_tokens: int | None, max_name: str, logprobs: bool, 
     params = SamplingParams(max_tokens=max_tokens or 1, temperature=temperature, top_p=top_p,
                             seed=body.seed, stop_strings=_stops(body.stop),
                             top_logprobs=top)
-    options = body.stream_options or {}
+    usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return Call(model=body.model, n=n, params=params, max_tokens=max_tokens,
                 logprobs=logprobs, top_logprobs=top, stream=bool(body.stream),
-                include_usage=bool(body.stream and options.get("include_usage")), **prompt)
+                include_usage=usage, **prompt)
 
 
 def _refuse(body: pydantic.BaseModel) -> None:

@@ -5,7 +5,8 @@ All methods run on the event loop thread, so no locks are needed. A poll waits u
 an instant re-poll, so holding the poll is what keeps clients from busy-polling). Results
 are kept for `keep_s` after their first delivery, because a reply lost on the way back is
 polled again with the same id. A live client always has a poll open on an unfinished
-future (the SDK polls again at once), so one nobody polls for long has lost its client.
+future (the SDK polls again at once), so one nobody polls for long has lost its client, and
+one whose last poll's connection closed (the SDK never drops a held poll) has lost it now.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class FutureStore:
 
     def pending(self) -> int:
         return sum(1 for e in self._entries.values() if e.reply is None)
+
+    def polls(self, request_id: str) -> int:
+        """Polls waiting on `request_id` now (0 when unknown)."""
+        entry = self._entries.get(request_id)
+        return entry.polls if entry is not None else 0
 
     def unpolled_s(self, request_id: str) -> float:
         """Seconds an unfinished future has gone without any poll open on it (0 while one

@@ -207,7 +207,7 @@ def _sampling_routes(s: TinkerService) -> list[RouteSpec]:
 
     async def retrieve_future(request: Request):
         req = await _parse(request, types.FutureRetrieveRequest)
-        return await _retrieve(s.futures, req.request_id, request)
+        return await _retrieve(s, req.request_id, request)
 
     return [
         ("POST", "create_sampling_session", _body(types.CreateSamplingSessionRequest,
@@ -238,15 +238,20 @@ def _wrap(handler):
     return endpoint
 
 
-async def _retrieve(futures: FutureStore, request_id: str, request: Request) -> Response:
-    """Long-poll one future: its result, an error object, or `try_again` after hold_s."""
-    if not futures.known(request_id):
+async def _retrieve(s: TinkerService, request_id: str, request: Request) -> Response:
+    """Long-poll one future: its result, an error object, or `try_again` after hold_s. A
+    poll whose client hung up frees the request's sampling (`poll_abandoned`)."""
+    if not s.futures.known(request_id):
         return _error(410, f"unknown or expired request {request_id}; resubmit it")
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        reply = await futures.wait(request_id, disconnected=gone)
+        reply = await s.futures.wait(request_id, disconnected=gone)
     finally:
+        hung_up = gone.done() and not gone.cancelled()
         gone.cancel()
+    if reply is None and hung_up:
+        s.poll_abandoned(request_id)
+        return Response(status_code=499)  # nobody reads it
     if reply is None:
         return JSONResponse({"type": "try_again", "request_id": request_id,
                              "queue_state": "active"})

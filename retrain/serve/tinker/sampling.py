@@ -4,8 +4,9 @@ that is gone.
 A sample request runs in a worker thread for as long as its decode takes (2048
 completions: minutes), holding the model that every other request waits for. Its work is
 cancelled (the decode stops between two tokens) when its client is gone: its session ended
-(finished, or no heartbeat: `TinkerService.reap_sessions`), or no poll has been open on its
-future for UNPOLLED_S (a live SDK client always has one open), or the server stops.
+(finished, or no heartbeat: `TinkerService.reap_sessions`), or the connection of the last
+poll open on its future closed (`poll_abandoned`: noticed at once), or no poll has been
+open on it for UNPOLLED_S (a live SDK client always has one open), or the server stops.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class RunningSamples:
 
     def __len__(self) -> int:
         return len(self._flags)
+
+    def __iter__(self):
+        return iter(list(self._flags))  # the request ids
 
     def cancelled(self) -> int:
         """Requests still running whose cancel flag is set (they leave at the next step)."""
@@ -177,6 +181,15 @@ class SamplingOps:
 
         self._run(request_id, job, lambda result: Reply(proto=wire.encode_sample(result)))
         return reply
+
+    def poll_abandoned(self, request_id: str) -> None:
+        """A poll on `request_id` ended because its client hung up. With no other poll open
+        on it, nobody is waiting: the SDK holds its poll until an answer (its timeout, 45 s,
+        is past the server's hold) and re-polls a broken one at once, so its client is gone
+        (killed, or it gave up on the future) and its sampling stops now, not at session end."""
+        if self.futures.polls(request_id) == 0:
+            self.running.cancel("its client hung up its poll",
+                                lambda rid, sid: rid != request_id)
 
     def cancel_unpolled(self, after_s: float = UNPOLLED_S) -> list[str]:
         """Cancel the sample requests nobody has polled for `after_s` (their client died)."""

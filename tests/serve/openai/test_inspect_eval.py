@@ -40,10 +40,10 @@ def test_inspect_ai_evaluates_a_run_served_by_retrain_serve(tmp_path, tiny_model
                                 log_dir=str(tmp_path / "inspect"), display="none",
                                 max_tokens=8, temperature=0.0, max_retries=1, timeout=120)
         # the same questions asked directly: inspect's answers are the served run's own
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0)
-        direct = {q: client.chat.completions.create(
-            model="trained", messages=[{"role": "user", "content": q}], max_tokens=8,
-            temperature=0.0).choices[0].message.content for q in QUESTIONS}
+        with openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0) as client:
+            direct = {q: client.chat.completions.create(
+                model="trained", messages=[{"role": "user", "content": q}], max_tokens=8,
+                temperature=0.0).choices[0].message.content for q in QUESTIONS}
         assert "Traceback" not in served.log()
     assert log.status == "success", log.error
     assert log.eval.model == "openai-api/retrain/trained"

@@ -59,7 +59,8 @@ def server(run_dir, tmp_path_factory, model_cache):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
 def _chat(client, model="tiny-random", **kwargs):
@@ -131,6 +132,30 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(client):
     for value, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
         assert len(top) == 1 and value <= max(top.values()) + 1e-5
     assert got.usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(client):
+    """OpenAI's legacy way to score a text: `max_tokens: 0` with `echo` answers the prompt,
+    its tokens and log-probs, and no completion. Without `echo` it stays a 400 that says so."""
+    prompt = [5, 77, 104, 101, 108]
+    got = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=0,
+                                    temperature=0, logprobs=1, echo=True)
+    one = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=1,
+                                    temperature=0, logprobs=1, echo=True)
+    c, lp, lp1 = got.choices[0], got.choices[0].logprobs, one.choices[0].logprobs
+    assert c.finish_reason == "length" and one.choices[0].text.startswith(c.text)
+    assert lp.tokens == lp1.tokens[:5] and lp.text_offset == lp1.text_offset[:5]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(lp1.token_logprobs[1:5], abs=1e-5)
+    assert [len(t) for t in lp.top_logprobs[1:]] == [1, 1, 1, 1]
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (5, 0)
+    plain = client.completions.create(model="tiny-random", prompt="hello", max_tokens=0,
+                                      echo=True, n=2)
+    assert [(ch.text, ch.logprobs) for ch in plain.choices] == [("hello", None)] * 2
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny-random", prompt="hello", max_tokens=0)
+    assert err.value.status_code == 400 and err.value.param == "max_tokens"
+    assert "echo" in err.value.message
 
 
 def test_n_choices_are_seeded_and_streamed_alike(client):
@@ -321,10 +346,11 @@ def test_api_key_as_a_bearer_token(tiny_engine, tmp_path):
     from tests.serve_doubles import Served
 
     served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
-    with Served(tiny_engine, tmp_path, api_key="sk-right", openai=served_as) as served:
-        good = openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-right", max_retries=0)
+    with Served(tiny_engine, tmp_path, api_key="sk-right", openai=served_as) as served, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-right",
+                          max_retries=0) as good, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-wrong", max_retries=0) as bad:
         assert [m.id for m in good.models.list().data] == ["tiny-random"]
-        bad = openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
 
@@ -344,8 +370,8 @@ def test_both_apis_share_one_batch(tiny_engine, tmp_path, sdk_env):
     served_as = OpenAIServing(tiny_engine.model.tokenizer, frozenset(tiny_engine.model.eos_ids))
     prompt = [5, 77, 104, 101]
     with Served(tiny_engine, tmp_path, openai=served_as) as served, \
-            ThreadPoolExecutor(1) as pool, tinker.ServiceClient(base_url=served.url) as service:
-        oa = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+            ThreadPoolExecutor(1) as pool, tinker.ServiceClient(base_url=served.url) as service, \
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as oa:
         sampler = service.create_sampling_client(base_model="tiny-random").result()
         with tiny_engine.model.lock:  # the model is busy: both requests queue up
             mine = pool.submit(oa.completions.create, model="tiny-random", prompt=prompt,

@@ -43,7 +43,8 @@ def served(tiny_engine, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-right", max_retries=0)
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-right", max_retries=0) as c:
+        yield c
 
 
 @pytest.mark.parametrize("route, body, field", [
@@ -59,6 +60,8 @@ def client(served):
     ("completion", {"stream": "yes"}, "stream"),
     ("completion", {"prompt": [True]}, "prompt"),
     ("completion", {"prompt": [[1, True]]}, "prompt"),
+    ("chat", {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ("completion", {"stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
 ])
 def test_a_field_of_the_wrong_type_is_a_400_naming_it(client, route, body, field):
     create = client.chat.completions.create if route == "chat" else client.completions.create
@@ -67,6 +70,8 @@ def test_a_field_of_the_wrong_type_is_a_400_naming_it(client, route, body, field
         create(**{**base, **body})
     assert err.value.status_code == 400 and err.value.param == field
     assert field in err.value.message
+    if "stream_options" in body:  # the nested field itself is named
+        assert "stream_options.include_usage" in err.value.message
 
 
 def test_a_number_where_a_float_goes_is_still_taken(client):
@@ -75,8 +80,8 @@ def test_a_number_where_a_float_goes_is_still_taken(client):
 
 
 def test_a_wrong_key_is_a_401_in_openais_shape(served):
-    bad = openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-wrong", max_retries=0)
-    with pytest.raises(openai.AuthenticationError) as err:
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-wrong", max_retries=0) as bad, \
+            pytest.raises(openai.AuthenticationError) as err:
         bad.completions.create(**COMPLETION)
     assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
     assert "wrong API key" in err.value.message
@@ -181,9 +186,10 @@ def test_retrain_serve_says_which_step_it_serves_and_why(three_steps, model_cach
             said.append(proc.stderr.readline())
             assert said[-1] or proc.poll() is None, "".join(said)
         url = said[-1].split("retrain serve: ")[1].split()[0]
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        card = client.models.retrieve("a")
-        got = client.completions.create(model="a", prompt="hi", max_tokens=2, temperature=0)
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+            card = client.models.retrieve("a")
+            got = client.completions.create(model="a", prompt="hi", max_tokens=2,
+                                            temperature=0)
     finally:
         proc.terminate()
         proc.communicate(timeout=30)

@@ -7,9 +7,18 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from retrain.backends.base import Completion
-from retrain.backends.stop_strings import StopWatch, cut_at_stop_strings, first_stop_end
+from retrain.backends.stop_strings import (
+    StopScan,
+    StopWatch,
+    cut_at_stop_strings,
+    first_stop,
+    first_stop_end,
+    stop_prefix_len,
+)
 from retrain.config.sections import ConfigError, from_dict
 
 
@@ -35,6 +44,64 @@ def test_no_stop_strings_means_no_watch():
     assert not StopWatch([], _utf8) and not StopWatch([""], _utf8)
     c = Completion([1, 2], [-1.0, -2.0], "length")
     assert cut_at_stop_strings(c, [""], _utf8) is c
+
+
+ALPHABET = "ab<\ufffd€"  # few letters: stop strings overlap and repeat; U+FFFD as decoders send it
+_stops = st.lists(st.text(ALPHABET, min_size=1, max_size=6), max_size=3)
+# One step of a growing text: keep `back` fewer characters of it (a decoder rewriting its
+# end, or further back), then append `more`.
+_steps = st.lists(st.tuples(st.integers(0, 12), st.text(ALPHABET, max_size=5)), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_stops, _steps)
+def test_the_incremental_scan_answers_as_the_whole_text_does(stops, steps):
+    scan, text = StopScan(stops), ""
+    for back, more in steps:
+        back = back if back > StopScan.LAG else 0  # mostly appends, sometimes a rewrite
+        text = text[:max(0, len(text) - back)] + more
+        assert scan.scan(text) == (first_stop(text, stops), stop_prefix_len(text, stops)), \
+            (text, stops)
+
+
+class _Counted(str):
+    """Text that counts the characters a stop check steps through: each character read,
+    what `endswith` compares, what `find` searches."""
+
+    steps = 0
+
+    def __getitem__(self, i):
+        if isinstance(i, int):
+            _Counted.steps += 1
+        return str.__getitem__(self, i)
+
+    def endswith(self, suffix, *args):
+        _Counted.steps += len(suffix)
+        return str.endswith(self, suffix, *args)
+
+    def find(self, sub, *args):
+        _Counted.steps += len(self)
+        return str.find(self, sub, *args)
+
+
+def test_a_streamed_choice_checks_only_its_new_text_for_stop_strings():
+    """A 4,000-character stop string and a 3,000-character reply: every token costs the
+    stream's stop check the new text plus a short tail (StopScan.LAG), not the whole text
+    or the stop string's length (before: about 8 million character steps a token)."""
+    from retrain.serve.openai.reply import TextStream, Tokens
+
+    stop = "x" * 3999 + "!"
+    tok = Tokens(decode=lambda ids: _Counted("".join("x" if i == 1 else "a" for i in ids)),
+                 piece=lambda i: "x" if i == 1 else "a", end_ids=frozenset())
+    stream = TextStream(tok, (stop,))
+    worst = 0
+    for n in range(3000):
+        _Counted.steps = 0
+        sent = stream.push(n % 2)
+        worst = max(worst, _Counted.steps)
+        # an "x" may begin the stop string: it is sent with the "a" after it
+        assert sent == ("" if n % 2 else "xa" if n else "a")
+    assert worst <= 1 + StopScan.LAG + 1, worst  # the new character, the tail, U+FFFD's look
 
 
 def test_training_stop_is_a_list_of_strings():
