@@ -103,12 +103,12 @@ def shape_of(cfg: Config, counter: PromptTokens, sft_steps: int) -> RunShape:
         judge=cfg.reward.type == "judge" and task)
 
 
-def run_bound(cfg: Config, config_dir: Path) -> Bound:
+def run_bound(cfg: Config, counter: PromptTokens) -> Bound:
     """One run's upper bound (the campaign runner's check before it starts a run)."""
     from retrain.cli.explain.data import DataReader
 
-    sft_steps = DataReader(config_dir).read(cfg).sft_steps if cfg.sft.enabled else 0
-    return estimate.bound(shape_of(cfg, PromptTokens(config_dir), sft_steps))
+    sft_steps = DataReader(counter.config_dir).read(cfg).sft_steps if cfg.sft.enabled else 0
+    return estimate.bound(shape_of(cfg, counter, sft_steps))
 
 
 def pilot_expected(pilot_run: str, cfgs: list[Config], sft_tokens: int) -> Tally:
