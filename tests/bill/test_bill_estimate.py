@@ -82,7 +82,7 @@ def test_the_expected_figure_scales_a_real_pilots_rows(tmp_path, tiny_model, mon
     e = report.cost.expected
     assert (e.prefill, e.sampled, e.trained) == (want.prefill, want.sampled, want.trained)
     assert report.cost.expected_usd == pytest.approx(e.sampled * 1000 / 1e6)
-    assert f"(from {report.pilot.run}'s rows" in _line(report, "cost expected")
+    assert f"; from {report.pilot.run}'s rows" in _line(report, "cost expected")
     # the pilot's own measured spend never passes its config's bound
     pilot_bound = build_report(path).cost.bound
     spent = Tally.of_rows(got)

@@ -191,7 +191,7 @@ def _lines(e: CostEstimate, prices: Prices, pilot_run: str | None, runs: int,
         money = estimate.money_text(e.expected, prices, True)
         out.append(("cost expected", f"~{estimate.tokens_text(e.expected)}, "
                     f"{e.expected.device_hours:.3g} device-h" + (f", {money}" if money else "")
-                    + f" (from {pilot_run}'s rows, per step and per evaluation)"))
+                    + f"; from {pilot_run}'s rows, per step and per evaluation"))
     if e.race:
         out.append(("race cost", e.race))
     return out
