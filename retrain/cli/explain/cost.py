@@ -12,8 +12,9 @@ from typing import Any
 
 from retrain.bill import estimate
 from retrain.bill.estimate import Bound, RunShape
-from retrain.bill.prices import Prices, usd_text
+from retrain.bill.prices import Prices, price, usd_text
 from retrain.bill.tally import Tally
+from retrain.campaign.plan import CampaignPlan
 from retrain.config.cost_section import prices as cost_prices
 from retrain.config.sections import Config
 from retrain.runfiles import runlog
@@ -129,8 +130,8 @@ def _evals_on(row: dict) -> int:
     return sum(row.get(k) is not None for k in ("eval_accuracy", "initial_eval_accuracy"))
 
 
-def cost_estimate(path: Path, cfg: Config, camp: Any, plans: list[Any], run_cfgs: list[Config],
-                  pilot_run: str | None) -> CostEstimate:
+def cost_estimate(path: Path, cfg: Config, camp: CampaignPlan, plans: list[Any],
+                  run_cfgs: list[Config], pilot_run: str | None) -> CostEstimate:
     """The run's (or campaign's) bound and expected figure; `plans`: explain's run plans
     (their sft_steps), `run_cfgs` their configs, in the same order."""
     counter = PromptTokens(path.parent)
@@ -152,12 +153,10 @@ def cost_estimate(path: Path, cfg: Config, camp: Any, plans: list[Any], run_cfgs
 
 
 def _usd(t: Tally, prices: Prices) -> float | None:
-    from retrain.bill.prices import price
-
     return price(t, prices).usd
 
 
-def race_cost(camp: Any, plans: list[Any], bounds: list[Bound], prices: Prices) -> str:
+def race_cost(camp: CampaignPlan, plans: list[Any], bounds: list[Bound], prices: Prices) -> str:
     """The race's fewest and most runs at the dearest run's bound: dollars, or tokens."""
     from retrain.campaign.race import bounds as race_bounds
     from retrain.campaign.race_plan import race_of
