@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from retrain.campaign import executor as ex
-from retrain.campaign.budget import CampaignBudget
+from retrain.campaign.budget import BoundOf, CampaignBudget
 from retrain.campaign.concurrency import CampaignConcurrency, FileCap, RayCap
 from retrain.campaign.manifest import (
     SLOTS_DIR,
@@ -56,9 +56,10 @@ LOCK_FILE = ".runner.lock"
 
 
 def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, new: bool = False,
-                 force: bool = False, *, executor: ex.Executor | None = None) -> int:
+                 force: bool = False, *, executor: ex.Executor | None = None,
+                 bound_of: BoundOf | None = None) -> int:
     """Run (or resume) every run of `campaign` over the base run `cfg`; returns the
-    exit status."""
+    exit status. `bound_of`: a run's upper bound, for the [campaign] budget's check."""
     config_path = Path(config_path).resolve()
     try:
         specs = expand(cfg, campaign)
@@ -89,7 +90,7 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
                             resolution(race, {p.spec.condition: p.config for p in plans})
                             if race else 0.0)
         runner = Runner(cfg, campaign, campaign_dir, plans, manifest, executor, concurrency,
-                        keeper)
+                        keeper, bound_of)
         return runner.run(adopted)
 
 
@@ -176,7 +177,8 @@ class Runner:
 
     def __init__(self, cfg: Config, c: CampaignPlan, campaign_dir: Path,
                  plans: list[PlannedRun], manifest: Manifest, executor: ex.Executor,
-                 concurrency: CampaignConcurrency | None = None, race: RaceKeeper | None = None):
+                 concurrency: CampaignConcurrency | None = None, race: RaceKeeper | None = None,
+                 bound_of: BoundOf | None = None):
         self.dir = campaign_dir
         self.race = race
         self.plans = {p.spec.name: p for p in plans}
@@ -191,7 +193,7 @@ class Runner:
         if hasattr(executor, "worker_env"):  # Ray: the slot actor instead of a local folder
             self.env = executor.worker_env(cfg.backend.slot_count)
         self.concurrency = concurrency
-        self.budget = CampaignBudget(cfg, c, [p.run_dir for p in plans])
+        self.budget = CampaignBudget(cfg, c, [p.run_dir for p in plans], bound_of)
         self.alive: dict[str, ex.Worker] = {}
         self.todo: list[RunEntry] = []
         self.stop = _Stop()
@@ -271,7 +273,7 @@ class Runner:
 
     def _launch(self, entry: RunEntry) -> None:
         plan = self.plans[entry.name]
-        if why := self.budget.refusal():  # [campaign] budget_*: reached, start nothing more
+        if why := self.budget.refusal(plan.config, plan.run_dir):  # [campaign] budget_*
             entry.status = BUDGET
             self._save()
             self.say(f"{entry.name}: not started: {why}")

@@ -14,9 +14,14 @@ def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: b
     cfg, plan = load(path, overrides)
     cfg = anchor_paths(cfg, Path(path).resolve().parent)
     if plan is not None:
-        from retrain.campaign.runner import run_campaign
+        from functools import partial
 
-        return run_campaign(cfg, plan, Path(path), new=new, force=force)
+        from retrain.campaign.runner import run_campaign
+        from retrain.cli.explain.cost import PromptTokens, run_bound
+
+        counter = PromptTokens(Path(path).resolve().parent)  # one tokenizer for every run
+        return run_campaign(cfg, plan, Path(path), new=new, force=force,
+                            bound_of=partial(run_bound, counter=counter))
     from retrain.run.single import run_single
 
     return run_single(cfg, Path(path), new=new)

@@ -45,9 +45,9 @@ class Renderer:
         messages, tools = for_template(encodable(messages), encodable(tools),
                                        self.template_has_tools)
         if not self.chat:
-            return _ids(self.tokenizer("\n".join(m["content"] for m in messages)))
+            return token_ids(self.tokenizer("\n".join(m["content"] for m in messages)))
         extra = {"tools": tools} if tools and self.template_has_tools else {}
-        return _ids(self.tokenizer.apply_chat_template(
+        return token_ids(self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=generation, tokenize=True, **extra))
 
     def _closing(self) -> list[int]:
@@ -56,7 +56,7 @@ class Renderer:
             return []
         prompt = self.render(_DUMMY[:1], generation=True)
         full = self.render(_DUMMY, generation=False)
-        content = _ids(self.tokenizer("World!", add_special_tokens=False))
+        content = token_ids(self.tokenizer("World!", add_special_tokens=False))
         body = full[len(prompt):]
         if full[:len(prompt)] != prompt or body[:len(content)] != content:
             return []
@@ -95,7 +95,8 @@ def encodable(value: Any) -> Any:
     return value
 
 
-def _ids(encoded: Any) -> list[int]:
+def token_ids(encoded: Any) -> list[int]:
+    """The ids of what a tokenizer call returned: a list, or transformers' encoding."""
     ids = encoded if isinstance(encoded, list) else encoded["input_ids"]
     return [int(t) for t in ids]
 

@@ -24,6 +24,7 @@ from retrain.environments.chat_problems import (
     problem_key,
     prompt_text,  # noqa: F401  (re-exported: importers of tasks.prompt_text)
 )
+from retrain.environments.ledger import token_ids
 from retrain.errors import UserError
 from retrain.runfiles import safejson
 
@@ -341,9 +342,7 @@ def render_prompt(tokenizer: Any, problem: Problem, data: DataConfig) -> list[in
     """Token ids of the prompt (chat template when asked for and the tokenizer has one)."""
     messages = opening_messages(problem, data)
     if data.chat_template and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                            tokenize=True)
-        ids = ids if isinstance(ids, list) else ids["input_ids"]
-    else:  # the same plain join as the rollout's Renderer
-        ids = tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
-    return [int(t) for t in ids]
+        return token_ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                       tokenize=True))
+    # the same plain join as the rollout's Renderer
+    return token_ids(tokenizer("\n".join(m["content"] for m in messages)))

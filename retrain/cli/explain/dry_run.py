@@ -18,6 +18,7 @@ from typing import Any
 from retrain.algorithms import losses
 from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
+from retrain.cli.explain.cost import CostEstimate, cost_estimate
 from retrain.cli.explain.data import DataReader
 from retrain.cli.explain.memory import memory_line, model_family
 from retrain.cli.explain.race import race_settings
@@ -79,6 +80,7 @@ class Report:
     machine: str = ""              # local runs: this machine's load now, when it is busy
     sft: str = ""                  # the [sft] stage: its data, conversations and steps
     data: str = ""                 # [data]: where, training problems, held out (RL steps)
+    cost: CostEstimate | None = None  # tokens and money: the bound, and a pilot's expected
 
 
 # ---------------------------------------------------------------------------- building
@@ -129,7 +131,8 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
         warnings=warnings(cfg, camp, path, len(plans), par, overrides, data.sft_steps)
         + ([data.sft_warning] if data.sft_warning else []),
         executor=camp.executor, cluster=cluster, runs_at_once=fits, machine=_machine_note(cfg),
-        sft=data.sft, data=data.task)
+        sft=data.sft, data=data.task,
+        cost=cost_estimate(path, cfg, camp, plans, run_cfgs, pilot and pilot.run))
 
 
 def _machine_note(cfg: Config) -> str:
@@ -344,6 +347,7 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     out.append(("total steps", f"{r.total_steps}" + (f" ({runs} runs)" if runs > 1 else "")))
     out.append(("parallelism", str(r.effective_parallelism)))
     out.append(("wall time", _wall_line(r)))
+    out += r.cost.lines if r.cost else []
     if r.machine:
         out.append(("machine", r.machine))
     if not s["training.max_steps"]:  # an SFT run: nothing is sampled, scored or RL-trained

@@ -20,7 +20,7 @@ from retrain.environments.sft.data import SftData, never_trained
 def never_trained_warning(cfg: Config, data: SftData, config_dir: Path) -> str:
     """The conversations of `data` that can never train, counted ("" when none); a note
     when the model's tokenizer is not on this machine to count them with."""
-    tokenizer = _tokenizer(cfg.model.name, config_dir)
+    tokenizer = local_tokenizer(cfg.model.name, config_dir)
     if tokenizer is None:
         return (f"sft.data: rows not checked against sft.max_tokens: the tokenizer of "
                 f"model.name = {cfg.model.name!r} is not on this machine yet (the run loads it)")
@@ -28,7 +28,8 @@ def never_trained_warning(cfg: Config, data: SftData, config_dir: Path) -> str:
                          cfg.sft.max_tokens)
 
 
-def _tokenizer(name: str, config_dir: Path) -> Any:
+def local_tokenizer(name: str, config_dir: Path) -> Any:
+    """The model's tokenizer where the model is on this machine already (None otherwise)."""
     folder = model_folder(name, config_dir)
     if folder is None:
         return None
