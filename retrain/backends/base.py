@@ -30,6 +30,9 @@ class SamplingParams:
     completes a stop string (matched on the decoded text), whichever comes first.
     `top_logprobs` (OpenAI clients of `retrain serve`): the k most likely tokens to report
     at each sampled position, under the same distribution as `logprobs` (0 = none).
+    `prompt_seeds` (one per prompt of the call) keys each prompt's draws by its own seed, not
+    by its place in the batch: the trainer's are derived from (seed, step, group), so any
+    split of a step's groups across calls or ranks samples the same completions.
     """
 
     max_tokens: int
@@ -40,6 +43,7 @@ class SamplingParams:
     stop_tokens: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     top_logprobs: int = 0
+    prompt_seeds: tuple[int, ...] | None = None
 
 
 @dataclass

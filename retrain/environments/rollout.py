@@ -40,7 +40,7 @@ from retrain.environments.host import EnvError, Host, Opened, TaskHost, WorkerHo
 from retrain.environments.kinds import KindContext, default_max_turns
 from retrain.environments.ledger import Ledger, Renderer
 from retrain.environments.protocol import Message, Step
-from retrain.run.seeds import derive_seed
+from retrain.run.seeds import derive_seed, keyed_seeds
 
 COUNTED_METRICS = ("correct", "tool_calls")  # Step.metrics keys the rollout reads itself
 
@@ -113,6 +113,14 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     return derive_seed(seed, turn, "turn")
 
 
+def keyed(params: SamplingParams, keys: range | list[int]) -> SamplingParams:
+    """`params` with one seed per prompt, keyed by `keys` (the prompts' groups, or episodes,
+    numbered over the whole step): unseeded params (eval's greedy) stay as they are."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, prompt_seeds=keyed_seeds(params.seed, keys))
+
+
 class Rollout:
     """Drives the episodes of one split: a host for the environments, a backend to sample."""
 
@@ -122,6 +130,7 @@ class Rollout:
         self.cfg, self.max_turns = cfg, max_turns
         self.max_context = backend.max_context  # no episode grows past the model's positions
         self.bridges = 0
+        self._first_group = 0  # the step's number of this call's first group (`run`)
         self._opening: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------------ opening prompts
@@ -139,9 +148,12 @@ class Rollout:
     # ------------------------------------------------------------------ the episodes
 
     def run(self, seeds: list[int], n: int, params: SamplingParams,
-            first: list[list[Completion]] | None = None) -> RolloutResult:
-        """`n` episodes for each seed; `first`: turn 0, already sampled (overlap)."""
+            first: list[list[Completion]] | None = None, first_group: int = 0) -> RolloutResult:
+        """`n` episodes for each seed; `first`: turn 0, already sampled (overlap, with
+        `keyed` params); `first_group`: the step's number of the first (draws are keyed by
+        the group's and episode's number in the whole step)."""
         self.host.new_step()
+        self._first_group = first_group
         self.bridges, env_seconds = 0, 0.0
         groups = [[Episode(id=g * n + j, group=g, seed=s) for j in range(n)]
                   for g, s in enumerate(seeds)]
@@ -157,7 +169,7 @@ class Rollout:
             if turn == 0:
                 self._sample_first(groups, prompts, n, params, first)
             else:
-                self._sample_next(live, dataclasses.replace(
+                self._sample_next(live, n, dataclasses.replace(
                     params, seed=turn_seed(params.seed, turn)))
             sampled = [e for e in live if e.live and e.last is not None]
             t = time.perf_counter()
@@ -230,9 +242,9 @@ class Rollout:
                     by_budget[room].append((g, p))
             first = [[] for _ in groups]
             for room, items in by_budget.items():
-                out = self.backend.sample([p for _, p in items], n,
-                                          dataclasses.replace(params, max_tokens=room)
-                                          if room != params.max_tokens else params)
+                keys = [self._first_group + g for g, _ in items]
+                out = self.backend.sample([p for _, p in items], n, keyed(
+                    dataclasses.replace(params, max_tokens=room), keys))
                 for (g, _), completions in zip(items, out, strict=True):
                     first[g] = completions
         for group, completions in zip(groups, first, strict=True):
@@ -240,7 +252,7 @@ class Rollout:
                 if e.live:
                     self._take(e, c)
 
-    def _sample_next(self, live: list[Episode], params: SamplingParams) -> None:
+    def _sample_next(self, live: list[Episode], n: int, params: SamplingParams) -> None:
         by_budget: dict[int, list[Episode]] = defaultdict(list)
         for e in live:
             room = self._room(len(e.ledger.tokens), params.max_tokens)
@@ -249,8 +261,9 @@ class Rollout:
             else:
                 by_budget[room].append(e)
         for room, eps in by_budget.items():
-            out = self.backend.sample([e.ledger.tokens for e in eps], 1,
-                                      dataclasses.replace(params, max_tokens=room))
+            keys = [self._first_group * n + e.id for e in eps]  # the episode's in the step
+            out = self.backend.sample([e.ledger.tokens for e in eps], 1, keyed(
+                dataclasses.replace(params, max_tokens=room), keys))
             for e, completions in zip(eps, out, strict=True):
                 self._take(e, completions[0])
 

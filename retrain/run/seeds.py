@@ -11,6 +11,13 @@ def derive_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def keyed_seeds(seed: int, keys: range | list[int]) -> tuple[int, ...]:
+    """The sampling seeds of a step's groups (or episodes) by their number in the whole step,
+    from the step's sampling seed: a group's draws never depend on which call or rank samples
+    it, nor on what shares its batch."""
+    return tuple(derive_seed(seed, k, "group") for k in keys)
+
+
 def heldout_episode_seeds(seed: int, n: int) -> list[int]:
     """The seeds of an environment's `n` held-out episodes (the trainer's and `retrain eval`'s)."""
     return [derive_seed(seed, 0, f"eval-episode:{i}") for i in range(n)]

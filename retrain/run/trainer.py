@@ -38,7 +38,7 @@ from retrain.backends.base import (
     SamplingParams,
 )
 from retrain.control.gradnoise import GradStats, NoiseScale
-from retrain.environments.rollout import RolloutResult, Rollouts, uses_scorer
+from retrain.environments.rollout import RolloutResult, Rollouts, keyed, uses_scorer
 from retrain.environments.tasks import DataCursor, TaskSplits
 from retrain.machine.cpu import load_average
 from retrain.run import checkpoint, endings
@@ -371,9 +371,9 @@ class Trainer:
             return
         before = self.cursor.state_dict()
         index = self._take(step, self.batch_size)
+        params = keyed(self._sampling_params(step), range(len(index)))  # as rollout.run keys
         self.overlap.start(step, index, [self.rollouts.train.prompt(i) for i in index],
-                           self.training.group_size, self._sampling_params(step), before,
-                           self.cursor.state_dict())
+                           self.training.group_size, params, before, self.cursor.state_dict())
 
     def _api_wait_s(self) -> float:
         """Time lost waiting for the API: for a campaign slot, or out a rate limit (429)."""

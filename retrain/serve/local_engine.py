@@ -284,18 +284,18 @@ class LocalEngine:
         if not batch:
             return
         # Seeds go per prompt (prompt_seeds), so the batch-wide seed stays unset.
+        seeds = None
+        if any(q.seed is not None for q in batch):
+            seeds = tuple(int(self._seeds.integers(2**63)) if q.seed is None else q.seed
+                          for q in batch)
         common = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                 top_p=params.top_p, stop_tokens=params.stop_tokens,
                                 stop_strings=params.stop_strings,
-                                top_logprobs=params.top_logprobs)
-        seeds = None
-        if any(q.seed is not None for q in batch):
-            seeds = [int(self._seeds.integers(2**63)) if q.seed is None else q.seed
-                     for q in batch]
+                                top_logprobs=params.top_logprobs, prompt_seeds=seeds)
         try:
             groups = self._sampler.sample(
                 [q.prompt for q in batch], n, common, adapter=snap or self._sampler.adapter,
-                prompt_seeds=seeds, on_token=_tell(batch, n), leave=_gone(batch, n))
+                on_token=_tell(batch, n), leave=_gone(batch, n))
         except BaseException as exc:
             if isinstance(exc, SamplingStopped):  # its traceback's frames hold the KV cache
                 exc = exc.with_traceback(None)

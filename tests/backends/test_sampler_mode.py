@@ -4,6 +4,7 @@ fast sampler cannot run is a one-line config error; the backend samples through 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -70,6 +71,7 @@ from retrain.backends.local.backend import LocalBackend  # noqa: E402
 from retrain.backends.local.sampling.counter_rng import CounterDraws  # noqa: E402
 from retrain.backends.local.sampling.exact import sample_batch  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
+from tests.sampler_helpers import lora_b_off_zero  # noqa: E402
 
 
 def _backend(tiny_model, sampler: str) -> LocalBackend:
@@ -92,8 +94,8 @@ def test_the_backend_samples_through_the_mode(tiny_model):
                        pad_id=m.pad_id, generator=CounterDraws([9, 9], [0, 1], 2, m.device),
                        make_cache=backend._make_cache, cache_key=m.cache_key)
     assert [[c.tokens for c in g] for g in got] == [[c.tokens for c in g] for g in ref]
-    alone = backend.sample([[1, 7]], 2, params, prompt_seeds=[4])
-    both = backend.sample([[1, 5, 9], [1, 7]], 2, params, prompt_seeds=[3, 4])
+    alone = backend.sample([[1, 7]], 2, replace(params, prompt_seeds=(4,)))
+    both = backend.sample([[1, 5, 9], [1, 7]], 2, replace(params, prompt_seeds=(3, 4)))
     assert [c.tokens for c in alone[0]] == [c.tokens for c in both[1]]
 
 
@@ -147,3 +149,30 @@ def test_the_fast_sampler_truncates_the_ratio_at_its_cap(tiny_model):
     below = fast.forward_backward(_far_from_the_sampler(fast, 0.5), loss)   # ratios ~1.65
     assert below.metrics["ratio_truncated"] == 0.0
     assert below.loss == pytest.approx(-math.exp(0.5), rel=1e-4)
+
+
+@pytest.mark.parametrize("sampler", ["exact", "fast"])
+def test_a_steps_groups_sample_alike_in_one_call_or_split(tiny_model, sampler):
+    """Distributed ranks each sample a share of a step's groups: with the groups' seeds keyed
+    by their number in the step (rollout.keyed), any split gives the same tokens as one call,
+    and the same log-probs to float32 rounding (another batch shape, other matmul blocking)."""
+    from retrain.environments.rollout import keyed
+
+    backend = lora_b_off_zero(_backend(tiny_model, sampler), seed=3)
+    prompts = [[1, 5, 9, 4, 3, 3], [1, 7], [1, 6, 2, 5], [1, 9, 9]]  # unequal: padding differs
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=21)
+    whole = backend.sample(prompts, 3, keyed(params, range(4)))
+    split = (backend.sample(prompts[:1], 3, keyed(params, [0]))
+             + backend.sample(prompts[1:], 3, keyed(params, range(1, 4))))
+    assert _tokens(split) == _tokens(whole)
+    assert _logprobs(split) == pytest.approx(_logprobs(whole), rel=1e-5, abs=1e-5)
+    shifted = backend.sample(prompts[1:], 3, keyed(params, range(3)))  # keyed by place: differs
+    assert _tokens(shifted) != _tokens(whole[1:])
+
+
+def _tokens(groups) -> list:
+    return [[c.tokens for c in g] for g in groups]
+
+
+def _logprobs(groups) -> list[float]:
+    return [lp for g in groups for c in g for lp in c.logprobs]

@@ -236,3 +236,34 @@ def test_later_turns_are_seeded_by_the_one_seed_rule_and_turn_0_keeps_the_steps_
     seeds = [turn_seed(1234, t) for t in range(1, 6)]
     assert seeds == [derive_seed(1234, t, "turn") for t in range(1, 6)]
     assert len(set(seeds)) == 5 and all(0 <= s < 2**63 for s in seeds)
+
+
+def test_a_steps_groups_roll_out_alike_in_one_run_or_split(tiny_model):
+    """Every turn's draws are keyed by the group's and episode's number in the whole step
+    (`first_group`), so distributed ranks rolling out a share each get one run's episodes."""
+    pytest.importorskip("peft")
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.config.sections import from_dict
+
+    cfg = from_dict({"model": {"name": tiny_model, "dtype": "float32", "device": "cpu",
+                               "threads": 1}, "training": {"max_tokens": 8}})
+    backend = LocalBackend.from_config(cfg.model, cfg.training, cfg.backend)
+    env = EnvironmentConfig(kind="python", factory="counter_env.py:CountTo",
+                            params={"target": 3}, max_turns=3, on_length="continue")
+    host = WorkerHost(env, KindContext("train", ENVS, 0))
+    try:
+        rollout = Rollout(backend, host, Renderer(backend.tokenizer), env, 3)
+        params = SamplingParams(max_tokens=8, seed=77)
+
+        def tokens(result):
+            return [[(e.ledger.tokens, e.turns) for e in g] for g in result.groups]
+
+        whole = tokens(rollout.run([11, 12, 13], 2, params))
+        split = tokens(rollout.run([11], 2, params)) + tokens(
+            rollout.run([12, 13], 2, params, first_group=1))
+        shifted = tokens(rollout.run([12, 13], 2, params))  # numbered from 0: other draws
+    finally:
+        host.close()
+        backend.close()
+    assert split == whole and any(t > 1 for g in whole for _, t in g)
+    assert shifted != whole[1:]

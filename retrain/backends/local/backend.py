@@ -146,13 +146,13 @@ class LocalBackend:
         return finished(self.sample, prompts, n, params)
 
     def sample(self, prompts: list[TokenIds], n: int, params: SamplingParams,
-               adapter: str | None = None, prompt_seeds: list[int] | None = None,
+               adapter: str | None = None,
                on_token: OnToken | None = None, stop: Callable[[], bool] | None = None,
                leave: Callable[[], Collection[int]] | None = None) -> list[list[Completion]]:
         """`n` completions per prompt in one batched decode; `adapter` picks a snapshot.
 
-        `prompt_seeds` (one per prompt) makes each prompt's draws its own, independent of the
-        rest of the batch (retrain serve batches separate requests); else `params.seed`.
+        `params.prompt_seeds` (one per prompt) makes each prompt's draws its own, independent
+        of the rest of the batch (serve's requests, the trainer's groups); else `params.seed`.
         `on_token` hears of each token as it is drawn (see `sample_batch`); `stop`, asked
         between decoding steps, ends the decode early (SamplingStopped); `leave`, asked there
         too, names completions that leave the batch as they are."""
@@ -160,17 +160,19 @@ class LocalBackend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise BackendError("cannot sample from an empty prompt")
+        seeds = params.prompt_seeds
+        if seeds is not None and len(seeds) != len(prompts):
+            raise BackendError(f"sampling: {len(seeds)} prompt seeds for {len(prompts)} prompts")
         self._fit_threads()
         if self.model.fast is not None:
-            out = self._sample_fast(prompts, n, params, adapter, prompt_seeds)
+            out = self._sample_fast(prompts, n, params, adapter, seeds)
         else:
-            out = self._sample_exact(prompts, n, params, adapter, prompt_seeds, on_token, stop,
-                                     leave)
+            out = self._sample_exact(prompts, n, params, adapter, seeds, on_token, stop, leave)
         self.token_usage.count_sample(prompts, out)
         return out
 
     def _sample_exact(self, prompts: list[TokenIds], n: int, params: SamplingParams,
-                      adapter: str | None, prompt_seeds: list[int] | None,
+                      adapter: str | None, prompt_seeds: tuple[int, ...] | None,
                       on_token: OnToken | None, stop: Callable[[], bool] | None,
                       leave: Callable[[], Collection[int]] | None) -> list[list[Completion]]:
         """`sample` through the exact sampler (sampling/exact.py)."""
@@ -192,7 +194,7 @@ class LocalBackend:
                                 window=self.model.exact_window)
 
     def _sample_fast(self, prompts: list[TokenIds], n: int, params: SamplingParams,
-                     adapter: str | None, prompt_seeds: list[int] | None
+                     adapter: str | None, prompt_seeds: tuple[int, ...] | None
                      ) -> list[list[Completion]]:
         """`sample` through the fast sampler: counter draws keyed by (seed, prompt, sample)
         (prompt_seeds: each prompt its own seed; else one seed, from params.seed or drawn

@@ -160,7 +160,7 @@ class TinkerBackend:
             sp = types.SamplingParams(
                 max_tokens=params.max_tokens, temperature=params.temperature,
                 top_p=params.top_p, stop=wire_stop,
-                seed=None if params.seed is None else params.seed + i)
+                seed=_prompt_seed(params, i))
             sampler = sampler_job.result()  # its save may still be landing: wait here, not above
             res = self._calls.call("sample", lambda: sampler.sample(
                 types.ModelInput.from_ints(list(prompt)), n, sp), fatal_timeout=False)
@@ -296,3 +296,10 @@ def _grad_norm(metrics: dict[str, float]) -> float:
         if key.split(":")[0] == "grad_norm":
             return value
     return float("nan")
+
+
+def _prompt_seed(params: SamplingParams, i: int) -> int | None:
+    """The seed of the call's prompt `i`: its own (`prompt_seeds`), else the call's plus i."""
+    if params.prompt_seeds is not None:
+        return params.prompt_seeds[i]
+    return None if params.seed is None else params.seed + i

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -118,13 +120,13 @@ def test_per_prompt_seeds_make_draws_independent_of_the_batch(model, backend):
     """retrain serve batches separate requests: each prompt's draws must be its own."""
     ps = prompts(model)
     params = SamplingParams(max_tokens=8, seed=99)
-    together = backend.sample(ps, 3, params, prompt_seeds=[5, 6, 7])
-    alone = [backend.sample([p], 3, params, prompt_seeds=[s])[0]
+    together = backend.sample(ps, 3, replace(params, prompt_seeds=(5, 6, 7)))
+    alone = [backend.sample([p], 3, replace(params, prompt_seeds=(s,)))[0]
              for p, s in zip(ps, [5, 6, 7], strict=True)]
-    swapped = backend.sample([ps[2], ps[0]], 3, params, prompt_seeds=[7, 5])
+    swapped = backend.sample([ps[2], ps[0]], 3, replace(params, prompt_seeds=(7, 5)))
     assert _tokens(together) == _tokens(alone)
     assert _tokens(swapped) == _tokens([alone[2], alone[0]])
-    other = backend.sample(ps, 3, params, prompt_seeds=[5, 8, 7])
+    other = backend.sample(ps, 3, replace(params, prompt_seeds=(5, 8, 7)))
     assert _tokens(other)[1] != _tokens(together)[1] and _tokens(other)[0] == _tokens(together)[0]
 
 

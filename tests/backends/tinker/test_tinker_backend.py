@@ -429,3 +429,22 @@ def test_stop_strings_go_to_the_service_and_cut_where_the_local_sampler_would(
             np.testing.assert_allclose(b.logprobs, want.logprobs, atol=1e-5)
             cut += len(b.tokens) < len(a.tokens)
     assert cut >= 1
+
+
+def test_prompt_seeds_go_to_the_service_so_a_split_samples_alike(tmp_path, sdk_env,
+                                                                  tiny_model):
+    """The trainer keys each group's draws by its number in the step (rollout.keyed): the
+    service gets each prompt's own seed, not the call's seed plus its place in the call."""
+    from retrain.environments.rollout import keyed
+
+    with Served(_engine(tiny_model), tmp_path, hold_s=2.0) as served:
+        backend = _backend(served.url)
+        try:
+            ps = [backend.tokenizer.encode(t) for t in ("ab", "cd", "ef")]
+            params = SamplingParams(max_tokens=8, seed=4)
+            whole = backend.sample(ps, 3, keyed(params, range(3)))
+            split = (backend.sample(ps[:1], 3, keyed(params, [0]))
+                     + backend.sample(ps[1:], 3, keyed(params, [1, 2])))
+        finally:
+            backend.close()
+    assert [[c.tokens for c in g] for g in split] == [[c.tokens for c in g] for g in whole]

@@ -155,18 +155,18 @@ def _stop_from(groups, decode) -> str:
 def test_stop_strings_cut_rows_as_cutting_afterwards_would(model, backend, temperature,
                                                            per_prompt):
     decode = model.tokenizer.decode
-    base = SamplingParams(max_tokens=24, temperature=temperature, seed=5)
-    seeds = [11, 12, 13] if per_prompt else None
+    seeds = (11, 12, 13) if per_prompt else None
+    base = SamplingParams(max_tokens=24, temperature=temperature, seed=5, prompt_seeds=seeds)
     counter = _RowsDecoded(model)
     try:
-        free = backend.sample(PROMPTS, 4, base, prompt_seeds=seeds)
+        free = backend.sample(PROMPTS, 4, base)
         free_rows, counter.rows = counter.rows, 0
         stops = (_stop_from(free, decode), "\x00never\x00")
         params = SamplingParams(max_tokens=24, temperature=temperature, seed=5,
-                                stop_strings=stops)
-        stopped = backend.sample(PROMPTS, 4, params, prompt_seeds=seeds)
+                                stop_strings=stops, prompt_seeds=seeds)
+        stopped = backend.sample(PROMPTS, 4, params)
         stopped_rows = counter.rows
-        again = backend.sample(PROMPTS, 4, params, prompt_seeds=seeds)
+        again = backend.sample(PROMPTS, 4, params)
     finally:
         counter.handle.remove()
     cut = 0
