@@ -172,3 +172,23 @@ def test_resume_after_sigkill_reproduces_the_next_steps_episodes(workdir, cli_en
     assert again.returncode == 0, again.stderr[-2000:]
     want = [{k: r[k] for k in keys} for r in rows(workdir / "logs" / "ref")]
     assert [{k: r[k] for k in keys} for r in rows(workdir / "logs" / "killed")] == want
+
+
+def test_eval_samples_score_k_episodes_per_held_out_seed(workdir):
+    """eval_samples = k: k sampled episodes per held-out seed beside the greedy one; their
+    mean@k, pass@k and its standard error on the eval rows, the same twice for one seed."""
+    path = write_config(workdir, environment={"kind": "python",
+                                              "factory": "counter_env.py:EvenLength"},
+                        data={"eval_size": 6},
+                        training={"max_steps": 2, "batch_size": 1, "group_size": 4,
+                                  "eval_samples": 8, "eval_temperature": 1.0})
+    assert run(path) == 0
+    got = rows(workdir / "logs" / "run")
+    first, last = got[0], got[-1]
+    assert 0 < first["initial_eval_mean_at_k"] < first["initial_eval_pass_at_k"] <= 1
+    assert first["initial_eval_mean_at_k_se"] > 0
+    assert 0 <= last["eval_mean_at_k"] <= last["eval_pass_at_k"] <= 1
+    assert run_single(load_config(path, {}), path, new=True) == 0
+    again = rows(workdir / "logs" / "run")
+    keys = [k for k in first if "_at_k" in k]
+    assert [r.get(k) for r in again for k in keys] == [r.get(k) for r in got for k in keys]
