@@ -48,13 +48,20 @@ def sampled_params(training: Any, temperature: float) -> SamplingParams:
 
 def sample_k(sample: Sample, prompts: list[TokenIds], k: int, params: SamplingParams,
              rows: int) -> list[list[Any]]:
-    """`k` completions per prompt, each call n = k for `rows // k` prompts (a training step's
-    rows, so memory stays a step's); each call seeded from params.seed and its index."""
-    per = max(1, rows // k)
-    out: list[list[Any]] = []
-    for call, i in enumerate(range(0, len(prompts), per)):
-        seed = derive_seed(params.seed or 0, call, "eval-samples")
-        out += sample(prompts[i:i + per], k, replace(params, seed=seed))
+    """`k` completions per prompt through `sample` (one batched decode a call): n = k for
+    `rows // k` prompts a call (a training step's rows, so memory stays a step's; k > rows:
+    n = rows, in pieces); each call seeded from params.seed and its index, its own draws."""
+    per = min(k, rows)
+    width = max(1, rows // per)
+    out: list[list[Any]] = [[] for _ in prompts]
+    call = 0
+    for start in range(0, k, per):
+        for i in range(0, len(prompts), width):
+            seed = derive_seed(params.seed or 0, call, "eval-samples")
+            got = sample(prompts[i:i + width], min(per, k - start), replace(params, seed=seed))
+            for mine, theirs in zip(out[i:i + width], got, strict=True):
+                mine += theirs
+            call += 1
     return out
 
 
