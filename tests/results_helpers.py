@@ -11,8 +11,10 @@ from pathlib import Path
 
 def write_run(folder: Path, rewards: list[float], *, state: str = "completed",
               evals: dict[int, float] | None = None, step_time_s: float = 2.0,
-              tokens_per_second: float = 100.0, error: str = "") -> Path:
-    """A run folder: one metrics row per reward (steps 1..n), state.json saying `state`."""
+              tokens_per_second: float = 100.0, error: str = "",
+              extra: dict[int, dict] | None = None) -> Path:
+    """A run folder: one metrics row per reward (steps 1..n), state.json saying `state`;
+    `extra`: more keys for a step's row."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "metrics.jsonl", "w") as fh:
         for step, reward in enumerate(rewards, 1):
@@ -20,6 +22,7 @@ def write_run(folder: Path, rewards: list[float], *, state: str = "completed",
                    "tokens_per_second": tokens_per_second}
             if evals and step in evals:
                 row["eval_accuracy"] = evals[step]
+            row |= (extra or {}).get(step, {})
             fh.write(json.dumps(row) + "\n")
     alive = state == "running"
     (folder / "state.json").write_text(json.dumps({

@@ -15,10 +15,11 @@ from retrain.config.sections import Config
 
 TABLE = "campaign.race"
 # The figures a race may decide on, by their names in `retrain compare`.
-METRICS = ("final_reward", "eval_accuracy", "best_eval", "steps_to_threshold",
-           "seconds_to_threshold")
+METRICS = ("final_reward", "eval_accuracy", "eval_mean_at_k", "eval_pass_at_k", "best_eval",
+           "steps_to_threshold", "seconds_to_threshold")
 THRESHOLD_METRICS = ("steps_to_threshold", "seconds_to_threshold")
-EVAL_METRICS = ("eval_accuracy", "best_eval")
+SAMPLED_METRICS = ("eval_mean_at_k", "eval_pass_at_k")  # need training.eval_samples > 1
+EVAL_METRICS = ("eval_accuracy", *SAMPLED_METRICS, "best_eval")
 # Which way each metric is better: fewer steps or seconds to a threshold, more of the rest.
 NATURAL = {m: "min" if m in THRESHOLD_METRICS else "max" for m in METRICS}
 MAX_SEEDS = 10_000
@@ -139,6 +140,11 @@ def run_issues(race: RacePlan, runs: dict[str, Config]) -> list[ConfigIssue]:
             issues.append(ConfigIssue(f"{TABLE}.metric", f"{show(race.metric)} needs a held-out "
                                       f"eval, but condition '{condition}' has data.eval_size = "
                                       "0; set data.eval_size or race on final_reward"))
+        elif race.metric in SAMPLED_METRICS and cfg.training.eval_samples < 2:
+            issues.append(ConfigIssue(f"{TABLE}.metric", f"{show(race.metric)} is the sampled "
+                                      f"eval's, but condition '{condition}' has "
+                                      "training.eval_samples = 1; set training.eval_samples "
+                                      "(e.g. 8) or race on eval_accuracy"))
         elif race.metric not in EVAL_METRICS and cfg.training.max_steps == 0:
             issues.append(ConfigIssue(f"{TABLE}.metric", f"{show(race.metric)} is read from the "
                                       f"RL steps' rewards, but condition '{condition}' has "
@@ -150,9 +156,13 @@ def run_issues(race: RacePlan, runs: dict[str, Config]) -> list[ConfigIssue]:
 
 def resolution(race: RacePlan, runs: dict[str, Config]) -> float:
     """The step of the grid the race's figure lies on (`race.compare` floors the spread of
-    differences at it): 1 / eval problems for an accuracy (the coarsest condition's), one step
-    for steps_to_threshold, 0 (none known) for a mean reward or seconds."""
+    differences at it): 1 / eval problems for an accuracy (the coarsest condition's), 1 /
+    (problems x eval_samples) for mean@k, one step for steps_to_threshold, 0 (none known) for
+    a mean reward or seconds."""
     if race.metric in EVAL_METRICS:
-        sizes = [cfg.data.eval_size for cfg in runs.values() if cfg.data.eval_size > 0]
+        per = (lambda cfg: cfg.training.eval_samples) if race.metric == "eval_mean_at_k" \
+            else (lambda cfg: 1)
+        sizes = [cfg.data.eval_size * per(cfg) for cfg in runs.values()
+                 if cfg.data.eval_size > 0]
         return 1.0 / min(sizes) if sizes else 0.0
     return 1.0 if race.metric == "steps_to_threshold" else 0.0

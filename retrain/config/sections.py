@@ -233,6 +233,11 @@ class TrainingConfig:
                           lo=0, hi=MAX_STEPS)
     eval_every: int = opt(0, "greedy eval on the held-out split every N steps (0 = start and end)",
                           lo=0, hi=MAX_STEPS)
+    eval_samples: int = opt(1, "> 1: each eval also samples this many completions per held-out "
+                            "problem: eval_mean_at_k, eval_pass_at_k, eval_mean_at_k_se", lo=1,
+                            hi=MAX_GROUP)
+    eval_temperature: float | str = opt("auto", "eval_samples > 1: their temperature (auto = "
+                                        "training.temperature)", lo=0.01, words=("auto",))
     max_nonfinite_steps: int = opt(3, "stop the run after this many steps in a row whose loss "
                                    "or gradient norm was not finite (such steps are never "
                                    "applied)", lo=1, hi=MAX_STEPS)

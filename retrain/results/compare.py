@@ -17,13 +17,14 @@ from typing import Any
 
 from retrain.cli.status import RunStatus, scan_campaign
 from retrain.errors import UserError
-from retrain.results.run_figures import RunFigures, figures, reach
+from retrain.results.run_figures import SAMPLED, RunFigures, figures, reach
 from retrain.results.run_rows import RunRows, read_run_rows
 from retrain.results.stats import Difference, Estimate, difference, estimate, median
 from retrain.runfiles import runlog
 
 BILL = ("tokens", "cost_usd", "tokens_to_threshold", "cost_to_threshold")
-COMPARED = (("final_reward", "final reward"), ("eval_accuracy", "eval accuracy"))
+COMPARED = (("final_reward", "final reward"), ("eval_accuracy", "eval accuracy"),
+            ("eval_mean_at_k", "eval mean@k"), ("eval_pass_at_k", "eval pass@k"))
 
 
 @dataclass
@@ -36,6 +37,8 @@ class ConditionSummary:
     completed: int
     final_reward: Estimate
     eval_accuracy: Estimate
+    eval_mean_at_k: Estimate                  # with training.eval_samples > 1 (else n = 0)
+    eval_pass_at_k: Estimate
     best_eval: Estimate
     best_eval_step: Estimate
     steps_to_threshold: Estimate
@@ -111,7 +114,8 @@ def build(campaign_dir: str | Path, *, baseline: str | None = None, last: int | 
         if c is not base:
             mine = _included(runs, c.name)
             c.vs_baseline = [difference(label, _seeded(mine, key), _seeded(base_runs, key),
-                                        c.name, base.name) for key, label in COMPARED]
+                                        c.name, base.name) for key, label in COMPARED
+                             if key not in SAMPLED or _seeded(mine + base_runs, key)]
     return report
 
 
@@ -151,6 +155,8 @@ def _summary(name: str, runs: list[RunFigures], overrides: dict) -> ConditionSum
         name=name, overrides=overrides, runs=len(runs), completed=len(done),
         final_reward=estimate(_values(done, "final_reward")),
         eval_accuracy=estimate(_values(done, "eval_accuracy")),
+        eval_mean_at_k=estimate(_values(done, "eval_mean_at_k")),
+        eval_pass_at_k=estimate(_values(done, "eval_pass_at_k")),
         best_eval=estimate(_values(done, "best_eval")),
         best_eval_step=estimate([float(v) for v in _values(done, "best_eval_step")]),
         steps_to_threshold=estimate([float(v) for v in _values(done, "steps_to_threshold")]),

@@ -46,7 +46,15 @@ def _cost(usd: Estimate, tokens: Estimate) -> str:
 
 
 def table(report: CompareReport) -> render.Table:
-    return render.Table(HEADERS, [_row(c) for c in report.conditions])
+    """The conditions' table; with the sampled eval's mean@k and pass@k where runs have them
+    (training.eval_samples > 1) after eval accuracy."""
+    rows = [_row(c) for c in report.conditions]
+    if any(c.eval_mean_at_k.n for c in report.conditions):
+        at = HEADERS.index("eval accuracy") + 1
+        for c, row in zip(report.conditions, rows, strict=True):
+            row[at:at] = [fmt_estimate(c.eval_mean_at_k), fmt_estimate(c.eval_pass_at_k)]
+        return render.Table(HEADERS[:at] + ["eval mean@k", "eval pass@k"] + HEADERS[at:], rows)
+    return render.Table(HEADERS, rows)
 
 
 def header(report: CompareReport) -> str:

@@ -4,7 +4,10 @@ Greedy by default, exactly as the trainer evaluates (same prompts, batches, max_
 scorer), so on the run's own held-out split it reproduces the run's `eval_accuracy` at that
 step. A run whose environment plays episodes (any kind but a plain `task`) is evaluated on its
 held-out episodes, as the trainer does: accuracy is then the success rate.
-`--samples K --temperature T` samples K completions per prompt and reports pass@1 and pass@K.
+`--samples K` (at --temperature T, default the run's training.eval_temperature) samples K
+completions per prompt, seeded and batched as the trainer's eval_samples are (run/eval.py), and
+reports the rows' figures: eval_mean_at_k (mean@K, an unbiased pass@1) with its standard error
+and interval, and eval_pass_at_k.
 Every completion (or episode) goes to RUN_DIR/evals/<name>-step<N>.jsonl (name: heldout, the
 task, or a --data file's stem and a hash of its path); nothing else in the run folder is
 touched.
@@ -22,7 +25,7 @@ from retrain.config.sections import run_config as changed_config
 from retrain.environments.answers import Problem
 from retrain.errors import UserError
 from retrain.results import run_checkpoint
-from retrain.results.stats import CONFIDENCE, Estimate, estimate, mean
+from retrain.results.stats import CONFIDENCE, Estimate, at_k, estimate, mean
 from retrain.runfiles import runlog
 
 EVALS_DIR = "evals"
@@ -65,6 +68,10 @@ class EvalReport:
     pass_at_1: Estimate | None      # sampled only: mean per-problem rate, t interval
     file: str
     unit: str = "problems"          # "episodes" for an environment's held-out episodes
+    # sampled only, named as the trainer's rows name them (docs/training.md)
+    eval_mean_at_k: float | None = None
+    eval_pass_at_k: float | None = None
+    eval_mean_at_k_se: float | None = None
 
 
 def binomial(k: int, n: int) -> Proportion:
@@ -127,8 +134,10 @@ def evaluate(run_dir: Path, req: EvalRequest) -> EvalReport:
 
 def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
               req: EvalRequest) -> EvalReport:
+    from retrain.run.eval import eval_temperature
+
     temperature = 0.0 if req.temperature is None and req.samples == 1 else \
-        req.temperature if req.temperature is not None else cfg.training.temperature
+        req.temperature if req.temperature is not None else eval_temperature(cfg.training)
     k = req.samples
     if req.data is None and req.task is None and plays_episodes(cfg):
         name, unit, scorer_name = "heldout", "episodes", f"environment {cfg.environment.kind}"
@@ -151,15 +160,16 @@ def _evaluate(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path,
     _write(out, records)
     n = len(correct) // k
     per_problem = [sum(correct[i * k:(i + 1) * k]) for i in range(n)]
-    if k == 1:
-        accuracy, pass1 = binomial(sum(per_problem), n), None
-    else:
-        accuracy = binomial(sum(1 for c in per_problem if c), n)
-        pass1 = estimate([c / k for c in per_problem])
-    return EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
-                      samples=k, temperature=temperature, reward=scorer_name,
-                      accuracy=accuracy, mean_reward=mean(rewards),
-                      pass_at_1=pass1, file=str(out), unit=unit)
+    report = EvalReport(run_dir=str(run_dir), step=ckpt.step, source=name, problems=n,
+                        samples=k, temperature=temperature, reward=scorer_name,
+                        accuracy=binomial(sum(1 for c in per_problem if c), n),
+                        mean_reward=mean(rewards), pass_at_1=None, file=str(out), unit=unit)
+    if k > 1:
+        report.pass_at_1 = estimate([c / k for c in per_problem])
+        sampled = at_k([[bool(c) for c in correct[i * k:(i + 1) * k]] for i in range(n)])
+        report.eval_mean_at_k, report.eval_pass_at_k = sampled.mean_at_k, sampled.pass_at_k
+        report.eval_mean_at_k_se = sampled.mean_at_k_se
+    return report
 
 
 def _file_name(name: str, req: EvalRequest) -> str:
@@ -194,29 +204,19 @@ class _OneBatch:
 
 
 def _bounded_sample(policy, prompts: list[list[int]], n: int, params, rows: int):
-    """`n` completions per prompt in batched decodes of at most `rows` rows (memory stays
-    that of a training step); a prompt's samples past `rows` come from further decodes,
-    seeded from params.seed."""
-    from dataclasses import replace
+    """`n` completions per prompt as the trainer's sampled eval draws them (`sample_k`): one
+    batched decode of at most `rows` rows a call."""
+    from retrain.run.eval import sample_k
 
-    from retrain.run.seeds import derive_seed
+    def one_decode(some, m, p):
+        return policy.sample(some, m, p, chunk=max(1, len(some)))
 
-    per = min(n, rows)
-    out: list[list] = [[] for _ in prompts]
-    for piece, start in enumerate(range(0, n, per)):
-        m = min(per, n - start)
-        seed = params.seed if piece == 0 or params.seed is None else \
-            derive_seed(params.seed, piece, "eval-samples")
-        groups = policy.sample(prompts, m, replace(params, seed=seed), chunk=max(1, rows // m))
-        for mine, got in zip(out, groups, strict=True):
-            mine += got
-    return out
+    return sample_k(one_decode, prompts, n, params, rows)
 
 
 def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, k: int,
                    temperature: float):
     """`k` episodes per held-out seed (the trainer's seeds), played by the checkpoint."""
-    from retrain.backends.base import SamplingParams
     from retrain.environments.rollout import build_rollouts
     from retrain.run.seeds import heldout_episode_seeds
 
@@ -229,9 +229,7 @@ def _play_episodes(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: Path, 
         rows = None if k == 1 else _rows(cfg)
         rollouts = build_rollouts(cfg.environment, cfg.data, cfg.reward, cfg.training.seed,
                                   run_dir, _OneBatch(policy, rows), scorer=None, problems=[])
-        params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
-                                seed=cfg.training.seed if temperature > 0 else None,
-                                stop_strings=tuple(cfg.training.stop))
+        params = _params(cfg, temperature)
         seeds = heldout_episode_seeds(cfg.training.seed, cfg.data.eval_size)
         return rollouts.eval.run(seeds, k, params).groups
     finally:
@@ -253,7 +251,6 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
                         problems: list[Problem], k: int, temperature: float, source: str):
     """(k completion texts per problem, their Scores, flat in problem order), sampled as the
     trainer's evaluation samples: same prompts, max_tokens and batches."""
-    from retrain.backends.base import SamplingParams
     from retrain.environments.scorer import build_scorer
     from retrain.environments.tasks import render_prompt
 
@@ -262,9 +259,7 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
     try:
         policy = load_policy(cfg, ckpt, run_dir)
         prompts = [render_prompt(policy.tokenizer, p, cfg.data) for p in problems]
-        params = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=temperature,
-                                seed=cfg.training.seed if temperature > 0 else None,
-                                stop_strings=tuple(cfg.training.stop))
+        params = _params(cfg, temperature)
         _check_context(prompts, params.max_tokens, policy.max_context, source)
         groups = policy.sample(prompts, 1, params, chunk=_rows(cfg)) if k == 1 else \
             _bounded_sample(policy, prompts, k, params, _rows(cfg))
@@ -277,6 +272,17 @@ def _complete_and_score(cfg: Config, ckpt: run_checkpoint.Checkpoint, run_dir: P
         scorer.close()
         if policy is not None:
             policy.close()
+
+
+def _params(cfg: Config, temperature: float):
+    """Greedy as the trainer's eval, or its sampled eval's seeded params (run/eval.py)."""
+    from retrain.backends.base import SamplingParams
+    from retrain.run.eval import sampled_params
+
+    if temperature > 0:
+        return sampled_params(cfg.training, temperature)
+    return SamplingParams(max_tokens=cfg.training.max_tokens, temperature=0.0,
+                          stop_strings=tuple(cfg.training.stop))
 
 
 def _rows(cfg: Config) -> int:
@@ -335,12 +341,15 @@ def summary_lines(r: EvalReport) -> list[str]:
         lines = [f"{r.source} at step {r.step}: accuracy {a.value:.3f} {interval} "
                  f"({a.k}/{a.n} {what}, {how}; exact binomial 95% interval)"]
     else:
-        p1 = r.pass_at_1
-        lines = [f"{r.source} at step {r.step}: pass@{r.samples} {a.value:.3f} {interval} "
+        p1, k = r.pass_at_1, r.samples
+        se = f" ± {r.eval_mean_at_k_se:.3f} (standard error)" \
+            if r.eval_mean_at_k_se is not None else ""
+        lines = [f"{r.source} at step {r.step}: pass@{k} {a.value:.3f} {interval} "
                  f"({a.k}/{a.n} {r.unit} solved by some sample; exact binomial 95% interval)",
-                 f"pass@1 {p1.mean:.3f} [{p1.lo:.3f}, {p1.hi:.3f}] ({r.samples} samples per "
-                 f"{r.unit[:-1]} at temperature {r.temperature:g}; t interval over problems)"
-                 if p1 and p1.lo is not None else f"pass@1 {p1.mean:.3f}" if p1 else ""]
+                 f"mean@{k} {p1.mean:.3f}{se} [{p1.lo:.3f}, {p1.hi:.3f}] (an unbiased pass@1: "
+                 f"{k} samples per {r.unit[:-1]} at temperature {r.temperature:g}; t interval "
+                 "over problems)" if p1 and p1.lo is not None
+                 else f"mean@{k} {p1.mean:.3f}" if p1 else ""]
     what = "episodes" if r.unit == "episodes" else "completions"
     lines.append(f"mean reward {r.mean_reward:.3f} ({r.reward}); {what}: {r.file}")
     return [line for line in lines if line]

@@ -3,9 +3,11 @@ decides on (`race_value`), computed in one place so that both say the same.
 
 final_reward: the run's mean_reward averaged over its last 10% of steps (at least 1; `last`
 steps when given); eval_accuracy: at its last eval; best_eval: its highest eval (and the first
-step that reached it); steps and seconds to a threshold: the first step whose trailing mean
-reward (over the final-reward window) reaches it, and the summed step_time_s up to it; the
-run's tokens and cost ([cost] of its config.toml, docs/cost.md), in all and up to that step.
+step that reached it); eval_mean_at_k / eval_pass_at_k: the sampled eval's mean@k and pass@k
+at its last eval (training.eval_samples > 1); steps and seconds to a threshold: the first step
+whose trailing mean reward (over the final-reward window) reaches it, and the summed step_time_s
+up to it; the run's tokens and cost ([cost] of its config.toml, docs/cost.md), in all and up
+to that step.
 Reads the run folder only through `run_rows`.
 """
 
@@ -22,8 +24,9 @@ from retrain.results.stats import mean, trailing_means
 
 LAST_FRACTION = 0.1      # --last default: the last 10% of a run's steps (at least 1)
 # The figures a race may decide on, by their names in `compare`.
-METRICS = ("final_reward", "eval_accuracy", "best_eval", "steps_to_threshold",
-           "seconds_to_threshold")
+METRICS = ("final_reward", "eval_accuracy", "eval_mean_at_k", "eval_pass_at_k", "best_eval",
+           "steps_to_threshold", "seconds_to_threshold")
+SAMPLED = ("eval_mean_at_k", "eval_pass_at_k")  # rows with training.eval_samples > 1
 THRESHOLD_METRICS = ("steps_to_threshold", "seconds_to_threshold")
 
 
@@ -45,6 +48,8 @@ class RunFigures:
     final_reward: float | None = None
     eval_accuracy: float | None = None       # at the last eval
     eval_step: int | None = None
+    eval_mean_at_k: float | None = None      # at the last sampled eval (eval_samples > 1)
+    eval_pass_at_k: float | None = None
     best_eval: float | None = None
     best_eval_step: int | None = None
     steps_to_threshold: int | None = None    # None: never reached
@@ -82,6 +87,9 @@ def figures(run_dir: Path, last: int | None = None, read: RunRows | None = None,
     if evals:
         fig.eval_step, fig.eval_accuracy = evals[-1]
         fig.best_eval_step, fig.best_eval = max(evals, key=lambda e: (e[1], -e[0]))
+    for key in SAMPLED:
+        if sampled := series(rows, key):
+            setattr(fig, key, sampled[-1][1])
     speeds = [x for _, x in series(rows, "tokens_per_second")]
     fig.tokens_per_second = mean(speeds) if speeds else None
     spent = Tally.of_rows(rows)

@@ -45,6 +45,7 @@ from retrain.runfiles import runlog
 # trailing dot: a whole section). docs/training.md lists them
 # (tests/environments/judge/test_judge_resume.py checks it).
 RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval_every",
+                     "training.eval_samples", "training.eval_temperature",
                      "training.micro_batch_size", "training.max_nonfinite_steps",
                      "model.threads", "model.device",
                      "reward.timeout_s", "backend.max_concurrent", "backend.request_timeout_s",

@@ -194,7 +194,7 @@ class Trainer:
                     return self._over_budget(why)
                 row = self._guarded(step, self._step, step)
                 if initial is not None:
-                    row["initial_eval_accuracy"] = initial.accuracy
+                    self.heldout.put(row, initial, prefix="initial_")
                     initial = None
                 self._guarded(step, self._maybe_evaluate, step, row, saved=False)
                 self.nonfinite_streak = self.nonfinite_streak + 1 if row["skipped_nonfinite"] \

@@ -113,7 +113,8 @@ def test_race_keys_can_be_set_on_the_command_line_and_are_checked_there():
 
 @pytest.mark.parametrize("metric, natural", [
     ("final_reward", "max"), ("eval_accuracy", "max"), ("best_eval", "max"),
-    ("steps_to_threshold", "min"), ("seconds_to_threshold", "min")])
+    ("eval_mean_at_k", "max"), ("eval_pass_at_k", "max"), ("steps_to_threshold", "min"),
+    ("seconds_to_threshold", "min")])
 def test_each_metric_is_raced_its_own_way_and_a_contrary_direction_is_refused(metric, natural):
     threshold = "\nthreshold = 0.5" if natural == "min" else ""
     table = f'metric = "{metric}"{threshold}'
@@ -154,3 +155,20 @@ def test_the_resolution_of_a_race_figure_is_its_grid_step():
     assert resolution(RacePlan(metric="steps_to_threshold", threshold=0.5), runs) == 1.0
     assert resolution(RacePlan(), runs) == 0.0  # a mean reward: no known grid
     assert resolution(RacePlan(metric="seconds_to_threshold", threshold=0.5), runs) == 0.0
+
+
+def test_the_sampled_evals_figures_are_raced_by_their_row_names():
+    """eval_mean_at_k / eval_pass_at_k need training.eval_samples > 1 in every condition; the
+    variance floor of mean@k is one of problems x k outcomes, of pass@k one of problems."""
+    from retrain.campaign.race_plan import resolution
+
+    assert race_of(_load('metric = "eval_mean_at_k"')[1].race).metric == "eval_mean_at_k"
+    sampled, greedy = Config(), Config()
+    sampled.data.eval_size, sampled.training.eval_samples = 16, 8
+    greedy.data.eval_size = 16
+    for metric in ("eval_mean_at_k", "eval_pass_at_k"):
+        assert run_issues(RacePlan(metric=metric), {"a": sampled, "b": sampled}) == []
+        (issue,) = run_issues(RacePlan(metric=metric), {"a": sampled, "b": greedy})
+        assert "condition 'b' has training.eval_samples = 1" in issue.message
+    assert resolution(RacePlan(metric="eval_mean_at_k"), {"a": sampled}) == 1 / (16 * 8)
+    assert resolution(RacePlan(metric="eval_pass_at_k"), {"a": sampled}) == 1 / 16

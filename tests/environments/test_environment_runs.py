@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -172,3 +173,49 @@ def test_resume_after_sigkill_reproduces_the_next_steps_episodes(workdir, cli_en
     assert again.returncode == 0, again.stderr[-2000:]
     want = [{k: r[k] for k in keys} for r in rows(workdir / "logs" / "ref")]
     assert [{k: r[k] for k in keys} for r in rows(workdir / "logs" / "killed")] == want
+
+
+def test_eval_samples_score_k_episodes_per_held_out_seed(workdir):
+    """eval_samples = k: k sampled episodes per held-out seed beside the greedy one; their
+    mean@k, pass@k and its standard error on the eval rows, the same twice for one seed."""
+    path = write_config(workdir, environment={"kind": "python",
+                                              "factory": "counter_env.py:EvenLength"},
+                        data={"eval_size": 6},
+                        training={"max_steps": 2, "batch_size": 1, "group_size": 4,
+                                  "eval_samples": 8, "eval_temperature": 1.0})
+    assert run(path) == 0
+    got = rows(workdir / "logs" / "run")
+    first, last = got[0], got[-1]
+    assert 0 < first["initial_eval_mean_at_k"] < first["initial_eval_pass_at_k"] <= 1
+    assert first["initial_eval_mean_at_k_se"] > 0
+    assert 0 <= last["eval_mean_at_k"] <= last["eval_pass_at_k"] <= 1
+    assert run_single(load_config(path, {}), path, new=True) == 0
+    again = rows(workdir / "logs" / "run")
+    keys = [k for k in first if "_at_k" in k]
+    assert [r.get(k) for r in again for k in keys] == [r.get(k) for r in got for k in keys]
+
+
+def test_retrain_eval_samples_report_the_rows_figures_seeded(workdir):
+    """`retrain eval --samples k` on episodes: eval_mean_at_k, eval_pass_at_k and the error as
+    its evals file's lines give them by hand, and the same draws twice."""
+    from retrain.cli.app import run_app
+    from retrain.results.evaluate import EvalRequest, evaluate
+
+    path = write_config(workdir, environment={"kind": "python",
+                                              "factory": "counter_env.py:EvenLength"},
+                        data={"eval_size": 5}, training={"max_steps": 1, "batch_size": 1,
+                                                         "group_size": 4})
+    assert run_app(["run", str(path)]) == 0  # as a user runs it: file references anchored
+    run_dir = workdir / "logs" / "run"
+    report = evaluate(run_dir, EvalRequest(samples=6, temperature=1.0))
+    lines = [json.loads(x) for x in Path(report.file).read_text().splitlines()]
+    per_seed = [[r["correct"] for r in lines[i * 6:(i + 1) * 6]] for i in range(5)]
+    rates = [sum(s) / 6 for s in per_seed]
+    assert report.eval_mean_at_k == pytest.approx(sum(rates) / 5)
+    assert report.eval_pass_at_k == sum(any(s) for s in per_seed) / 5
+    m = sum(rates) / 5
+    se = (sum((r - m) ** 2 for r in rates) / 4 / 5) ** 0.5
+    assert report.eval_mean_at_k_se == pytest.approx(se)
+    assert 0 < report.eval_mean_at_k < report.eval_pass_at_k  # the figures can tell runs apart
+    again = evaluate(run_dir, EvalRequest(samples=6, temperature=1.0))
+    assert Path(again.file).read_text() == Path(report.file).read_text()

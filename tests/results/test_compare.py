@@ -12,6 +12,7 @@ stats = pytest.importorskip("scipy.stats")
 
 from retrain.cli.app import run_app  # noqa: E402
 from retrain.results.compare import build  # noqa: E402
+from retrain.results.compare_view import plain_lines  # noqa: E402
 from tests.results_helpers import snapshot, write_campaign, write_run  # noqa: E402
 
 # Final rewards with --last 2 are the mean of each run's last two rewards.
@@ -169,6 +170,34 @@ def test_missing_eval(tmp_path, capsys):
     assert b.vs_baseline[1].verdict == "no eval accuracy for a"
     assert run_app(["compare", str(camp)]) == 0
     assert "b vs a: no eval accuracy for a" in capsys.readouterr().out
+
+
+def test_the_sampled_evals_mean_and_pass_at_k_are_compared_by_their_row_names(tmp_path, capsys):
+    """Runs with training.eval_samples > 1: eval_mean_at_k and eval_pass_at_k at the last eval,
+    across seeds and against the baseline (paired); as the race reads them too."""
+    from retrain.results.run_figures import race_value
+
+    mean_k = {("a", 1): 0.30, ("a", 2): 0.35, ("a", 3): 0.40,
+              ("b", 1): 0.50, ("b", 2): 0.60, ("b", 3): 0.62}
+    runs = {key: {"rewards": [0.1, 0.2], "evals": {1: 0.0, 2: 0.5},
+                  "extra": {1: {"eval_mean_at_k": 0.0, "eval_pass_at_k": 0.0},
+                            2: {"eval_mean_at_k": m, "eval_pass_at_k": 0.75}}}
+            for key, m in mean_k.items()}
+    camp = write_campaign(tmp_path / "c", runs)
+    a, b = build(camp).conditions
+    assert (a.eval_mean_at_k.mean, b.eval_pass_at_k.mean) == pytest.approx((0.35, 0.75))
+    d = next(d for d in b.vs_baseline if d.metric == "eval mean@k")
+    xs, ys = [mean_k["b", s] for s in (1, 2, 3)], [mean_k["a", s] for s in (1, 2, 3)]
+    assert (d.diff, d.lo, d.hi) == pytest.approx(_paired(xs, ys)[:3], abs=1e-12)
+    assert race_value(camp / "b_s2", "eval_mean_at_k") == 0.60
+    assert race_value(camp / "b_s2", "eval_pass_at_k") == 0.75
+    assert run_app(["compare", str(camp)]) == 0
+    out = capsys.readouterr().out
+    assert "eval mean@k" in out and "eval pass@k" in out and "b vs a: " in out
+    greedy = build(_campaign(tmp_path))  # rows without them: the report as before
+    assert [d.metric for d in greedy.conditions[1].vs_baseline] == ["final reward",
+                                                                    "eval accuracy"]
+    assert not any("mean@k" in line for line in plain_lines(greedy))
 
 
 def test_grid_cells_are_conditions_with_their_values(tmp_path):

@@ -57,6 +57,39 @@ def _trainer_texts(run, step):
     return texts
 
 
+def _trainer_sampled_texts(run, step, k, temperature):
+    """The k sampled completions per held-out problem the trainer's eval_samples draw at
+    checkpoint `step` (run/eval.py's sample_k over the trainer's backend)."""
+    from retrain.backends import create_backend
+    from retrain.environments.tasks import load_task, render_prompt
+    from retrain.run.eval import sample_k, sampled_params
+
+    cfg = load_config(run / "config.toml")
+    backend = create_backend(cfg.model, cfg.training, cfg.backend, keep_reference=False,
+                             config_dir=run, checkpoint_dir=run / "checkpoints")
+    backend.load_state(str(run / "checkpoints" / f"step-{step:06d}"))
+    held = load_task(cfg.data, cfg.training.seed, run).eval
+    prompts = [render_prompt(backend.tokenizer, p, cfg.data) for p in held]
+    rows = max(16, cfg.training.batch_size * cfg.training.group_size)
+    groups = sample_k(backend.sample, prompts, k, sampled_params(cfg.training, temperature),
+                      rows)
+    return [backend.tokenizer.decode(c.tokens, skip_special_tokens=True)
+            for g in groups for c in g]
+
+
+def test_sampled_eval_draws_what_the_trainers_eval_samples_draw(run_dir):
+    """--samples k repeats the trainer's sampled eval (same seeds, batches, draws), so its
+    eval_mean_at_k is the run's row; the figures as its evals file gives them by hand."""
+    report = evaluate(run_dir, EvalRequest(step=2, samples=5, temperature=1.0))
+    records = [json.loads(line) for line in Path(report.file).read_text().splitlines()]
+    texts = [r["completion"] for r in records]
+    assert texts == _trainer_sampled_texts(run_dir, 2, 5, 1.0)
+    assert len(set(texts)) > len(texts) // 2  # sampled, not one answer repeated
+    rates = [sum(r["correct"] for r in records[i * 5:(i + 1) * 5]) / 5 for i in range(8)]
+    assert report.eval_mean_at_k == pytest.approx(sum(rates) / 8)
+    assert report.eval_pass_at_k == sum(1 for r in rates if r) / 8
+
+
 def _without_evals(run):
     return {k: v for k, v in snapshot(run).items() if not k.startswith("evals/")}
 

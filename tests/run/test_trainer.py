@@ -341,3 +341,27 @@ def test_training_stop_strings_end_the_runs_completions(workdir):
         cut[name] = sum(r["max_token_hit_rate"] for r in got)
     assert tokens["stopped"] < 0.5 * tokens["free"]
     assert cut["stopped"] < cut["free"]
+
+
+def _eval_figures(got: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if "eval" in k and k != "eval_time_s"} for r in got]
+
+
+def test_eval_samples_record_mean_and_pass_at_k_seeded_beside_the_greedy_rows(workdir):
+    """eval_samples = k adds mean@k, pass@k and its error on the eval rows (initial_ too), the
+    same twice for one seed; the greedy figures and the training itself are unchanged."""
+    greedy = write_config(workdir, name="greedy", training={"max_steps": 2})
+    sampled = write_config(workdir, name="sampled", training={
+        "max_steps": 2, "eval_samples": 4, "eval_temperature": 1.0})
+    assert run(greedy) == 0 and run(sampled) == 0
+    plain, got = rows(workdir / "logs" / "greedy"), rows(workdir / "logs" / "sampled")
+    assert not any("_at_k" in k for r in plain for k in r)  # eval_samples = 1: no new keys
+    keys = ("eval_mean_at_k", "eval_pass_at_k", "eval_mean_at_k_se")
+    for r, prefix in ((got[0], "initial_"), (got[1], "")):
+        m, p, se = (r[prefix + k] for k in keys)
+        assert 0 <= m <= p <= 1 and se >= 0
+        assert r[prefix + "eval_accuracy"] == plain[got.index(r)][prefix + "eval_accuracy"]
+    for a, b in zip(plain, got, strict=True):  # the draws of the eval leave training alone
+        assert (a["mean_reward"], a["loss"]) == (b["mean_reward"], b["loss"])
+    assert run(sampled, new=True) == 0
+    assert _eval_figures(rows(workdir / "logs" / "sampled")) == _eval_figures(got)

@@ -138,3 +138,14 @@ class Listing(Environment):
     def step(self, reply: str) -> Step:
         return Step(messages=[{"role": "tool", "name": "ls", "content": self.NAME}],
                     reward=1.0, done=reply.strip().startswith("3"))
+
+
+class EvenLength(Environment):
+    """One turn, a success when the reply has an even number of characters: about half of a
+    random model's replies, so mean@k and pass@k of its samples lie strictly inside (0, 1)."""
+
+    def reset(self, seed: int):
+        return [{"role": "user", "content": f"Say something. (seed {seed})"}]
+
+    def step(self, reply: str) -> Step:
+        return Step(reward=1.0 if len(reply) % 2 == 0 else 0.0, done=True)
