@@ -21,11 +21,11 @@ from tests.run_helpers import rows  # noqa: E402
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model):
-    """2 steps of the Digits environment (reward: the share of digits in each reply), 4
-    held-out episodes evaluated after step 2, a checkpoint every step."""
+    """2 steps of the Fingerprint environment (each reply scored by a checksum of its text,
+    never 0), 4 held-out episodes evaluated after step 2, a checkpoint every step."""
     folder = tmp_path_factory.mktemp("episodes-run")
     shutil.copy(ENVS / "counter_env.py", folder / "counter_env.py")
-    path = env_config(folder, "Digits", params={"turns": 2},
+    path = env_config(folder, "Fingerprint", params={"turns": 2},
                       training={"eval_every": 2, "save_every": 1})
     raw = toml_io.loads(path.read_text())
     raw["data"]["eval_size"] = 4
@@ -42,7 +42,9 @@ def test_eval_plays_the_runs_own_held_out_episodes(run_dir):
     assert report.unit == "episodes" and report.problems == 4
     assert report.accuracy.value == logged[0]["eval_accuracy"]
     assert report.mean_reward == pytest.approx(logged[0]["eval_mean_reward"], abs=1e-12)
-    assert report.mean_reward > 0  # digits were written: the check above can tell runs apart
+    # every reply scores in (0, 1] by its checksum, so the equality above tells checkpoints
+    # apart (with the Digits environment a random model's replies could all score 0)
+    assert report.mean_reward > 0
     records = [json.loads(x) for x in Path(report.file).read_text().splitlines()]
     assert len(records) == 4 and {r["turns"] for r in records} == {2}
     assert records[0]["messages"][0]["role"] == "user"

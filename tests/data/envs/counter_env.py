@@ -149,3 +149,24 @@ class EvenLength(Environment):
 
     def step(self, reply: str) -> Step:
         return Step(reward=1.0 if len(reply) % 2 == 0 else 0.0, done=True)
+
+
+class Fingerprint(Environment):
+    """`turns` turns, each reply scored by a checksum of its text in (0, 1]: two checkpoints
+    that reply differently score differently, and no reply scores 0, whatever the model
+    writes (a random model's replies may hold no digit at all)."""
+
+    def __init__(self, turns: int = 2):
+        self.turns = turns
+
+    def reset(self, seed: int):
+        self.left = self.turns
+        return [{"role": "user", "content": f"Write anything. (seed {seed})"}]
+
+    def step(self, reply: str) -> Step:
+        import zlib
+
+        self.left -= 1
+        score = (zlib.crc32(reply.encode("utf-8")) % 997 + 1) / 997
+        return Step(messages=[{"role": "user", "content": f"{self.left} more"}],
+                    reward=score / self.turns, done=self.left == 0)
