@@ -43,8 +43,11 @@ IMPORT_TIME = ("OMP_", "KMP_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH", "CUDA", "H
 HANDLED = {"PYTHONUNBUFFERED",          # a child's streams are made anew from it
            "PYTHONBREAKPOINT",          # read at each breakpoint() (ray.init sets it)
            "TORCHINDUCTOR_CACHE_DIR",   # read when inductor compiles (retrain sets it then)
-           "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"}   # retrain's HF source sets them, and the
+           "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",   # retrain's HF source sets them, and the
                                                       # libraries' own flags, when it loads
+           # scikit-learn, joblib and threadpoolctl setdefault these when a test imports them;
+           # they are read only by Intel's OpenMP runtime, which torch (GNU libgomp) never loads
+           "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
 SUPPORTED = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines",
              "encoding", "errors", "start_new_session", "bufsize"}
 CPU_S = [0.0]   # CPU seconds of warm children that ended (tests/cpu_report.py counts them)
