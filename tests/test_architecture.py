@@ -17,7 +17,7 @@ FLOORS = {
     1: ["errors", "config", "config.*", "algorithms", "algorithms.*", "control", "control.*",
         "environments.answers", "environments.protocol", "campaign.matrix", "campaign.plan",
         "campaign.ray_address", "campaign.race", "campaign.race_plan", "results.stats",
-        "run.seeds", "bill", "bill.*"],
+        "run.seeds", "run.at_k", "bill", "bill.*"],
     2: ["backends", "backends.*", "slots", "slots.*", "environments", "environments.*",
         "machine", "machine.*", "runfiles", "runfiles.*", "results.run_rows",
         "results.run_figures", "results.spent"],

@@ -44,7 +44,6 @@ from retrain.config.paths import anchor_paths
 from retrain.config.sections import Config, ConfigError, run_config
 from retrain.errors import UserError
 from retrain.machine.cpu import AUTO_THREADS_ENV, available_cores
-from retrain.run.endings import BUDGET, BUDGET_EXIT
 from retrain.runfiles import runlog
 from retrain.slots.file_slots import ENV_VAR, clear_cap, env_value
 
@@ -226,7 +225,7 @@ class Runner:
         return self._finish()
 
     def _wants_run(self, e: RunEntry) -> bool:
-        if e.status in ("pending", "interrupted", BUDGET):  # BUDGET: when it was raised
+        if e.status in ("pending", "interrupted", runlog.BUDGET):  # budget: when it was raised
             return True
         return e.status == "failed" and e.failures <= self.max_retries
 
@@ -274,7 +273,7 @@ class Runner:
     def _launch(self, entry: RunEntry) -> None:
         plan = self.plans[entry.name]
         if why := self.budget.refusal(plan.config, plan.run_dir):  # [campaign] budget_*
-            entry.status = BUDGET
+            entry.status = runlog.BUDGET
             self._save()
             self.say(f"{entry.name}: not started: {why}")
             return
@@ -384,8 +383,8 @@ class Runner:
             self.manifest.status = "interrupted"
         elif counts["failed"]:
             self.manifest.status = "failed"
-        elif counts[BUDGET]:
-            self.manifest.status = BUDGET
+        elif counts[runlog.BUDGET]:
+            self.manifest.status = runlog.BUDGET
         elif counts["completed"] + counts["skipped"] == len(self.manifest.runs):
             self.manifest.status = "completed"
         else:
@@ -396,8 +395,8 @@ class Runner:
         print(summary(self.manifest, self.dir), flush=True)
         if self.stop.signum is not None:
             return 128 + self.stop.signum
-        if self.manifest.status == BUDGET:
-            return BUDGET_EXIT
+        if self.manifest.status == runlog.BUDGET:
+            return runlog.BUDGET_EXIT
         return 0 if self.manifest.status == "completed" else 1
 
     @contextmanager
@@ -424,8 +423,8 @@ def _outcome(code: int, state: runlog.RunState | None, stopping: bool) -> str:
     """completed | failed | interrupted, from the exit status and the run's own state.json."""
     if code == 0 or (state is not None and state.status == "completed"):
         return "completed"
-    if state is not None and state.status == BUDGET:
-        return BUDGET  # stopped at its budget, checkpointed: resumed when it is raised
+    if state is not None and state.status == runlog.BUDGET:
+        return runlog.BUDGET  # stopped at its budget, checkpointed: resumed when it is raised
     if stopping:
         return "interrupted"
     if state is not None and state.status == "interrupted" and code in (130, 143, -2, -15):

@@ -25,7 +25,8 @@ from retrain.config.sections import run_config as changed_config
 from retrain.environments.answers import Problem
 from retrain.errors import UserError
 from retrain.results import run_checkpoint
-from retrain.results.stats import CONFIDENCE, Estimate, at_k, estimate, mean
+from retrain.results.stats import CONFIDENCE, Estimate, estimate, mean
+from retrain.run.at_k import at_k
 from retrain.runfiles import runlog
 
 EVALS_DIR = "evals"

@@ -20,8 +20,6 @@ from retrain.run import checkpoint
 from retrain.run.stop_request import StopRequest
 from retrain.runfiles import runlog
 
-BUDGET_EXIT = 3  # the exit status of a run stopped by its [training] budget
-BUDGET = "budget"  # ... and its state's status
 REPORTED_REWARD_ERRORS = 3  # print the first few scorer failures; the rest are only counted
 DIVERGED_FIX = ("Lower training.lr or training.weight_decay and start over with --new "
                 "(resuming as is repeats the divergence)")
@@ -78,12 +76,12 @@ def record_interrupt(run_dir: Path, state: runlog.RunState, close_progress: Call
 def record_budget(run_dir: Path, state: runlog.RunState, close_progress: Callable[[], None],
                   last_step: int, why: str) -> int:
     """Save `state` as stopped by its budget, say why and how to go on; the exit status."""
-    state.status, state.error = BUDGET, why
+    state.status, state.error = runlog.BUDGET, why
     runlog.save_state(run_dir, state)
     close_progress()
     print(f"stopped after step {state.step}/{last_step}: {why}; checkpoint saved. Raise the "
           "budget and rerun the same command to continue.", file=sys.stderr, flush=True)
-    return BUDGET_EXIT
+    return runlog.BUDGET_EXIT
 
 
 def say_broken_pipe(stop: StopRequest) -> None:

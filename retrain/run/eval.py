@@ -16,7 +16,7 @@ from retrain.bill.tally import JUDGE_TOKENS
 from retrain.environments.answers import Problem
 from retrain.environments.rollout import Rollout
 from retrain.environments.tasks import render_prompt
-from retrain.results.stats import AtK, at_k
+from retrain.run.at_k import AtK, at_k
 from retrain.run.seeds import derive_seed, heldout_episode_seeds
 
 Sample = Callable[[list[TokenIds], int, SamplingParams], list[list[Any]]]

@@ -196,7 +196,8 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
 
 
 # Run states as written in state.json; `status` adds "stale" (says running, process gone).
-RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted", "budget")
+BUDGET, BUDGET_EXIT = "budget", 3  # a run or campaign stopped by its budget: status, exit status
+RUN_STATUSES = ("pending", "running", "completed", "failed", "interrupted", BUDGET)
 
 
 @dataclass
