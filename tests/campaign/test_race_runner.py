@@ -50,7 +50,7 @@ FAKE_WORKER = textwrap.dedent('''
         for step in range(state.step + 1, state.max_steps + 1):
             time.sleep(step_s)
             metrics.write({"step": step, "mean_reward": opts["rewards"][seed - 1],
-                           "step_time_s": step_s})
+                           "step_time_s": step_s, "sampled_tokens": 100})
             state.step = step
             runlog.save_state(run_dir, state)
     state.status = "completed"
@@ -371,3 +371,29 @@ def test_a_condition_whose_runs_all_fail_stops_after_max_retries_and_says_so(env
         "bad_s1", "bad_s1", "bad_s2", "bad_s2", "bad_s3", "bad_s3"]  # 2 attempts, no seed 4
     assert run_app(["status", str(env / "logs")]) in (0, 1)
     assert "bad: no figures at decision 1" in capsys.readouterr().out.replace("\n  ", " ")
+
+
+def test_a_token_budget_stops_a_race_between_its_runs(env, capsys):
+    """[campaign] budget_tokens beside a race: each run spends 200 tokens (2 rows of 100
+    sampled); 1,000 pay for 5 runs, so the first round (9 runs) cannot finish. The runner starts
+    no run past the budget, ends with the budget's exit status and no verdict, and a raised
+    budget lets the same race go on from where it stopped."""
+    path = _write(env)
+    # one worker at a time: runs running at once each see the spend before theirs (docs/cost.md)
+    path.write_text(path.read_text().replace("stagger_seconds = 0", "stagger_seconds = 0\n"
+                                             "budget_tokens = 1000").replace(
+        "max_workers = 3", "max_workers = 1"))
+    done = subprocess.run([sys.executable, str(env / "driver.py"), str(path),
+                           str(env / "fake_worker.py")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 3, done.stdout + done.stderr
+    m = load_manifest(env / "logs" / "exp")
+    assert sum(r.status == "completed" for r in m.runs) == 5
+    assert {r.status for r in m.runs} <= {"completed", "budget", "pending"}
+    assert not m.race.get("state", {}).get("looks")  # no decision on a round cut short
+    assert len(_starts(env)) == 5
+    path.write_text(path.read_text().replace("budget_tokens = 1000", "budget_tokens = 100000"))
+    assert _run(env, path) == 0
+    m = load_manifest(env / "logs" / "exp")
+    assert m.race["outcome"] == "max_seeds" and m.race["runs"]["taken"] == 13
+    assert len(_starts(env)) == 13  # the 5 done before were not run again
