@@ -54,7 +54,9 @@ FAKE_WORKER = textwrap.dedent('''
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     attempts_file = run_dir / "fake_attempts"
     attempt = int(attempts_file.read_text()) + 1 if attempts_file.exists() else 1
-    attempts_file.write_text(str(attempt))
+    # atomically: a test SIGKILLs workers at any moment; a half-written count reads empty
+    (run_dir / "fake_attempts.tmp").write_text(str(attempt))
+    os.replace(run_dir / "fake_attempts.tmp", attempts_file)
     slots = slots_from_env()
     with runlog.MetricsWriter(run_dir / runlog.METRICS_FILE) as metrics:
         for step in range(state.step + 1, state.max_steps + 1):
