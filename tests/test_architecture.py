@@ -20,7 +20,7 @@ FLOORS = {
         "run.seeds", "run.at_k", "bill", "bill.*"],
     2: ["backends", "backends.*", "slots", "slots.*", "environments", "environments.*",
         "machine", "machine.*", "runfiles", "runfiles.*", "results.run_rows",
-        "results.run_figures", "results.spent"],
+        "results.run_figures", "results.spent", "distributed", "distributed.*"],
     3: ["run", "run.*", "environments.rollout"],
     4: ["campaign", "campaign.*"],
     5: ["cli", "cli.*", "__main__", "serve", "serve.*", "results", "results.*"],

@@ -93,7 +93,8 @@ def times(t: Tally, f: float) -> Tally:
     """`t` scaled by `f` (tokens rounded)."""
     return Tally(prefill=round(t.prefill * f), sampled=round(t.sampled * f),
                  trained=round(t.trained * f), judge_input=round(t.judge_input * f),
-                 judge_output=round(t.judge_output * f), wall_s=t.wall_s * f)
+                 judge_output=round(t.judge_output * f), wall_s=t.wall_s * f,
+                 device_s=t.device_s * f)
 
 
 def rest(b: Bound, spent: Tally) -> Tally:
@@ -101,7 +102,8 @@ def rest(b: Bound, spent: Tally) -> Tally:
     left = b.tally - spent
     return Tally(prefill=max(left.prefill, 0), sampled=max(left.sampled, 0),
                  trained=max(left.trained, 0), judge_input=max(left.judge_input, 0),
-                 judge_output=max(left.judge_output, 0), wall_s=max(left.wall_s, 0.0))
+                 judge_output=max(left.judge_output, 0), wall_s=max(left.wall_s, 0.0),
+                 device_s=max(left.device_s, 0.0))
 
 
 def tokens_text(t: Tally) -> str:

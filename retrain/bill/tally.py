@@ -1,6 +1,7 @@
 """What a run spent, as its metrics rows record it: each row holds the deltas since the row
 before (`prefill_tokens`, `sampled_tokens`, `trained_tokens`, `judge_input_tokens`,
-`judge_output_tokens`, `wall_s`); a run's tally is their sum."""
+`judge_output_tokens`, `wall_s`, `device_s`: wall seconds x the run's ranks); a run's tally
+is their sum."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 # tally field -> the metric of a row that holds its per-row delta
 METRICS = {"prefill": "prefill_tokens", "sampled": "sampled_tokens",
            "trained": "trained_tokens", "judge_input": "judge_input_tokens",
-           "judge_output": "judge_output_tokens", "wall_s": "wall_s"}
+           "judge_output": "judge_output_tokens", "wall_s": "wall_s", "device_s": "device_s"}
+REAL = ("wall_s", "device_s")  # seconds; the rest are token counts
 JUDGE_TOKENS = (METRICS["judge_input"], METRICS["judge_output"])
 
 
@@ -26,6 +28,12 @@ class Tally:
     judge_input: int = 0
     judge_output: int = 0
     wall_s: float = 0.0
+    # wall seconds x devices (a run's ranks): what device_hour prices; None: one device
+    device_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.device_s is None:
+            self.device_s = self.wall_s
 
     @property
     def tokens(self) -> int:
@@ -34,7 +42,7 @@ class Tally:
 
     @property
     def device_hours(self) -> float:
-        return self.wall_s / 3600.0
+        return (self.device_s or 0.0) / 3600.0
 
     def __add__(self, other: Tally) -> Tally:
         return Tally(**{f.name: getattr(self, f.name) + getattr(other, f.name)
@@ -56,13 +64,15 @@ class Tally:
     def from_dict(cls, raw: Any) -> Tally:
         """From `as_dict`'s form; missing or unreadable fields count 0."""
         raw = raw if isinstance(raw, Mapping) else {}
-        return cls(**{name: _number(raw.get(name), name == "wall_s") for name in METRICS})
+        return cls(**{name: _number(raw.get(name), name in REAL) for name in METRICS
+                      if name != "device_s" or name in raw})
 
     @classmethod
     def of_row(cls, row: Mapping[str, Any]) -> Tally:
         """One metrics row's spend (rows from before token accounting count 0)."""
-        return cls(**{name: _number(row.get(metric), name == "wall_s")
-                      for name, metric in METRICS.items()})
+        return cls(**{name: _number(row.get(metric), name in REAL)
+                      for name, metric in METRICS.items()
+                      if name != "device_s" or metric in row})  # older rows: one device
 
     @classmethod
     def of_rows(cls, rows: Iterable[Mapping[str, Any]]) -> Tally:

@@ -5,10 +5,12 @@ and its resume point is not past it, then the Trainer's RL steps; closed after."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from retrain.backends import create_backend
 from retrain.config.cross_checks import run_name_problem
 from retrain.config.sections import Config, DataConfig, run_config
+from retrain.distributed.lead import lead
 from retrain.environments.rollout import build_rollouts, uses_scorer
 from retrain.environments.scorer import build_scorer
 from retrain.environments.sft.data import SftData, load_sft, sft_steps
@@ -24,8 +26,9 @@ from retrain.runfiles import runlog
 from retrain.slots.file_slots import slots_from_env
 
 
-def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
-    """Train (or resume) the run described by `cfg`; returns the process exit status."""
+def run_single(cfg: Config, config_path: Path, new: bool = False, group: Any = None) -> int:
+    """Train (or resume) the run described by `cfg`; returns the process exit status.
+    `group`: this process is rank 0 of a run on several ranks (retrain/distributed)."""
     config_path = Path(config_path)
     run_name = cfg.logging.run_name or config_path.stem
     if run_name_problem(run_name):  # a file named `..toml`: its stem names no folder
@@ -34,7 +37,7 @@ def run_single(cfg: Config, config_path: Path, new: bool = False) -> int:
     run_dir = Path(cfg.logging.log_dir) / run_name
     _refuse_a_campaign_folder(config_path, run_dir)
     with run_lock.hold(run_dir):  # a second process on this folder: one line, exit 2
-        return _run_locked(cfg, config_path, run_dir, run_name, new)
+        return _run_locked(cfg, config_path, run_dir, run_name, new, group)
 
 
 def _refuse_a_campaign_folder(config_path: Path, run_dir: Path) -> None:
@@ -49,7 +52,7 @@ def _refuse_a_campaign_folder(config_path: Path, run_dir: Path) -> None:
 
 
 def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
-                new: bool) -> int:
+                new: bool, group: Any) -> int:
     config_dir = config_path.resolve().parent
     needs_sft = cfg.sft.enabled and (new or not _past_sft(run_dir))
     sft = load_sft(cfg.sft, config_dir) if needs_sft else None
@@ -70,9 +73,10 @@ def _run_locked(cfg: Config, config_path: Path, run_dir: Path, run_name: str,
     slots = slots_from_env()  # the campaign's API semaphore, or a no-op for a standalone run
     scorer = build_scorer(cfg.reward, config_dir, run_dir) \
         if rl and uses_scorer(cfg.environment) else None
-    backend = create_backend(cfg.model, cfg.training, cfg.backend, slots,
-                             keep_reference=cfg.algorithm.kl_coef > 0, config_dir=config_dir,
-                             checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR)
+    backend = lead(create_backend(cfg.model, cfg.training, cfg.backend, slots,
+                                  keep_reference=cfg.algorithm.kl_coef > 0,
+                                  config_dir=config_dir,
+                                  checkpoint_dir=run_dir / runlog.CHECKPOINT_DIR), group)
     rollouts = None
     try:
         if rl:

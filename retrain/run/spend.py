@@ -2,7 +2,8 @@
 carried since the row before (`prefill_tokens`, `sampled_tokens`, `trained_tokens`), the
 judge's tokens (`judge_input_tokens`, `judge_output_tokens`: the training rollout's come
 with the scorer's reward metrics, the held-out eval's are added here) and the wall seconds
-since the row before (`wall_s`, for device-hours). Whatever the run spent between two rows
+since the row before (`wall_s`; `device_s`, x the run's ranks `world_size`, for
+device-hours). Whatever the run spent between two rows
 (start-up, the initial eval, checkpoints) goes in the later row. The run's total is the sum
 of its rows (retrain.bill.tally), so a resumed run's budget counts what it already spent.
 """
@@ -26,6 +27,7 @@ class Spend:
     def __init__(self, run_dir: Path, backend: Any, cost: CostConfig, training: TrainingConfig,
                  heldout: Any = None):
         self.run_dir, self.usage, self.heldout = run_dir, backend.token_usage, heldout
+        self.world_size = getattr(backend, "world_size", 1)  # ranks (retrain/distributed)
         self.prices, self.budget = prices(cost), training_budget(training)
         self._seen = self.usage.snapshot()
         self._since = time.perf_counter()
@@ -38,9 +40,10 @@ class Spend:
         prefill, sampled, trained = (a - b for a, b in zip(now, self._seen, strict=True))
         unbilled = self.heldout.take_spent() if self.heldout is not None else {}
         judge = [int(row.get(k) or 0) + int(unbilled.get(k, 0)) for k in JUDGE_TOKENS]
-        spent = Tally(prefill=prefill, sampled=sampled, trained=trained,
-                      judge_input=judge[0], judge_output=judge[1], wall_s=clock - self._since)
-        row.update(spent.row())
+        wall = clock - self._since
+        spent = Tally(prefill=prefill, sampled=sampled, trained=trained, judge_input=judge[0],
+                      judge_output=judge[1], wall_s=wall, device_s=wall * self.world_size)
+        row.update(spent.row(), world_size=self.world_size)
         self.total = total + spent
         self._seen, self._since = now, clock
 

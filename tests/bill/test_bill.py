@@ -72,3 +72,13 @@ def test_bad_cost_and_budget_values_name_the_key(text, key, says):
         loads_config(text, "exp.toml")
     line = str(err.value)
     assert "\n" not in line and line.startswith(f"exp.toml: {key}") and says in line, line
+
+
+def test_device_hours_count_every_rank_and_older_rows_one_device():
+    rows = [{"wall_s": 1800.0, "device_s": 3600.0, "world_size": 2},  # a 2-rank run's row
+            {"wall_s": 1800.0}]                                        # a row from before
+    t = Tally.of_rows(rows)
+    assert t.wall_s == 3600.0 and t.device_hours == pytest.approx(1.5)
+    assert Tally.from_dict(t.as_dict()).device_hours == pytest.approx(1.5)
+    assert Tally.from_dict({"wall_s": 7200.0}).device_hours == pytest.approx(2.0)
+    assert price(t, Prices(device_hour=2.0)).usd == pytest.approx(3.0)

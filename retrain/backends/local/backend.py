@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from retrain.algorithms.aggregation import Normaliser
 from retrain.backends.base import (
     AdamParams,
     BackendError,
@@ -237,9 +238,11 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ training
 
-    def forward_backward(self, datums: list[Datum], loss: LossConfig) -> LossOutput:
+    def forward_backward(self, datums: list[Datum], loss: LossConfig,
+                         norm: Normaliser | None = None, total_tokens: int = 0) -> LossOutput:
         """Accumulate the policy-loss gradient over `datums`, normalised as `loss.aggregation`
-        says (algorithms/aggregation.py) over the whole call.
+        says (algorithms/aggregation.py) over the whole call (`norm`, `total_tokens`: over
+        the whole call of which these datums are one rank's share, retrain/distributed).
 
         With `micro_batch_size = 0` the micro-batches fit the device's free memory
         (training/plan.py) and an out-of-memory error halves the largest and retries; only a
@@ -249,7 +252,7 @@ class LocalBackend:
         while True:
             try:
                 with self.model.lock, oom_as_backend_error("forward_backward"):
-                    out = self._forward_backward(datums, loss, size)
+                    out = self._forward_backward(datums, loss, size, norm, total_tokens)
                     self._loss_finite = self._loss_finite and math.isfinite(out.loss)
                     self.token_usage.count(trained=sum(map(len, datums)))
                     return out
@@ -284,7 +287,8 @@ class LocalBackend:
         return plan.memory_budget(plan.free_bytes(dev, pending), self._token_bytes,
                                   head.chunked)
 
-    def _forward_backward(self, datums: list[Datum], loss: LossConfig, size: int) -> LossOutput:
+    def _forward_backward(self, datums: list[Datum], loss: LossConfig, size: int,
+                          norm: Normaliser | None = None, total_tokens: int = 0) -> LossOutput:
         self.model.activate(self.adapter)
         net = self.model.net
         net.train()
@@ -293,7 +297,7 @@ class LocalBackend:
         trainee = accumulate.Trainee(list(self.params.values()), self.model.pad_id,
                                      self.model.device, self.generator)
         return accumulate.forward_backward(self._forward(net), trainee, datums, loss,
-                                           self._plan(datums, size, net))
+                                           self._plan(datums, size, net), norm, total_tokens)
 
     def logprobs(self, datums: list[Datum], temperature: float = 1.0,
                  adapter: str | None = None) -> list[list[float]]:

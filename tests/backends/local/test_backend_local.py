@@ -315,11 +315,11 @@ def test_out_of_memory_becomes_typed_error_after_halving(model, backend, monkeyp
     sizes = []
     real = LocalBackend._forward_backward
 
-    def fake(self, datums, loss, size):
+    def fake(self, datums, loss, size, *share):
         sizes.append(size)
         if size == 0 or size > 3:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(self, datums, loss, size)
+        return real(self, datums, loss, size, *share)
 
     monkeypatch.setattr(LocalBackend, "_forward_backward", fake)
     out = backend.forward_backward(datums, LossConfig())  # auto: halves until it fits

@@ -52,18 +52,22 @@ class Trainee:
 
 
 def forward_backward(forward: Forward, trainee: Trainee, datums: list[Datum],
-                     loss: LossConfig, units: list[Unit]) -> LossOutput:
-    """Accumulate the gradient of `loss` over `datums`, micro-batch by micro-batch."""
+                     loss: LossConfig, units: list[Unit],
+                     norm: aggregation.Normaliser | None = None, whole_tokens: int = 0
+                     ) -> LossOutput:
+    """Accumulate the gradient of `loss` over `datums`, micro-batch by micro-batch. `norm`
+    and `whole_tokens`: `datums` are one rank's share of a call (retrain/distributed), with
+    their weights in the whole call's normaliser and the call's loss tokens."""
     tokens = [sum(1 for m in d.mask if m > 0) for d in datums]
     total_tokens = sum(tokens)
     out_lp: list[list[float]] = [[0.0] * len(d.target_tokens) for d in datums]
     if total_tokens == 0:
         return LossOutput(loss=0.0, logprobs=out_lp, metrics={"tokens": 0.0})
-    norm = aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
+    norm = norm or aggregation.normaliser(tokens, loss.aggregation, loss.max_tokens)
     dev = trainee.device
     batches = [forward.pack(datums, unit, trainee.pad_id, dev, norm.weights,
                             with_ref=bool(loss.kl_coef)) for unit in units]
-    grads = GradDiagnostics(trainee.params, total_tokens, len(units))
+    grads = GradDiagnostics(trainee.params, whole_tokens or total_tokens, len(units))
     loss_sum, kl_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
     ratios, lps, diagnostics_s = policy_losses.RatioStats(), [], 0.0
     with seeded_dropout(trainee.generator, dev):

@@ -1,0 +1,48 @@
+"""`retrain FILE.toml` with [distributed] nproc_per_node > 1: start the ranks on this node
+through torch's elastic launcher (torchrun's own library), each running the same command
+under torchrun's environment, and wait for them. No process manager of our own: the agent
+watches the ranks, and when one fails it stops the others."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import uuid
+
+from retrain.errors import UserError
+
+
+def start_ranks(nproc: int, argv: list[str]) -> int:
+    """Run `python -m retrain *argv` as `nproc` ranks; returns the run's exit status (rank
+    0's, or the failed rank's, named on stderr)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                          run_id=f"retrain-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "retrain", *argv)
+    except ChildFailedError as exc:
+        return _failed(exc.failures)
+    except Exception as exc:  # the agent's own failure: rendezvous, a signal
+        name = type(exc).__name__
+        if name == "SignalException":
+            return 128 + int(getattr(exc, "sigval", signal.SIGINT))
+        raise UserError(f"the launcher of the {nproc} ranks failed: {exc}", exit_code=1) from exc
+    return 0
+
+
+def _failed(failures: dict) -> int:
+    """The run's status: rank 0's when it failed (it said why), else the first failed rank's,
+    named here (its own output is above)."""
+    if 0 in failures and failures[0].exitcode > 0:
+        return failures[0].exitcode
+    rank = min(failures)
+    f = failures[rank]
+    how = f"was killed by signal {-f.exitcode}" if f.exitcode < 0 else \
+        f"exited with status {f.exitcode}"
+    print(f"retrain: rank {rank} (pid {f.pid}) {how}; the launcher stopped every rank. The "
+          "run folder keeps its last checkpoint: rerun the same command to resume",
+          file=sys.stderr, flush=True)
+    return f.exitcode if f.exitcode > 0 else 1

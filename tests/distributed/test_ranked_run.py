@@ -1,0 +1,152 @@
+"""A run on two CPU ranks (gloo, 1 thread each) through the real CLI under torch's launcher:
+it equals the same run in one process (rows, the adapter to float32 rounding, the run
+folder), on one node and as two "nodes" on localhost; a rank killed mid-run stops the
+launcher within a bounded time, naming the rank, and the rerun resumes exactly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.run_helpers import rows, run_in_process, same_rows, wait_until, write_config
+
+STEPS = 4
+# batch_size 3 on 2 ranks: 2 groups on rank 0 and 1 on rank 1 (uneven splits work)
+TRAINING = {"max_steps": STEPS, "batch_size": 3, "save_every": 1}
+# Times, memory and where the run ran are the process's; the rest must be the same.
+OWN = ("time", "_s", "rss", "load_average", "tokens_per_second", "world_size", "cpu_threads",
+       "others_busy_cores")
+
+
+def _science(row: dict) -> tuple[str, ...]:
+    return tuple(k for k, v in row.items() if isinstance(v, (int, float)) and not any(
+        o in k for o in OWN))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, model_cache) -> Path:
+    """The run in one process (in this one: it spares a process's start)."""
+    folder = tmp_path_factory.mktemp("one")
+    write_config(folder, "run", training=TRAINING)
+    done = run_in_process(["run.toml"], folder, {"RETRAIN_CACHE": str(model_cache)})
+    assert done.returncode == 0, done.stderr
+    return folder / "logs" / "run"
+
+
+def _torchrun(python: str, *args: str) -> list[str]:
+    return [python, "-m", "torch.distributed.run", *args, "-m", "retrain", "run.toml"]
+
+
+def _same_run(reference: Path, run_dir: Path, steps: int = STEPS) -> None:
+    want, got = rows(reference)[:steps], rows(run_dir)
+    assert len(got) == len(want)
+    for a, b in zip(want, got, strict=True):
+        same_rows([a], [b], _science(a))
+    assert [r["world_size"] for r in got] == [2] * len(got)
+    assert [r["world_size"] for r in want] == [1] * len(want)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(p.name for p in reference.iterdir())
+    _same_adapter(reference / "checkpoints" / f"step-{steps:06d}",
+                  run_dir / "checkpoints" / f"step-{steps:06d}")
+
+
+def _same_adapter(a: Path, b: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    want, got = (load_file(p / "adapter_model.safetensors") for p in (a, b))
+    assert want.keys() == got.keys()
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_two_ranks_equal_one_process(tmp_path, reference, cli_env, python):
+    write_config(tmp_path, "run", training=TRAINING)
+    done = subprocess.run(_torchrun(python, "--standalone", "--nproc-per-node", "2"),
+                          cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(f"step {STEPS}/{STEPS}") == 1  # rank 0 alone reports
+    _same_run(reference, tmp_path / "logs" / "run")
+    status = run_in_process(["status", "logs/run"], tmp_path)
+    assert status.returncode == 0 and f"{STEPS}/{STEPS}" in status.stdout, status.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_equal_one_process(tmp_path, reference, cli_env, python):
+    """torchrun --nnodes 2 as a user starts a job on two machines, here both on localhost,
+    each node with its own folder (rank 0's is the run's)."""
+    port = _free_port()
+    nodes = []
+    for node in (0, 1):
+        folder = tmp_path / f"node{node}"
+        folder.mkdir()
+        write_config(folder, "run", training=TRAINING)
+        nodes.append(subprocess.Popen(
+            _torchrun(python, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+                      "1", "--master-addr", "127.0.0.1", "--master-port", str(port)),
+            cwd=folder, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    outs = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    _same_run(reference, tmp_path / "node0" / "logs" / "run")
+    assert not (tmp_path / "node1" / "logs").exists()  # no rank but 0 writes
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of the launcher's worker with RANK=`rank` (from /proc)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and \
+                f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_a_killed_rank_stops_the_run_and_the_rerun_resumes_exactly(tmp_path, reference,
+                                                                   cli_env, python):
+    write_config(tmp_path, "run", training=TRAINING)
+    run_dir = tmp_path / "logs" / "run"
+    slow = {**cli_env, "RETRAIN_TEST_REWARD_DELAY": "0.05"}  # a step takes ~1 s: time to kill
+    launcher = subprocess.Popen(_torchrun(python, "--standalone", "--nproc-per-node", "2"),
+                                cwd=tmp_path, env=slow, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rows(run_dir)) >= 1,
+                   120, "the first step's row")
+        victim = _rank_pid(launcher.pid, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        stopped_in = time.monotonic() - start
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0 and stopped_in < 90, err[-2000:]
+    assert len(rows(run_dir)) < STEPS, "the run went on without its rank"
+    assert "rank" in err, err[-2000:]
+    done = subprocess.run(_torchrun(python, "--standalone", "--nproc-per-node", "2"),
+                          cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stdout + done.stderr
+    _same_run(reference, run_dir)
+    shutil.rmtree(run_dir)
