@@ -32,11 +32,12 @@ def distributed_line(cfg: Config, config_dir: Path) -> str | None:
     d, t = cfg.distributed, cfg.training
     if not several(d):
         return None
-    world = ranks(d, visible_gpus(cfg.model.device) or 0) if d.nproc_per_node == AUTO \
-        else ranks(d)
+    visible = visible_gpus(cfg.model.device) if d.nproc_per_node == AUTO else None
+    world = ranks(d, visible or 0)
     how = " (auto: the visible GPUs)" if d.nproc_per_node == AUTO else ""
     if world == 1:
-        return "1 rank (nproc_per_node = \"auto\": no CUDA device here)"
+        return ("1 rank (nproc_per_node = \"auto\": " +
+                ("one visible GPU)" if visible else "no CUDA device here)"))
     updates = t.mini_batches * t.epochs
     trainable = trainable_count(cfg, config_dir)
     reduce = (f"all-reduce ~{size_text(allreduce_bytes(trainable, updates))} per step "
