@@ -29,6 +29,7 @@ class Job:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)   # added to the runner's environment
     attempt: int = 0   # which attempt of the run this is (the Ray executor names actors by it)
+    ranks: int = 1     # its processes ([distributed] nproc_per_node): Ray reserves for each
 
 
 class Worker(Protocol):

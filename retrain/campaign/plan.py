@@ -49,7 +49,8 @@ class CampaignPlan:
     name: str = opt("", "campaign folder name under log_dir (default: the TOML file's stem)")
     seeds: list[int] = opt([], "one run per seed per condition", factory=True)
     parallel: bool = opt(False, "run several workers at once")
-    max_workers: int = opt(2, "workers alive at once when parallel (0 = all)", lo=0,
+    max_workers: int = opt(2, "workers alive at once when parallel, a run of N ranks "
+                           "([distributed]) counting N (0 = all)", lo=0,
                            hi=MAX_WORKERS)
     stagger_seconds: float = opt(5.0, "minimum gap between worker launches", lo=0, hi=MAX_WAIT_S)
     max_retries: int = opt(1, "extra attempts for a failed run on re-launch", lo=0, hi=1000)
@@ -62,8 +63,8 @@ class CampaignPlan:
     ray_address: str = opt("", "ray: cluster address, host:port or ray://host:port ('' = "
                            "$RAY_ADDRESS or a running cluster, else start one here)")
     run_resources: dict = opt({}, "ray: resources per run, {cpu = N, gpu = M} (default: cpu = "
-                              "model.threads or 1, gpu = 1 when the model runs on cuda)",
-                              factory=True)
+                              "model.threads or 1, gpu = 1 when the model runs on cuda); "
+                              "per rank with [distributed] nproc_per_node > 1", factory=True)
     race: dict = opt({}, "[campaign.race]: race the conditions seed by seed, eliminating the "
                      "ones behind beyond doubt (metric, direction, min_seeds, max_seeds, "
                      "round_seeds, confidence, margin, budget_runs, threshold; "

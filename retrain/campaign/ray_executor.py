@@ -1,8 +1,10 @@
 """The Ray executor: each run is one detached, named Ray actor that starts the same worker
 process as the local executor (`python -m retrain run <config>`) on the node Ray picked.
 
-- Placement: the actor asks for the run's resources (`[campaign] run_resources`), so Ray puts
-  it where they are free; the runner still caps runs in flight and spaces launches.
+- Placement: the actor asks for the run's resources (`[campaign] run_resources`, per rank: a
+  run of N ranks asks N times them, so its worker's N processes share one node and see the N
+  GPUs Ray gave the actor), so Ray puts it where they are free; the runner still caps runs in
+  flight (counting ranks) and spaces launches.
 - Node loss: the actor dies with its node; the worker notices (`lost = True`) and the runner
   starts the run again elsewhere, where the trainer resumes from its last checkpoint.
 - Runner loss: actors are detached and named `run:<campaign key>:<run>:<attempt>`, so a new
@@ -33,6 +35,7 @@ from typing import Any
 from retrain.campaign import ray_address, ray_cluster
 from retrain.campaign.executor import Job
 from retrain.campaign.plan import CampaignPlan, run_resources
+from retrain.config.distributed_section import ranks
 from retrain.config.judge_section import JudgeConfig, judge_config
 from retrain.config.sections import Config
 from retrain.errors import UserError
@@ -257,10 +260,10 @@ class RayExecutor:
         running = self.adopt(job.name, attempt)
         if running is not None:
             return running
-        name = run_actor_name(self.key, job.name, attempt)
+        name, ranks = run_actor_name(self.key, job.name, attempt), getattr(job, "ranks", 1)
         actor = _actor_class().options(
-            name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=self.cpu,
-            num_gpus=self.gpu, max_restarts=0, max_concurrency=8).remote()
+            name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=self.cpu * ranks,
+            num_gpus=self.gpu * ranks, max_restarts=0, max_concurrency=8).remote()
         job.log_path.parent.mkdir(parents=True, exist_ok=True)
         info_ref = actor.start.remote(str(job.config_path), str(job.log_path), dict(job.env),
                                       self.command)
@@ -341,7 +344,8 @@ def describe_cluster(cfg: Config, plan: CampaignPlan,
         return "no cluster running; the campaign starts one on this machine", None
     except Exception as exc:  # no Ray: explain goes on without it
         return f"no cluster reachable ({type(exc).__name__})", None
-    res = run_resources(cfg, plan, sum(n.get("GPU", 0.0) for n in nodes))
+    per_rank = run_resources(cfg, plan, sum(n.get("GPU", 0.0) for n in nodes))
+    res = {k: v * ranks(cfg.distributed) for k, v in per_rank.items()}  # "auto": 1 (a CPU)
     fits = sum(_fits(n, res) for n in nodes)
     cpus, gpus = sum(n.get("CPU", 0.0) for n in nodes), sum(n.get("GPU", 0.0) for n in nodes)
     text = (f"{len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU; each run asks "

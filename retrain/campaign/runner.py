@@ -40,10 +40,10 @@ from retrain.campaign.run_records import (
     record_progress,
     write_run_config,
 )
+from retrain.campaign.seats import capacity, check_ranks, fits, run_ranks, thread_share_env
 from retrain.config.paths import anchor_paths
 from retrain.config.sections import Config, ConfigError, run_config
 from retrain.errors import UserError
-from retrain.machine.cpu import AUTO_THREADS_ENV, available_cores
 from retrain.runfiles import runlog
 from retrain.slots.file_slots import ENV_VAR, clear_cap, env_value
 
@@ -71,6 +71,8 @@ def run_campaign(cfg: Config, campaign: CampaignPlan, config_path: str | Path, n
     if race is not None:  # a metric the runs do not produce: refused before anything is made
         check_runs(race, {s.condition: run_config_for(cfg, s, campaign_dir) for s in specs},
                    str(config_path))
+    check_ranks(campaign, {s.name: run_config_for(cfg, s, campaign_dir) for s in specs},
+                str(config_path))
     campaign_dir.mkdir(parents=True, exist_ok=True)
     with runner_lock(campaign_dir):
         executor = executor or executor_for(cfg, campaign, campaign_dir)
@@ -184,11 +186,11 @@ class Runner:
         self.manifest = manifest
         self.executor = executor
         self.max_retries = c.max_retries
-        n = len(plans)
-        self.max_workers = (c.max_workers or n) if c.parallel else 1
+        self.ranks = {p.spec.name: run_ranks(p.config) for p in plans}  # ranks of each run
+        self.max_workers = capacity(c, list(self.ranks.values()))  # ranks alive at once
         self.stagger = c.stagger_seconds if c.parallel else 0.0
         self.env = {ENV_VAR: env_value(campaign_dir / SLOTS_DIR, cfg.backend.slot_count),
-                    **thread_share_env(cfg, min(self.max_workers, n))}
+                    **thread_share_env(cfg, min(self.max_workers, sum(self.ranks.values())))}
         if hasattr(executor, "worker_env"):  # Ray: the slot actor instead of a local folder
             self.env = executor.worker_env(cfg.backend.slot_count)
         self.concurrency = concurrency
@@ -239,7 +241,7 @@ class Runner:
             if self._reap():
                 tick = TICK_S
             now = time.monotonic()
-            if todo and len(self.alive) < self.max_workers and now >= next_launch:
+            if self._room(todo) and now >= next_launch:
                 self._launch(todo.pop(0))
                 # Counted from after the spawn, so recorded start times are >= stagger apart
                 # however long writing the run's config and log header took.
@@ -252,10 +254,15 @@ class Runner:
             if self.concurrency is not None:
                 self._tune_concurrency()
             wait = tick
-            if todo and len(self.alive) < self.max_workers:
+            if self._room(todo):
                 wait = min(wait, max(0.0, next_launch - now))
             time.sleep(wait)
             tick = min(tick * 1.5, MAX_TICK_S)
+
+    def _room(self, todo: list[RunEntry]) -> bool:
+        """Whether the next run's ranks fit beside those of the runs alive (`seats`)."""
+        return bool(todo) and fits(self.ranks[todo[0].name],
+                                   [self.ranks.get(n, 1) for n in self.alive], self.max_workers)
 
     def _next_round(self, todo: list[RunEntry]) -> bool:
         """A race's next decision once its released runs have ended; True if it released
@@ -288,7 +295,8 @@ class Runner:
         entry.status, entry.pid, entry.error = "running", 0, ""
         self._save()  # before the start: a runner killed in between leaves a trace to adopt
         worker = self.executor.launch(ex.Job(entry.name, config_path, log_path, self.env,
-                                             attempt=entry.attempts))
+                                             attempt=entry.attempts,
+                                             ranks=self.ranks[entry.name]))
         entry.pid = worker.pid
         self.alive[entry.name] = worker
         self._save()
@@ -430,14 +438,3 @@ def _outcome(code: int, state: runlog.RunState | None, stopping: bool) -> str:
     if state is not None and state.status == "interrupted" and code in (130, 143, -2, -15):
         return "interrupted"  # someone stopped this worker on purpose; it checkpointed
     return "failed"
-
-
-def thread_share_env(cfg: Config, workers: int) -> dict[str, str]:
-    """Split the cores between local workers that run at once (each `threads = 0` worker).
-
-    Oversubscribed torch threads spin-wait for each other: measured on 2 cores, a second
-    busy process made a 2-thread SmolLM2 sampling step 10x slower, a 1-thread one not at all.
-    """
-    if cfg.backend.backend != "local" or workers <= 1:
-        return {}
-    return {AUTO_THREADS_ENV: str(max(1, available_cores() // workers))}

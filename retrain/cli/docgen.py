@@ -33,6 +33,11 @@ SECTION_INTROS = {
     "training": "Step sizes, optimizer, sampling and checkpoints. "
                 "`batch_size` = prompts per step, `group_size` = completions per prompt.",
     "backend": "Where sampling and training run.",
+    "distributed": "One run on several devices: `nproc_per_node` ranks, each sampling and "
+                   "training whole prompt groups of every step, gradients all-reduced; the "
+                   "result does not depend on their number (a resume may change it). A "
+                   "campaign counts a run's ranks against `max_workers`. See "
+                   "docs/distributed.md.",
     "backpressure": "The USL controller that can tune `batch_size` from measured throughput.",
     "sft": "A supervised stage before the RL steps: conversations from [sft.data], only the "
            "assistant tokens trained. See docs/sft.md.",

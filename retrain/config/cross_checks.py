@@ -14,6 +14,7 @@ import unicodedata
 
 from retrain.algorithms.losses import config_problems
 from retrain.config.cost_section import cost_issues
+from retrain.config.distributed_section import distributed_issues, several
 from retrain.config.judge_section import judge_issues
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 from retrain.config.sft_section import sft_issues
@@ -40,7 +41,8 @@ def cross_checks(cfg) -> list[ConfigIssue]:
                                   "by 1 - lr x weight_decay each step, which then flips its sign "
                                   "and grows it until the weights diverge; keep weight_decay "
                                   f"below 1 / lr = {1 / t.lr:.3g} (0.0 to 0.1 is usual)"))
-    if t.max_steps_off_policy and cfg.backend.backend != "tinker":
+    if t.max_steps_off_policy and cfg.backend.backend != "tinker" and \
+            not several(cfg.distributed):  # several ranks: distributed_issues says it
         issues.append(ConfigIssue("training.max_steps_off_policy", "needs backend = 'tinker': "
                                   "the local backend samples and trains on the same device, one "
                                   "at a time, so overlap only makes samples stale; set it to 0"))
@@ -56,6 +58,7 @@ def cross_checks(cfg) -> list[ConfigIssue]:
     issues += _environment_conflicts(cfg)
     issues += _recipe_conflicts(cfg)
     issues += _finetune_conflicts(cfg)
+    issues += distributed_issues(cfg)
     issues += [ConfigIssue(k, m) for k, m in config_problems(cfg.algorithm, cfg.backend.backend)]
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:

@@ -19,6 +19,7 @@ from retrain.config import sections as config
 from retrain.config import toml_io
 from retrain.config.cost_section import campaign_cost_issues
 from retrain.config.cross_checks import cross_checks, table_checks
+from retrain.config.distributed_section import AUTO, gpu_issues, visible_gpus
 from retrain.config.judge_section import JudgeConfig
 from retrain.config.paths import special_file
 from retrain.config.schema import flatten, section_problem
@@ -58,7 +59,20 @@ def read_file(path: str | Path, overrides: dict[str, Any] | None = None
     raw = read_toml_file(path)
     if overrides:
         raw = config.apply_overrides(raw, overrides)
-    return parse(raw, str(path))
+    cfg, plan = parse(raw, str(path))
+    issues = device_issues(cfg, plan)
+    if issues:
+        raise ConfigError(str(path), issues)
+    return cfg, plan
+
+
+def device_issues(cfg: Config, plan: CampaignPlan) -> list[ConfigIssue]:
+    """More ranks than this machine's GPUs, for a file about to run or be explained here (a
+    Ray campaign's runs are checked on their own nodes, by their worker's load)."""
+    if cfg.distributed.nproc_per_node in (1, AUTO) or plan.is_campaign and \
+            plan.executor == "ray":
+        return []
+    return gpu_issues(cfg.distributed, visible_gpus(cfg.model.device))
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None

@@ -52,7 +52,8 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.save_every", "training.eval
                      "reward.judge.base_url", "reward.judge.api_key_env", "reward.judge.timeout_s",
                      "reward.judge.retries", "reward.judge.max_concurrent",
                      "reward.judge.max_failed_steps", "logging.", "campaign.",
-                     "training.budget_usd", "training.budget_tokens", "cost.")
+                     "training.budget_usd", "training.budget_tokens", "cost.",
+                     "distributed.")
 PREFIX = runlog.CHECKPOINT_PREFIX
 POINT_SUFFIX = ".json"   # checkpoints/step-000012.json: the resume point of step 12
 

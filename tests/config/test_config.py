@@ -369,7 +369,8 @@ def _field_strategy(section: str, f: dataclasses.Field):
     if tp == bool | str:
         return st.one_of(st.booleans(), st.sampled_from(meta["words"]))
     if tp == float | str:
-        return st.one_of(st.floats(lo, hi), st.sampled_from(meta["words"]))
+        return st.one_of(st.floats(lo, hi, allow_nan=False, allow_infinity=False),
+                         st.sampled_from(meta["words"]))
     if tp is float:
         lo_v = lo if lo is not None else -1e9
         return st.floats(lo_v, hi if hi is not None else 1e9, exclude_min=bool(meta["lo_open"]),
@@ -489,6 +490,13 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:
         bp.increase_margin = 0.5
+    d = cfg.distributed  # several ranks: local, on-policy, a rank's groups, no GPU asked here
+    if be.backend == "tinker" or t.max_steps_off_policy or (
+            d.nproc_per_node != "auto" and cfg.model.device in ("cuda", "auto")):
+        d.nproc_per_node = 1
+    elif d.nproc_per_node != "auto":
+        d.nproc_per_node = min(d.nproc_per_node, t.batch_size,
+                               bp.min_batch_size if bp.enabled else t.batch_size)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrain.campaign.runner import thread_share_env
+from retrain.campaign.seats import thread_share_env
 from retrain.config.sections import Config, run_config
 from retrain.machine.cpu import (
     AUTO_THREADS_ENV,
@@ -24,7 +24,7 @@ def test_auto_threads_uses_the_share_when_set(monkeypatch) -> None:
 
 
 def test_local_workers_split_the_cores(monkeypatch) -> None:
-    monkeypatch.setattr("retrain.campaign.runner.available_cores", lambda: 8)
+    monkeypatch.setattr("retrain.campaign.seats.available_cores", lambda: 8)
     local = Config()
     assert thread_share_env(local, 1) == {}
     assert thread_share_env(local, 2) == {AUTO_THREADS_ENV: "4"}

@@ -20,6 +20,7 @@ from retrain.campaign.plan import CampaignPlan
 from retrain.cli import render
 from retrain.cli.explain.cost import CostEstimate, cost_estimate
 from retrain.cli.explain.data import DataReader
+from retrain.cli.explain.distributed import distributed_line
 from retrain.cli.explain.memory import memory_line, model_family
 from retrain.cli.explain.race import race_settings
 from retrain.cli.explain.warnings import warnings
@@ -117,6 +118,8 @@ def build_report(path: str | Path, overrides: dict[str, Any] | None = None) -> R
     if cfg.backend.backend == "local":  # a campaign's line: its first full run's, if any
         shown = next((c for c in run_cfgs if c.model.finetune == "full"), run_cfgs[0])
         settings["memory"] = memory_line(shown, path.parent)
+        if ranks_line := distributed_line(run_cfgs[0], path.parent):
+            settings["distributed"] = ranks_line
         settings["sampler"] = sampler_line(cfg.backend.sampler, cfg.model.device,
                                            *model_family(cfg.model.name, path.parent))
     return Report(
@@ -330,7 +333,7 @@ def _summary_lines(r: Report) -> list[tuple[str, str]]:
     if "backend.sampler" in s:
         out.append(("sampler", s.get("sampler") or sampler_line(s["backend.sampler"],
                                                                  s["model.device"])))
-    out += [(k, s[k]) for k in ("memory", "judge", "race") if k in s]
+    out += [(k, s[k]) for k in ("memory", "distributed", "judge", "race") if k in s]
     if "backend.max_concurrent" in s:
         cap = s["backend.max_concurrent"]
         out.append(("API calls", f"at most {cap} in flight" if cap != "auto" else

@@ -96,6 +96,18 @@ def weights_dtype(cfg: Config) -> str:
     return "bfloat16" if device == "cpu" and cpu_has_native_bf16() else "float32"
 
 
+def trainable_count(cfg: Config, config_dir: Path) -> int | None:
+    """Parameters that train (the adapter's, or every one for full fine-tuning); None until
+    the model is on this machine or when no LoRA target matches."""
+    folder = model_folder(cfg.model.name, config_dir)
+    shapes = read_shapes(folder) if folder else None
+    if shapes is None:
+        return None
+    m = cfg.model
+    return shapes.count() if m.finetune == "full" else \
+        shapes.lora_count(m.lora_target_modules, m.lora_rank)
+
+
 def memory_line(cfg: Config, config_dir: Path) -> str:
     """The explain line: the configured mode's estimate, compared with the other mode's."""
     m = cfg.model
@@ -110,23 +122,23 @@ def memory_line(cfg: Config, config_dir: Path) -> str:
     adapter = shapes.lora_count(m.lora_target_modules, m.lora_rank)
     full = full_estimate(params, element, cfg.algorithm.kl_coef > 0)
     lora = lora_estimate(params, adapter, element) if adapter is not None else None
-    lora_text = (f"~{_size(lora.total)} ({_count(adapter)} adapter parameters)"
+    lora_text = (f"~{size_text(lora.total)} ({_count(adapter)} adapter parameters)"
                  if lora else "unknown (no target modules matched)")
     if m.finetune == "full":
-        ref = f" + base copy for the KL term {_size(full.reference)}" if full.reference else ""
-        head = (f"full fine-tuning: ~{_size(full.total)} = weights {_size(full.weights)} + "
-                f"gradients {_size(full.grads)} + AdamW states {_size(full.adam)} + the "
-                f"update's undo copy {_size(full.undo)}{ref} "
+        ref = f" + base copy for the KL term {size_text(full.reference)}" if full.reference else ""
+        head = (f"full fine-tuning: ~{size_text(full.total)} = weights {size_text(full.weights)} + "
+                f"gradients {size_text(full.grads)} + AdamW states {size_text(full.adam)} + the "
+                f"update's undo copy {size_text(full.undo)}{ref} "
                 f"({_count(params)} parameters, {dtype}); LoRA rank {m.lora_rank}: "
-                f"{lora_text}; each checkpoint ~{_size(full.weights + full.adam)} on disk")
+                f"{lora_text}; each checkpoint ~{size_text(full.weights + full.adam)} on disk")
     else:
         head = (f"LoRA rank {m.lora_rank}: {lora_text} for the weights ({_count(params)} "
                 f"parameters, {dtype}) and the adapter's gradients, AdamW states and undo "
-                f"copy; full fine-tuning: ~{_size(full.total)}")
+                f"copy; full fine-tuning: ~{size_text(full.total)}")
     return head + "; an estimate: activations and the KV cache come on top"
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     for unit, scale in (("GiB", GIB), ("MiB", 1024**2)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
