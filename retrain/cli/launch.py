@@ -50,8 +50,8 @@ def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: b
 
 def _per_node(cfg: Any) -> int:
     """[distributed] nproc_per_node, "auto" resolved (every visible GPU; 1 on a CPU)."""
-    if not hasattr(cfg, "distributed"):  # TEMP until the section lands
-        return 1
-    from retrain.config.distributed_section import processes_per_node
+    from retrain.config.distributed_section import ranks, several, visible_gpus
 
-    return processes_per_node(cfg.distributed, cfg.model.device)
+    if not several(cfg.distributed):
+        return 1
+    return ranks(cfg.distributed, visible_gpus(cfg.model.device) or 0)

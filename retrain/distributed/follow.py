@@ -19,8 +19,7 @@ def run_ranked(cfg: Any, config_path: Path, ranks: RankEnv,
     """Join the group; rank 0: `run(group)` (the single run, given the group), then close
     the run for every rank; the other ranks: serve until then."""
     check_world(cfg, ranks.world)
-    timeout_s = getattr(getattr(cfg, "distributed", None), "timeout_s", 600.0)  # TEMP
-    group = join(ranks, timeout_s, cuda=_on_cuda(cfg.model.device))
+    group = join(ranks, cfg.distributed.timeout_s, cuda=_on_cuda(cfg.model.device))
     try:
         if group.leader:
             try:

@@ -33,8 +33,10 @@ def join(ranks: RankEnv, timeout_s: float, cuda: bool) -> Group:
     import torch
     import torch.distributed as dist
 
-    # The automatic CPU threads share the node's cores (or the campaign's share) by rank.
-    os.environ[AUTO_THREADS_ENV] = str(max(1, auto_threads() // max(1, ranks.local_world)))
+    # The automatic CPU threads: the node's cores shared by its ranks (a campaign sets each
+    # rank's share itself).
+    os.environ.setdefault(AUTO_THREADS_ENV,
+                          str(max(1, auto_threads() // max(1, ranks.local_world))))
     timeout = timedelta(seconds=timeout_s)
     if cuda:
         if ranks.local_rank >= torch.cuda.device_count():

@@ -33,13 +33,26 @@ def start_ranks(nproc: int, argv: list[str]) -> int:
     return 0
 
 
+def _cause(rank: int, exitcode: int) -> int:
+    """How likely an ending is the first failure: killed from outside (SIGKILL, the OOM
+    killer, a crash), then a rank other than 0 that exited with an error, then rank 0 (which
+    also fails when another rank is gone), then the agent's own SIGTERM to the rest."""
+    if exitcode < 0 and exitcode != -signal.SIGTERM:
+        return 0
+    if exitcode > 0:
+        return 1 if rank else 2
+    return 3
+
+
 def _failed(failures: dict) -> int:
-    """The run's status: rank 0's when it failed (it said why), else the first failed rank's,
-    named here (its own output is above)."""
-    if 0 in failures and failures[0].exitcode > 0:
-        return failures[0].exitcode
-    rank = min(failures)
+    """The run's status: the rank that failed first, named here (its own output is above); a
+    rank 0 that failed on its own said why itself. Timestamps are whole seconds, so the
+    cause is told from the consequences by how each ended (`_cause`)."""
+    rank = min(failures, key=lambda r: (_cause(r, failures[r].exitcode),
+                                        failures[r].timestamp, r))
     f = failures[rank]
+    if rank == 0 and f.exitcode > 0:
+        return f.exitcode
     how = f"was killed by signal {-f.exitcode}" if f.exitcode < 0 else \
         f"exited with status {f.exitcode}"
     print(f"retrain: rank {rank} (pid {f.pid}) {how}; the launcher stopped every rank. The "

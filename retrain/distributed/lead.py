@@ -61,7 +61,8 @@ class LeadBackend:
             replies = exchange(self.inner, self.group, msgs)
         except RuntimeError as exc:  # gloo/NCCL: a rank is gone, or the collective timed out
             self.group.closed = True  # nobody left to tell
-            raise BackendError(f"a rank of the run left or stopped answering ({exc}); the "
+            why = str(exc).split(" This is typically")[0]  # gloo adds a page of advice
+            raise BackendError(f"a rank of the run left or stopped answering ({why}); the "
                                "launcher names it; rerun to resume") from exc
         for rank, reply in enumerate(replies):
             if reply.error:

@@ -1,12 +1,14 @@
-"""A run on two CPU ranks (gloo, 1 thread each) through the real CLI under torch's launcher:
-it equals the same run in one process (rows, the adapter to float32 rounding, the run
-folder), on one node and as two "nodes" on localhost; a rank killed mid-run stops the
-launcher within a bounded time, naming the rank, and the rerun resumes exactly."""
+"""A run on two CPU ranks (gloo, 1 thread each) through the real CLI: started by `retrain`
+itself ([distributed] nproc_per_node = 2) or by torchrun, it equals the same run in one
+process (rows, the adapter to float32 rounding, the run folder), on one node and as two
+"nodes" on localhost; a rank killed mid-run stops the launcher within a bounded time, naming
+the rank, and the rerun resumes exactly; Ctrl-C stops every rank and leaves a resumable
+run."""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +42,9 @@ def reference(tmp_path_factory, model_cache) -> Path:
     return folder / "logs" / "run"
 
 
+TWO_RANKS = {"nproc_per_node": 2}
+
+
 def _torchrun(python: str, *args: str) -> list[str]:
     return [python, "-m", "torch.distributed.run", *args, "-m", "retrain", "run.toml"]
 
@@ -67,10 +72,9 @@ def _same_adapter(a: Path, b: Path) -> None:
 
 
 def test_two_ranks_equal_one_process(tmp_path, reference, cli_env, python):
-    write_config(tmp_path, "run", training=TRAINING)
-    done = subprocess.run(_torchrun(python, "--standalone", "--nproc-per-node", "2"),
-                          cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                          timeout=300)
+    write_config(tmp_path, "run", training=TRAINING, distributed=TWO_RANKS)
+    done = subprocess.run([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count(f"step {STEPS}/{STEPS}") == 1  # rank 0 alone reports
     _same_run(reference, tmp_path / "logs" / "run")
@@ -120,14 +124,28 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
+def _start(python: str, folder: Path, env: dict) -> subprocess.Popen:
+    """`retrain run.toml` on 2 ranks, slowed (a step takes ~1 s: time to act mid-run), in a
+    session of its own (as a terminal's foreground job)."""
+    return subprocess.Popen([python, "-m", "retrain", "run.toml"], cwd=folder,
+                            env={**env, "RETRAIN_TEST_REWARD_DELAY": "0.05"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _rerun_resumes(python: str, folder: Path, env: dict, reference: Path) -> None:
+    done = subprocess.run([python, "-m", "retrain", "run.toml"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stdout + done.stderr
+    _same_run(reference, folder / "logs" / "run")
+
+
 def test_a_killed_rank_stops_the_run_and_the_rerun_resumes_exactly(tmp_path, reference,
                                                                    cli_env, python):
-    write_config(tmp_path, "run", training=TRAINING)
+    write_config(tmp_path, "run", training=TRAINING, distributed=TWO_RANKS)
     run_dir = tmp_path / "logs" / "run"
-    slow = {**cli_env, "RETRAIN_TEST_REWARD_DELAY": "0.05"}  # a step takes ~1 s: time to kill
-    launcher = subprocess.Popen(_torchrun(python, "--standalone", "--nproc-per-node", "2"),
-                                cwd=tmp_path, env=slow, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = _start(python, tmp_path, cli_env)
     try:
         wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rows(run_dir)) >= 1,
                    120, "the first step's row")
@@ -142,11 +160,24 @@ def test_a_killed_rank_stops_the_run_and_the_rerun_resumes_exactly(tmp_path, ref
             launcher.kill()
     assert launcher.returncode != 0 and stopped_in < 90, err[-2000:]
     assert len(rows(run_dir)) < STEPS, "the run went on without its rank"
-    assert "rank" in err, err[-2000:]
-    done = subprocess.run(_torchrun(python, "--standalone", "--nproc-per-node", "2"),
-                          cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming" in done.stdout + done.stderr
-    _same_run(reference, run_dir)
-    shutil.rmtree(run_dir)
+    assert "rank 1" in err and "signal 9" in err, err[-2000:]
+    _rerun_resumes(python, tmp_path, cli_env, reference)
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_a_resumable_run(tmp_path, reference, cli_env,
+                                                            python):
+    write_config(tmp_path, "run", training=TRAINING, distributed=TWO_RANKS)
+    run_dir = tmp_path / "logs" / "run"
+    launcher = _start(python, tmp_path, cli_env)
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rows(run_dir)) >= 1,
+                   120, "the first step's row")
+        os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "interrupted"
+    assert _rank_pid(launcher.pid, 1) is None
+    _rerun_resumes(python, tmp_path, cli_env, reference)

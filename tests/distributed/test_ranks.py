@@ -34,3 +34,23 @@ def test_a_half_set_environment_names_what_is_missing():
 def test_an_inconsistent_environment_is_one_line(bad):
     with pytest.raises(UserError, match="torchrun environment"):
         rank_env({**FULL, **bad})
+
+
+def test_the_launcher_names_the_rank_that_failed_first(capsys):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from retrain.distributed.launch import _failed
+
+    def failure(rank: int, code: int) -> ProcessFailure:
+        f = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="")
+        f.timestamp = 7  # the same second, as the agent often records them
+        return f
+
+    # rank 1 killed: rank 0 then fails on its collectives, the agent SIGTERMs the rest
+    assert _failed({0: failure(0, 1), 1: failure(1, -9)}) == 1
+    assert "rank 1 (pid 101) was killed by signal 9" in capsys.readouterr().err
+    assert _failed({0: failure(0, -15), 1: failure(1, -9)}) == 1
+    assert "rank 1" in capsys.readouterr().err
+    # rank 0's own error (a bad file, a full disk): its status, and it said why itself
+    assert _failed({0: failure(0, 2), 1: failure(1, -15)}) == 2
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,1 @@
+"""Issue 56: the default recipe measured on several task families, seed by seed."""
