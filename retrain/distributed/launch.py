@@ -35,13 +35,16 @@ def start_ranks(nproc: int, argv: list[str]) -> int:
 
 def _cause(rank: int, exitcode: int) -> int:
     """How likely an ending is the first failure: killed from outside (SIGKILL, the OOM
-    killer, a crash), then a rank other than 0 that exited with an error, then rank 0 (which
-    also fails when another rank is gone), then the agent's own SIGTERM to the rest."""
+    killer, a crash); rank 0's own one-line error (status 2: a bad file, a held lock; every
+    rank may hit it); a rank other than 0 that exited with an error; rank 0's other failures
+    (it also fails when another rank is gone); the agent's own SIGTERM to the rest."""
     if exitcode < 0 and exitcode != -signal.SIGTERM:
         return 0
+    if exitcode == UserError.exit_code and rank == 0:
+        return 1
     if exitcode > 0:
-        return 1 if rank else 2
-    return 3
+        return 2 if rank else 3
+    return 4
 
 
 def _failed(failures: dict) -> int:

@@ -76,3 +76,25 @@ def test_a_two_rank_run_holds_two_cpus_and_a_second_one_waits(cluster, tmp_path)
     finally:
         first.kill()
     _until(lambda: _free_cpus() == 3.0)
+
+
+def test_a_campaign_of_two_rank_runs_runs_on_the_cluster(cluster, tmp_path, cli_env,
+                                                         tiny_model):
+    """The real thing end to end: the CLI's campaign on this cluster, a 2-rank run through
+    the real worker (which starts its ranks itself), rows written by rank 0."""
+    import json
+    import subprocess
+
+    from bench.campaign.tiny import tiny_campaign_toml
+
+    path = tmp_path / "exp.toml"
+    path.write_text(tiny_campaign_toml(tmp_path / "logs", "[1]", max_steps=2, max_workers=2,
+                                       campaign='executor = "ray"',
+                                       tables="[distributed]\nnproc_per_node = 2\n"))
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-m", "retrain", str(path)], capture_output=True,
+                          text=True, timeout=300, env={**cli_env, "RAY_ADDRESS": address})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    [run] = [p for p in (tmp_path / "logs" / "exp").iterdir() if p.is_dir()]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    assert [r["step"] for r in rows] == [1, 2] and {r["world_size"] for r in rows} == {2}

@@ -51,6 +51,10 @@ def test_the_launcher_names_the_rank_that_failed_first(capsys):
     assert "rank 1 (pid 101) was killed by signal 9" in capsys.readouterr().err
     assert _failed({0: failure(0, -15), 1: failure(1, -9)}) == 1
     assert "rank 1" in capsys.readouterr().err
-    # rank 0's own error (a bad file, a full disk): its status, and it said why itself
+    # rank 0's own error (a bad file, a held lock): its status, and it said why itself
     assert _failed({0: failure(0, 2), 1: failure(1, -15)}) == 2
+    assert _failed({0: failure(0, 2), 1: failure(1, 2)}) == 2  # every rank read the file
     assert capsys.readouterr().err == ""
+    # rank 1's own exception, rank 0 failing on its collectives after it
+    assert _failed({0: failure(0, 1), 1: failure(1, 1)}) == 1
+    assert "rank 1 (pid 101) exited with status 1" in capsys.readouterr().err
