@@ -16,9 +16,8 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
 
 
-def test_a_campaign_of_a_two_rank_run_matches_one_process(tmp_path, cli_env,
-                                                                          python, model_cache,
-                                                                          tiny_model):
+def test_a_campaign_of_a_two_rank_run_matches_one_process(tmp_path, cli_env, python,
+                                                          model_cache, tiny_model):
     path = tmp_path / "exp.toml"
     path.write_text(tiny_campaign_toml(tmp_path / "logs", "[1]", max_steps=2, max_workers=2,
                                        tables="[distributed]\nnproc_per_node = 2\n"))
