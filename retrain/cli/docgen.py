@@ -33,6 +33,8 @@ SECTION_INTROS = {
     "training": "Step sizes, optimizer, sampling and checkpoints. "
                 "`batch_size` = prompts per step, `group_size` = completions per prompt.",
     "backend": "Where sampling and training run.",
+    "distributed": "One run on several devices (docs/distributed.md); `shard`: full "
+                   "fine-tuning's training state sharded over the ranks (FSDP2).",
     "backpressure": "The USL controller that can tune `batch_size` from measured throughput.",
     "sft": "A supervised stage before the RL steps: conversations from [sft.data], only the "
            "assistant tokens trained. See docs/sft.md.",

@@ -50,7 +50,7 @@ def launch(path: Path, overrides: dict[str, Any], *, new: bool = False, force: b
 
 def _per_node(cfg: Any) -> int:
     """[distributed] nproc_per_node, "auto" resolved (every visible GPU; 1 on a CPU)."""
-    if not hasattr(cfg, "distributed"):  # TEMP until the section lands
+    if not hasattr(getattr(cfg, "distributed", None), "nproc_per_node"):  # TEMP: the section
         return 1
     from retrain.config.distributed_section import processes_per_node
 

@@ -14,6 +14,7 @@ import unicodedata
 
 from retrain.algorithms.losses import config_problems
 from retrain.config.cost_section import cost_issues
+from retrain.config.distributed_section import distributed_issues
 from retrain.config.judge_section import judge_issues
 from retrain.config.schema import MAX_COMPLETIONS, ConfigIssue, show
 from retrain.config.sft_section import sft_issues
@@ -56,6 +57,7 @@ def cross_checks(cfg) -> list[ConfigIssue]:
     issues += _environment_conflicts(cfg)
     issues += _recipe_conflicts(cfg)
     issues += _finetune_conflicts(cfg)
+    issues += distributed_issues(cfg)
     issues += [ConfigIssue(k, m) for k, m in config_problems(cfg.algorithm, cfg.backend.backend)]
     bp = cfg.backpressure
     if bp.min_batch_size > bp.max_batch_size:

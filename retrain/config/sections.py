@@ -21,6 +21,7 @@ from retrain.algorithms.aggregation import AGGREGATIONS
 from retrain.algorithms.losses import DEFAULT_DRO_BETA, TINKER_LOSS_FN_TYPES
 from retrain.config.cost_section import CostConfig
 from retrain.config.cross_checks import cross_checks, table_checks
+from retrain.config.distributed_section import DistributedConfig
 from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
@@ -349,6 +350,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     cost: CostConfig = field(default_factory=CostConfig)
