@@ -22,6 +22,7 @@ from retrain.algorithms.losses import DEFAULT_DRO_BETA, TINKER_LOSS_FN_TYPES
 from retrain.config.cost_section import CostConfig
 from retrain.config.cross_checks import cross_checks, table_checks
 from retrain.config.distributed_section import DistributedConfig
+from retrain.config.merge import apply_overrides
 from retrain.config.schema import (
     MAX_BATCH,
     MAX_COMPLETIONS,
@@ -407,35 +408,6 @@ def set_section(cfg: Config, name: str, body: dict, issues: list[ConfigIssue],
             set_field(section, name, key, value, issues)
         else:
             issues.append(unknown_key(hints, name, key))
-
-
-def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
-    """Return a copy of the raw dict with dotted-key overrides applied (free-form tables too).
-
-    A table value merges into the table it overrides (recursively), so a condition that sets
-    one backend option keeps the others."""
-    out = copy.deepcopy(raw)
-    for dotted, value in overrides.items():
-        parts = dotted.split(".")
-        node = out
-        for p in parts[:-1]:
-            if p not in node:
-                node[p] = {}
-            if not isinstance(node[p], dict):
-                break  # the file holds a non-table here; validation reports it
-            node = node[p]
-        else:
-            node[parts[-1]] = _merged(node.get(parts[-1]), value)
-    return out
-
-
-def _merged(old: Any, new: Any) -> Any:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = copy.deepcopy(old)
-        for k, v in new.items():
-            out[k] = _merged(out.get(k), v)
-        return out
-    return copy.deepcopy(new)
 
 
 # ---------------------------------------------------------------------------- dumping

@@ -187,15 +187,14 @@ class ShardedBackend(FullBackend):
 
     def save_state(self, name: str) -> str:
         """Every rank: gather the AdamW states whole; rank 0 writes the one-process folder
-        (the other ranks return its path too, writing nothing)."""
+        and returns it (the other ranks have no run folder: they return "")."""
+        state = _Whole(self._whole_optimizer_state())
+        if not self.group.leader:
+            return ""
         if self.checkpoint_dir is None:
             raise BackendError("save_state needs checkpoint_dir (set by the trainer)")
-        state = _Whole(self._whole_optimizer_state())
-        folder = self.checkpoint_dir / name
-        if not self.group.leader:
-            return str(folder)
-        return checkpoint.write(folder, self.model, self.whole.values(), self._write_weights,
-                                state, self.generator, what="model")
+        return checkpoint.write(self.checkpoint_dir / name, self.model, self.whole.values(),
+                                self._write_weights, state, self.generator, what="model")
 
     def _write_weights(self, folder: Path) -> None:
         from safetensors.torch import save_file

@@ -112,8 +112,8 @@ PLAN_ERRORS = [
      "belongs to a section (did you mean 'campaign.max_workers'? 'max_workers' lives in "
      "[campaign])"),
     ("[campain]\n", "c.toml: [campain]: unknown section (did you mean 'campaign'?); sections are "
-     "model, data, reward, environment, algorithm, training, backend, backpressure, sft, "
-     "cost, campaign, logging"),
+     "model, data, reward, environment, algorithm, training, backend, distributed, "
+     "backpressure, sft, cost, campaign, logging"),
     ("[campaign]\nseeds = [2, 2]\n", "c.toml: campaign.seeds: seeds must be unique, got [2, 2]"),
     ("[campaign]\nseeds = [-1]\n", "c.toml: campaign.seeds: seeds must be >= 0, got [-1]"),
     ("[campaign]\nmax_workers = 5000\n",

@@ -489,6 +489,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     bp.max_batch_size = max(bp.max_batch_size, bp.min_batch_size)
     if bp.enabled and bp.increase_margin == 0:
         bp.increase_margin = 0.5
+    if cfg.model.finetune != "full" and cfg.distributed.shard == "fsdp":  # LoRA: replicated
+        cfg.distributed.shard = "none"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,7 +23,10 @@ from retrain.config.shard_choice import sharded  # noqa: E402
 from retrain.distributed import shares  # noqa: E402
 from retrain.errors import UserError  # noqa: E402
 
-ADAM = AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)  # clipped: the norm is global
+# Clipped: the norm is global. lr 1e-3, eps 1e-6: AdamW moves a weight by lr x g / (|g| + eps),
+# which would turn the rounding of a gradient element near eps into more than float32's
+# tolerance (test_fsdp_run.py); a wrong sign still moves a weight 2e-3.
+ADAM = AdamParams(learning_rate=1e-3, grad_clip_norm=1.0, eps=1e-6)
 WORLD = 2
 
 
@@ -155,7 +158,7 @@ def test_rank_0_writes_the_one_process_checkpoint(runs):
     from safetensors.torch import load_file
 
     one, mine = runs["folder"] / "one" / "step-1", runs["folder"] / "sharded" / "step-1"
-    assert [r["saved"] for r in runs["ranks"]] == [str(mine)] * WORLD
+    assert [r["saved"] for r in runs["ranks"]] == [str(mine), ""]  # rank 1 writes nothing
     assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in one.iterdir())
     _close(load_file(mine / "model.safetensors"), load_file(one / "model.safetensors"))
     want, got = (torch.load(f / "optimizer.pt", weights_only=True) for f in (one, mine))
