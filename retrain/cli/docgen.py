@@ -36,7 +36,8 @@ SECTION_INTROS = {
     "distributed": "One run on several devices: `nproc_per_node` ranks, each sampling and "
                    "training whole prompt groups of every step, gradients all-reduced; the "
                    "result does not depend on their number (a resume may change it). A "
-                   "campaign counts a run's ranks against `max_workers`. See "
+                   "campaign counts a run's ranks against `max_workers`. `shard`: full "
+                   "fine-tuning's training state sharded over the ranks (FSDP2). See "
                    "docs/distributed.md.",
     "backpressure": "The USL controller that can tune `batch_size` from measured throughput.",
     "sft": "A supervised stage before the RL steps: conversations from [sft.data], only the "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrain.config.schema import MAX_THREADS, ConfigIssue, opt
+from retrain.config.shard_choice import shard_field, shard_issues
 
 AUTO = "auto"
 MAX_TIMEOUT_S = 86_400.0  # a collective that waits a day is a hung rank
@@ -26,6 +27,7 @@ class DistributedConfig:
     timeout_s: float = opt(600.0, "how long a rank waits in a collective (all-reduce, "
                            "broadcast) before the run stops with an error", lo=1,
                            hi=MAX_TIMEOUT_S)
+    shard: str = shard_field()
 
 
 def ranks(distributed: DistributedConfig, visible_gpus: int = 0) -> int:
@@ -50,15 +52,16 @@ def groups_per_rank(batch_size: int, world: int) -> list[int]:
 def distributed_issues(cfg) -> list[ConfigIssue]:
     """Settings several ranks cannot run with."""
     d, t = cfg.distributed, cfg.training
+    sharding = shard_issues(d.shard, cfg.model.finetune)  # LoRA refused at one rank too
     if not several(d):
-        return []
+        return sharding
     n = d.nproc_per_node
     shown = f"= {n!r}" if n == AUTO else f"= {n}"
     if cfg.backend.backend == "tinker":
         return [ConfigIssue("distributed.nproc_per_node", f"{shown} needs backend = 'local': "
                             "Tinker samples and trains on its own servers; set "
                             "nproc_per_node = 1")]
-    issues = []
+    issues = list(sharding)
     if t.max_steps_off_policy:
         issues.append(ConfigIssue("training.max_steps_off_policy", "is not supported with "
                                   f"several ranks (distributed.nproc_per_node {shown}); set "

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from retrain.config.shard_choice import sharded
 from retrain.distributed.channel import close, serve
 from retrain.distributed.group import join, leave
 from retrain.distributed.ranks import RankEnv
@@ -19,7 +20,9 @@ def run_ranked(cfg: Any, config_path: Path, ranks: RankEnv,
     """Join the group; rank 0: `run(group)` (the single run, given the group), then close
     the run for every rank; the other ranks: serve until then."""
     check_world(cfg, ranks.world)
+    shard = sharded(cfg.distributed.shard, cfg.model.finetune, ranks.world)
     group = join(ranks, cfg.distributed.timeout_s, cuda=_on_cuda(cfg.model.device))
+    group.shard = shard
     try:
         if group.leader:
             try:
@@ -46,10 +49,11 @@ def check_world(cfg: Any, world: int) -> None:
 
 def _follow(cfg: Any, config_path: Path, group: Any) -> int:
     from retrain.backends import create_backend
+    from retrain.distributed.lead import local
 
-    backend = create_backend(cfg.model, cfg.training, cfg.backend,
-                             keep_reference=cfg.algorithm.kl_coef > 0,
-                             config_dir=Path(config_path).resolve().parent)
+    backend = local(create_backend(cfg.model, cfg.training, cfg.backend,
+                                   keep_reference=cfg.algorithm.kl_coef > 0,
+                                   config_dir=Path(config_path).resolve().parent), group)
     try:
         serve(backend, group)
     finally:

@@ -22,6 +22,7 @@ class Group:
     gradients: Any     # the process group the gradients are reduced over
     objects: Any       # the (gloo) group messages go over
     closed: bool = False
+    shard: bool = False  # full fine-tuning sharded with FSDP2 (fsdp.py)
 
     @property
     def leader(self) -> bool:

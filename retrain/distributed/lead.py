@@ -7,6 +7,11 @@ ranks and every rank steps its own optimizer identically. Sampling draws are key
 prompt's own seed (SamplingParams.prompt_seeds), so the completions are those of one process;
 the rest, to float32 rounding, too. Checkpoints are rank 0's: loading one sends its weights
 and optimizer to every rank, so no other rank reads the run folder.
+
+With training sharded (`group.shard`, fsdp.py) the ranks start alike (the same files, the same
+seed: nothing is sent), saving is a Save message (every rank gathers its shards of AdamW, rank
+0 writes), and loading sends the checkpoint's whole tensors, which each rank slices into its
+shards.
 """
 
 from __future__ import annotations
@@ -38,7 +43,18 @@ ERRORS = {"oom": BackendOOMError, "diverged": DivergedError}
 
 def lead(backend: Any, group: Group | None) -> Any:
     """`backend` as rank 0 of `group` drives it; unchanged for a single process."""
-    return backend if group is None else LeadBackend(backend, group)
+    if group is None:
+        return backend
+    return LeadBackend(local(backend, group), group)
+
+
+def local(backend: Any, group: Group) -> Any:
+    """A rank's own backend: `backend`, or with `group.shard` its training sharded (fsdp.py)."""
+    if not group.shard:
+        return backend
+    from retrain.distributed.fsdp import shard  # torch.distributed: only here
+
+    return shard(backend, group)
 
 
 class LeadBackend:
@@ -49,7 +65,9 @@ class LeadBackend:
         self.world_size = group.world
         self.token_usage = TokenUsage()  # the whole call's tokens, every rank's share
         self._loss_finite = True
-        self._send_weights()  # every rank starts from rank 0's adapter
+        self.sharded = bool(getattr(inner, "sharded", False))
+        if not self.sharded:  # sharded: every rank loaded the same weights, nothing to send
+            self._send_weights()  # every rank starts from rank 0's adapter
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -142,5 +160,21 @@ class LeadBackend:
 
     def load_state(self, ref: str) -> None:
         """Rank 0 reads the checkpoint; every rank takes its weights and optimizer."""
+        if self.sharded:  # read whole (a damaged one raises here), sliced by each rank
+            self._call([self.inner.read_state(ref)] * self.group.world)
+            return
         self.inner.load_state(ref)
         self._send_weights()
+
+    def save_state(self, name: str) -> str:
+        """Rank 0 writes the checkpoint; sharded, every rank gathers its part first."""
+        if self.sharded:
+            return self._call([m.Save(name)] * self.group.world)[0]
+        return self.inner.save_state(name)
+
+    def save_state_async(self, name: str) -> Any:
+        from retrain.backends.base import finished
+
+        if self.sharded:
+            return finished(self.save_state, name)
+        return self.inner.save_state_async(name)

@@ -46,11 +46,19 @@ class Logprobs:
 
 @dataclass
 class Weights:
-    """Rank 0's trained weights, optimizer and generator state: every rank takes them."""
+    """Rank 0's trained weights, optimizer and generator state: every rank takes them (whole
+    tensors; a sharded rank slices out its shards, fsdp.py)."""
 
     params: dict[str, Any]
     optimizer: dict[str, Any]
     generator: Any
+
+
+@dataclass
+class Save:
+    """save_state on every rank (sharded training: each gathers its shards); rank 0 writes."""
+
+    name: str
 
 
 @dataclass

@@ -3,7 +3,9 @@
 The gradient of a forward_backward call is summed over the ranks in float32, in one flat
 all-reduce of the trained parameters, after every rank's share: each share's loss is already
 divided by the whole call's denominator, so the sum is the whole call's gradient, and every
-rank's optimizer then takes the same step."""
+rank's optimizer then takes the same step. A sharded backend (fsdp.py) runs every call on
+every rank, an empty share too (its passes are collectives), and its gradients are already
+summed into their shards: no all-reduce here."""
 
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ def execute(backend: Any, msg: Any, group: Group) -> m.Reply:
     if isinstance(msg, m.Train):
         return _train(backend, msg, group)
     if isinstance(msg, m.Weights):
-        _take_weights(backend, msg)
+        if is_sharded(backend):
+            backend.take_state(msg)
+        else:
+            _take_weights(backend, msg)
         return m.Reply()
     if isinstance(msg, m.Close):
         return m.Reply()
@@ -37,6 +42,8 @@ def execute(backend: Any, msg: Any, group: Group) -> m.Reply:
         if isinstance(msg, m.Step):
             backend._loss_finite = msg.loss_finite  # the whole call's, not this share's
             return m.Reply(backend.optim_step(msg.adam))
+        if isinstance(msg, m.Save):
+            return m.Reply(backend.save_state(msg.name))
     except Exception as exc:  # noqa: BLE001 - rank 0 raises it, named by rank
         return failed(exc)
     raise TypeError(f"unknown message {type(msg).__name__}")
@@ -49,11 +56,17 @@ def failed(exc: BaseException) -> m.Reply:
     return m.Reply(error=str(exc) or type(exc).__name__, kind=kind)
 
 
+def is_sharded(backend: Any) -> bool:
+    """Whether `backend` trains sharded over the ranks (fsdp.ShardedBackend)."""
+    return bool(getattr(backend, "sharded", False))
+
+
 def _train(backend: Any, msg: m.Train, group: Group) -> m.Reply:
     reply, out = m.Reply(), None
+    sharded = is_sharded(backend)
     try:
         out = backend.forward_backward(msg.datums, msg.loss, norm=msg.norm,
-                                       total_tokens=msg.tokens) if msg.datums else \
+                                       total_tokens=msg.tokens) if msg.datums or sharded else \
             LossOutput(loss=0.0, metrics={"tokens": 0.0})
     except Exception as exc:  # noqa: BLE001
         reply = failed(exc)
@@ -61,6 +74,9 @@ def _train(backend: Any, msg: m.Train, group: Group) -> m.Reply:
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group.objects)
     if not ok.item() or not msg.tokens:  # a rank failed: no step; nothing to learn: none
         backend.optimizer.zero_grad(set_to_none=True)
+        return reply
+    if sharded:  # reduce-scattered in the backward passes
+        reply.value = out
         return reply
     big = reduce_gradients(list(backend.params.values()), group)
     if out is not None and "grad_small_sq_norm" in out.metrics:

@@ -497,6 +497,8 @@ def _satisfy_cross_checks(cfg: Config) -> None:
     elif d.nproc_per_node != "auto":
         d.nproc_per_node = min(d.nproc_per_node, t.batch_size,
                                bp.min_batch_size if bp.enabled else t.batch_size)
+    if cfg.model.finetune != "full" and cfg.distributed.shard == "fsdp":  # LoRA: replicated
+        cfg.distributed.shard = "none"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -43,12 +43,15 @@ def seeded_dropout(generator: torch.Generator, device: torch.device) -> Iterator
 @dataclass
 class Trainee:
     """What the pass needs of the backend: the trained parameters, the pad id, the device and
-    the generator LoRA dropout is seeded from."""
+    the generator LoRA dropout is seeded from. `measure` False: no micro-batch gradient
+    diagnostics (sharded parameters: each micro-batch's gradient is summed over the ranks as
+    it is reduce-scattered, so no rank sees its own)."""
 
     params: list[torch.nn.Parameter]
     pad_id: int
     device: torch.device
     generator: torch.Generator
+    measure: bool = True
 
 
 def forward_backward(forward: Forward, trainee: Trainee, datums: list[Datum],
@@ -67,7 +70,8 @@ def forward_backward(forward: Forward, trainee: Trainee, datums: list[Datum],
     dev = trainee.device
     batches = [forward.pack(datums, unit, trainee.pad_id, dev, norm.weights,
                             with_ref=bool(loss.kl_coef)) for unit in units]
-    grads = GradDiagnostics(trainee.params, whole_tokens or total_tokens, len(units))
+    grads = GradDiagnostics(trainee.params, whole_tokens or total_tokens,
+                            len(units) if trainee.measure else 0)
     loss_sum, kl_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
     ratios, lps, diagnostics_s = policy_losses.RatioStats(), [], 0.0
     with seeded_dropout(trainee.generator, dev):

@@ -17,7 +17,7 @@ class GradDiagnostics:
                  micro_batches: int = 2):
         """`micro_batches` < 2: there is nothing to compare, so no flat copy of the gradient
         is made (with full fine-tuning each is as large as the model); only the count is
-        reported, as always for one micro-batch."""
+        reported, as always for one micro-batch (0: none measured, whatever the count)."""
         self.params, self.total_tokens = params, total_tokens
         self.active = micro_batches >= 2
         self.start = self.previous = self._accumulated() if self.active else torch.zeros(0)
@@ -45,7 +45,7 @@ class GradDiagnostics:
     def metrics(self) -> dict[str, float]:
         """Raw measurements for control.gradnoise.GradStats (only the count with one batch)."""
         k = len(self.tokens)
-        if k < 2:
+        if k < 2 or not self.active:
             return {"grad_micro_batches": float(k)}
         whole = self.previous - self.start
         read = torch.stack([torch.stack(self.sq_norms).sum(), whole.dot(whole),
