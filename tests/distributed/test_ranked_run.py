@@ -1,9 +1,9 @@
 """A run on two CPU ranks (gloo, 1 thread each) through the real CLI: started by `retrain`
 itself ([distributed] nproc_per_node = 2) or by torchrun, it equals the same run in one
-process (rows, the adapter to float32 rounding, the run folder), on one node and as two
-"nodes" on localhost; a rank killed mid-run stops the launcher within a bounded time, naming
-the rank, and the rerun resumes exactly; Ctrl-C stops every rank and leaves a resumable
-run."""
+process (rows, the adapter to float32 rounding, the run folder), as two "nodes" on localhost
+and started by `retrain` after an interrupted and a failed launch: Ctrl-C stops every rank and
+leaves a resumable run; a rank killed mid-run stops the launcher within a bounded time, naming
+the rank; the rerun resumes exactly."""
 
 from __future__ import annotations
 
@@ -88,17 +88,6 @@ def _same_adapter(a: Path, b: Path) -> None:
         torch.testing.assert_close(got[name], w, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_two_ranks_equal_one_process(tmp_path, reference, cli_env, python):
-    write_config(tmp_path, "run", training=TRAINING, distributed=TWO_RANKS)
-    done = subprocess.run([python, "-m", "retrain", "run.toml"], cwd=tmp_path, env=cli_env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count(f"step {STEPS}/{STEPS}") == 1  # rank 0 alone reports
-    _same_run(reference, tmp_path / "logs" / "run")
-    status = run_in_process(["status", "logs/run"], tmp_path)
-    assert status.returncode == 0 and f"{STEPS}/{STEPS}" in status.stdout, status.stdout
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -155,7 +144,10 @@ def _rerun_resumes(python: str, folder: Path, env: dict, reference: Path) -> Non
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming" in done.stdout + done.stderr
+    assert done.stdout.count(f"step {STEPS}/{STEPS}") == 1  # rank 0 alone reports
     _same_run(reference, folder / "logs" / "run")
+    status = run_in_process(["status", "logs/run"], folder)
+    assert status.returncode == 0 and f"{STEPS}/{STEPS}" in status.stdout, status.stdout
 
 
 def _interrupt(launcher: subprocess.Popen, run_dir: Path, after: int, how) -> str:
