@@ -58,8 +58,11 @@ FAKE_WORKER = textwrap.dedent('''
     (run_dir / "fake_attempts.tmp").write_text(str(attempt))
     os.replace(run_dir / "fake_attempts.tmp", attempts_file)
     slots = slots_from_env()
+    hold = os.environ.get("FAKE_HOLD")  # after step 1, wait for this file (or a signal)
     with runlog.MetricsWriter(run_dir / runlog.METRICS_FILE) as metrics:
         for step in range(state.step + 1, state.max_steps + 1):
+            while hold and step > 1 and not stop and not Path(hold).exists():
+                time.sleep(0.01)
             if stop:
                 state.status = "interrupted"
                 runlog.save_state(run_dir, state)
@@ -368,8 +371,18 @@ def _started(env: Path, n: int) -> bool:
     return sum(e["tag"] == "start" for e in _events(env)) >= n
 
 
+@pytest.fixture
+def held(env, monkeypatch) -> Path:
+    """The fake workers wait after their first step until this file exists: a test that
+    signals or kills them once all have started finds none finished, however loaded the
+    machine (at 0.2 s a step, one did finish first under the full suite)."""
+    release = env / "release"
+    monkeypatch.setenv("FAKE_HOLD", str(release))
+    return release
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_is_forwarded_workers_checkpoint_and_resume(env, sig, code):
+def test_signal_is_forwarded_workers_checkpoint_and_resume(env, held, sig, code):
     path = _write(env, max_workers=4, stagger=0.0, step_s=0.2)
     runner = _driver(env, path)
     _wait_for(lambda: _started(env, 4))
@@ -383,6 +396,7 @@ def test_signal_is_forwarded_workers_checkpoint_and_resume(env, sig, code):
     assert sum(e["tag"] == "interrupted" for e in _events(env)) == 4
     assert all(runlog.load_state(env / "logs/exp" / r.name).status == "interrupted"
                for r in m.runs)
+    held.touch()
     assert _run(env, path) == 0
     for r in load_manifest(env / "logs" / "exp").runs:
         steps = [x["step"] for x in runlog.read_metrics(env / "logs/exp" / r.name /
@@ -390,7 +404,7 @@ def test_signal_is_forwarded_workers_checkpoint_and_resume(env, sig, code):
         assert steps == [1, 2, 3] and r.attempts == 2 and r.failures == 0
 
 
-def test_sigkilled_runner_dead_workers_are_resumed(env):
+def test_sigkilled_runner_dead_workers_are_resumed(env, held):
     path = _write(env, max_workers=4, stagger=0.0, step_s=0.3)
     runner = _driver(env, path)
     _wait_for(lambda: _started(env, 4))
@@ -401,17 +415,19 @@ def test_sigkilled_runner_dead_workers_are_resumed(env):
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     assert load_manifest(env / "logs" / "exp").status == "running"
+    held.touch()
     assert _run(env, path) == 0
     m = load_manifest(env / "logs" / "exp")
     assert all(r.status == "completed" and r.attempts == 2 for r in m.runs)
 
 
-def test_sigkilled_runner_live_workers_are_adopted(env, capsys):
+def test_sigkilled_runner_live_workers_are_adopted(env, held, capsys):
     path = _write(env, max_workers=4, stagger=0.0, step_s=0.3)
     runner = _driver(env, path)
     _wait_for(lambda: _started(env, 4))
     runner.kill()
     runner.wait()
+    held.touch()
     assert _run(env, path) == 0
     assert "still running from a previous runner" in capsys.readouterr().out
     m = load_manifest(env / "logs" / "exp")
