@@ -28,12 +28,13 @@ demo: setup
 
 # The suite includes tests/serve/tinker/test_cookbook_compat.py: tinker-cookbook, a real Tinker client, against
 # `retrain serve`; it needs its own venv (make cookbook) and is skipped with the reason without one.
-# Three pytest workers (pytest-xdist) on two cores: much of the suite waits on subprocesses,
-# servers, leases and sleeps, so a third worker fills the waits (bench/RESULTS.md); the Ray
+# Four pytest workers (pytest-xdist) on two cores: much of the suite waits on subprocesses,
+# servers, leases and sleeps, so extra workers fill the waits (bench/RESULTS.md: 3 -> 4 took
+# the suite from 576 s to 553 s on 2026-12-07); the Ray
 # modules run in two groups, one cluster each at a time (tests/conftest.py). The tests' own
 # `python -m retrain` processes fork from a warm interpreter (tests/warm.py).
 # The two venvs are installed side by side (-j2): each install leaves a core idle part of the time.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test:
 	$(MAKE) -j2 setup cookbook
 	RETRAIN_COOKBOOK_PYTHON=$(abspath $(COOKBOOK_VENV))/bin/python $(PY) -m pytest \

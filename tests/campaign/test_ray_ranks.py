@@ -88,7 +88,7 @@ def test_a_campaign_of_two_rank_runs_runs_on_the_cluster(cluster, tmp_path, cli_
     from bench.campaign.tiny import tiny_campaign_toml
 
     path = tmp_path / "exp.toml"
-    path.write_text(tiny_campaign_toml(tmp_path / "logs", "[1]", max_steps=2, max_workers=2,
+    path.write_text(tiny_campaign_toml(tmp_path / "logs", "[1]", max_steps=1, max_workers=2,
                                        campaign='executor = "ray"',
                                        tables="[distributed]\nnproc_per_node = 2\n"))
     address = ray.get_runtime_context().gcs_address
@@ -97,4 +97,4 @@ def test_a_campaign_of_two_rank_runs_runs_on_the_cluster(cluster, tmp_path, cli_
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     [run] = [p for p in (tmp_path / "logs" / "exp").iterdir() if p.is_dir()]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-    assert [r["step"] for r in rows] == [1, 2] and {r["world_size"] for r in rows} == {2}
+    assert [r["step"] for r in rows] == [1] and rows[0]["world_size"] == 2
