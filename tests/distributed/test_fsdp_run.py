@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_ranked_run import OWN
+from tests.distributed.ranked import OWN
 from tests.run_helpers import rows, run_in_process, same_rows, write_config
 
 STEPS = 3

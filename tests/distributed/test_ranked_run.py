@@ -1,117 +1,21 @@
-"""A run on two CPU ranks (gloo, 1 thread each) through the real CLI: started by `retrain`
-itself ([distributed] nproc_per_node = 2) or by torchrun, it equals the same run in one
-process (rows, the adapter to float32 rounding, the run folder), as two "nodes" on localhost
-and started by `retrain` after an interrupted and a failed launch: Ctrl-C stops every rank and
-leaves a resumable run; a rank killed mid-run stops the launcher within a bounded time, naming
-the rank; the rerun resumes exactly."""
+"""A run on two CPU ranks (gloo, 1 thread each) through the real CLI, started by `retrain`
+itself ([distributed] nproc_per_node = 2), after an interrupted and a failed launch, equals
+the same run in one process (rows, the adapter to float32 rounding, the run folder): Ctrl-C
+stops every rank and leaves a resumable run; a rank killed mid-run stops the launcher within
+a bounded time, naming the rank; the rerun resumes exactly. Two "nodes" on localhost:
+test_ranked_nodes.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
+from tests.distributed.ranked import STEPS, TRAINING, TWO_RANKS, same_run
 from tests.run_helpers import rows, run_in_process, wait_until, write_config
-
-STEPS = 5
-# batch_size 3 on 2 ranks: 2 groups on rank 0 and 1 on rank 1 (uneven splits work)
-TRAINING = {"max_steps": STEPS, "batch_size": 3, "save_every": 1}
-# Times, memory and where the run ran are the process's; the rest must be the same.
-OWN = ("time", "_s", "rss", "load_average", "tokens_per_second", "world_size", "cpu_threads",
-       "others_busy_cores")
-
-
-# What the completions decide: equal to the bit. The rest (losses, gradient norms, log-prob
-# gaps) is float32 arithmetic over other batch shapes and summation orders: equal to its
-# rounding, which a few AdamW steps carry to ~1e-6 relative (seen: 1.6e-6 on a grad norm).
-SAMPLED = ("mean_reward", "reward_std", "correct_rate", "num_completions", "sampled_tokens",
-           "prefill_tokens", "trained_tokens", "mean_completion_tokens", "max_token_hit_rate",
-           "trained_completions", "reward_uniform_group_rate", "batch_size", "lr",
-           "eval_accuracy", "initial_eval_accuracy")
-
-
-def _same_row(want: dict, got: dict) -> None:
-    keys = _science(want)
-    assert {k: got[k] for k in SAMPLED if k in want} == {k: want[k] for k in SAMPLED
-                                                          if k in want}, want["step"]
-    assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, rel=1e-4,
-                                                       abs=1e-5), want["step"]
-
-
-def _science(row: dict) -> tuple[str, ...]:
-    return tuple(k for k, v in row.items() if isinstance(v, (int, float)) and not any(
-        o in k for o in OWN))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, model_cache) -> Path:
-    """The run in one process (in this one: it spares a process's start)."""
-    folder = tmp_path_factory.mktemp("one")
-    write_config(folder, "run", training=TRAINING)
-    done = run_in_process(["run.toml"], folder, {"RETRAIN_CACHE": str(model_cache)})
-    assert done.returncode == 0, done.stderr
-    return folder / "logs" / "run"
-
-
-TWO_RANKS = {"nproc_per_node": 2}
-
-
-def _torchrun(python: str, *args: str) -> list[str]:
-    return [python, "-m", "torch.distributed.run", *args, "-m", "retrain", "run.toml"]
-
-
-def _same_run(reference: Path, run_dir: Path, steps: int = STEPS) -> None:
-    want, got = rows(reference)[:steps], rows(run_dir)
-    assert len(got) == len(want)
-    for a, b in zip(want, got, strict=True):
-        _same_row(a, b)
-    assert [r["world_size"] for r in got] == [2] * len(got)
-    assert [r["world_size"] for r in want] == [1] * len(want)
-    assert sorted(p.name for p in run_dir.iterdir()) == sorted(p.name for p in reference.iterdir())
-    _same_adapter(reference / "checkpoints" / f"step-{steps:06d}",
-                  run_dir / "checkpoints" / f"step-{steps:06d}")
-
-
-def _same_adapter(a: Path, b: Path) -> None:
-    import torch
-    from safetensors.torch import load_file
-
-    want, got = (load_file(p / "adapter_model.safetensors") for p in (a, b))
-    assert want.keys() == got.keys()
-    for name, w in want.items():
-        torch.testing.assert_close(got[name], w, rtol=1e-4, atol=1e-5, msg=name)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_nodes_on_localhost_equal_one_process(tmp_path, reference, cli_env, python):
-    """torchrun --nnodes 2 as a user starts a job on two machines, here both on localhost,
-    each node with its own folder (rank 0's is the run's)."""
-    port = _free_port()
-    nodes = []
-    for node in (0, 1):
-        folder = tmp_path / f"node{node}"
-        folder.mkdir()
-        write_config(folder, "run", training=TRAINING)
-        nodes.append(subprocess.Popen(
-            _torchrun(python, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
-                      "1", "--master-addr", "127.0.0.1", "--master-port", str(port)),
-            cwd=folder, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True))
-    outs = [p.communicate(timeout=300) for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    _same_run(reference, tmp_path / "node0" / "logs" / "run")
-    assert not (tmp_path / "node1" / "logs").exists()  # no rank but 0 writes
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:
@@ -145,7 +49,7 @@ def _rerun_resumes(python: str, folder: Path, env: dict, reference: Path) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming" in done.stdout + done.stderr
     assert done.stdout.count(f"step {STEPS}/{STEPS}") == 1  # rank 0 alone reports
-    _same_run(reference, folder / "logs" / "run")
+    same_run(reference, folder / "logs" / "run")
     status = run_in_process(["status", "logs/run"], folder)
     assert status.returncode == 0 and f"{STEPS}/{STEPS}" in status.stdout, status.stdout
 
