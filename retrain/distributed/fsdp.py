@@ -47,13 +47,10 @@ import torch.distributed as dist
 
 from retrain.algorithms.aggregation import Normaliser
 from retrain.backends.base import (
-    AdamParams,
     BackendError,
     Datum,
-    DivergedError,
     LossConfig,
     LossOutput,
-    OptimOutput,
 )
 from retrain.backends.local import checkpoint
 from retrain.backends.local.device import oom_as_backend_error
@@ -144,38 +141,21 @@ class ShardedBackend(FullBackend):
         dist.all_reduce(t, op=op, group=self.group.objects)
         return int(t.item())
 
-    def _optim_step(self, adam: AdamParams) -> OptimOutput:
+    def _clip(self, params: list[Any], clip: float) -> float:
+        """The global norm (clip_grad_norm_ over the shards gives a DTensor), the same on
+        every rank, so the non-finite skip agrees."""
         from torch.distributed.tensor import DTensor
 
-        with self.model.lock:
-            loss_finite, self._loss_finite = self._loss_finite, True
-            params = [p for p in self.params.values() if p.grad is not None]
-            if not params:  # the same on every rank: the passes ran in step
-                return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0,
-                                                           "skipped_nonfinite": 0.0})
-            clip = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
-            total = torch.nn.utils.clip_grad_norm_(params, clip)
-            norm = float(total.full_tensor() if isinstance(total, DTensor) else total)
-            if not (math.isfinite(norm) and loss_finite):
-                self._zero_grad()
-                return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0,
-                                                            "skipped_nonfinite": 1.0})
-            for group in self.optimizer.param_groups:
-                group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2),
-                             eps=adam.eps, weight_decay=adam.weight_decay)
-            before = [p.detach().clone() for p in params]
-            self.optimizer.step()
-            self._zero_grad()
-            finite = checkpoint.all_finite(p.to_local() for p in params)
-            if not self._agree(int(finite), dist.ReduceOp.MIN):
-                with torch.no_grad():  # put the last finite weights back, on every rank
-                    for p, old in zip(params, before, strict=True):
-                        p.copy_(old)
-                raise DivergedError("the AdamW update made the trained weights non-finite "
-                                    "(overflow); lower training.lr or training.weight_decay")
-            self._gather_whole()
-            return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0,
-                                                        "skipped_nonfinite": 0.0})
+        total = torch.nn.utils.clip_grad_norm_(params, clip)
+        return float(total.full_tensor() if isinstance(total, DTensor) else total)
+
+    def _finite(self, params: list[Any]) -> bool:
+        """Every rank's shards finite: all undo the update, or none."""
+        finite = checkpoint.all_finite(p.to_local() for p in params)
+        return bool(self._agree(int(finite), dist.ReduceOp.MIN))
+
+    def _stepped(self) -> None:
+        self._gather_whole()  # the whole weights the sampler reads
 
     def _gather_whole(self) -> None:
         """The sharded weights, all-gathered into the whole model (every rank, in order)."""

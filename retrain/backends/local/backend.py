@@ -366,7 +366,7 @@ class LocalBackend:
                 return OptimOutput(grad_norm=0.0, metrics={"skipped": 1.0,
                                                            "skipped_nonfinite": 0.0})
             clip = adam.grad_clip_norm if adam.grad_clip_norm > 0 else float("inf")
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            norm = self._clip(params, clip)
             if not (math.isfinite(norm) and loss_finite):
                 self._zero_grad()
                 return OptimOutput(grad_norm=norm, metrics={"skipped": 1.0,
@@ -377,14 +377,27 @@ class LocalBackend:
             before = [p.detach().clone() for p in params]
             self.optimizer.step()
             self._zero_grad()
-            if not checkpoint.all_finite(params):
+            if not self._finite(params):
                 with torch.no_grad():  # put the last finite weights back
                     for p, old in zip(params, before, strict=True):
                         p.copy_(old)
                 raise DivergedError("the AdamW update made the trained weights non-finite "
                                     "(overflow); lower training.lr or training.weight_decay")
+            self._stepped()
             return OptimOutput(grad_norm=norm, metrics={"skipped": 0.0,
                                                         "skipped_nonfinite": 0.0})
+
+    # Where a sharded backend (retrain/distributed/fsdp.py) differs in the step:
+    def _clip(self, params: list[torch.nn.Parameter], clip: float) -> float:
+        """Clip the gradients to `clip`; their norm before."""
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
+
+    def _finite(self, params: list[torch.nn.Parameter]) -> bool:
+        """Whether the updated weights are finite."""
+        return checkpoint.all_finite(params)
+
+    def _stepped(self) -> None:
+        """After an update that was kept."""
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
