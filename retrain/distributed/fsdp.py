@@ -176,15 +176,8 @@ class ShardedBackend(FullBackend):
         return checkpoint.write(self.checkpoint_dir / name, self.model, self.whole.values(),
                                 self._write_weights, state, self.generator, what="model")
 
-    def _write_weights(self, folder: Path) -> None:
-        from safetensors.torch import save_file
-
-        weights = {k: v.detach().contiguous().cpu() for k, v in self.whole.items()}
-        save_file(weights, str(folder / WEIGHTS), metadata={"format": "pt"})
-        base = self.model.base
-        base.config.save_pretrained(str(folder))
-        if getattr(base, "generation_config", None) is not None:
-            base.generation_config.save_pretrained(str(folder))
+    def _saved_weights(self) -> dict[str, Any]:
+        return self.whole  # gathered after every step: what one process would write
 
     def _whole_optimizer_state(self) -> dict[str, Any]:
         """`optimizer.state_dict()` with every sharded tensor gathered whole onto the CPU

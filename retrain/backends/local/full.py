@@ -90,12 +90,16 @@ class FullBackend(LocalBackend):
     def _write_weights(self, folder: Path) -> None:
         from safetensors.torch import save_file
 
-        weights = {k: v.detach().contiguous().cpu() for k, v in self.params.items()}
+        weights = {k: v.detach().contiguous().cpu() for k, v in self._saved_weights().items()}
         save_file(weights, str(folder / WEIGHTS), metadata={"format": "pt"})
         base = self.model.base
         base.config.save_pretrained(str(folder))
         if getattr(base, "generation_config", None) is not None:
             base.generation_config.save_pretrained(str(folder))
+
+    def _saved_weights(self) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds, by name (a sharded backend: its whole copy)."""
+        return self.params
 
     def load_state(self, ref: str) -> None:
         """Restore the weights (in place: the optimizer keeps its parameters), optimizer and
