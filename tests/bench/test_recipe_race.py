@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.recipe import race
 from bench.campaign import algorithms_race
+from bench.recipe import race
 from tests import warm
 
 
