@@ -81,7 +81,7 @@ def write_campaign(out: Path, family: str, conditions: list[str], seeds: list[in
     training.pop("seed", None)
     # Every condition is scored at the base's temperature, so that a temperature candidate
     # changes how it trains, not the eval it is judged by.
-    training["eval_temperature"] = training.get("temperature", 0.7)
+    training["eval_temperature"] = training.get("temperature", config.TrainingConfig.temperature)
     raw["logging"] = {"log_dir": "logs"}
     raw["campaign"] = {"name": family, "seeds": seeds, "parallel": workers > 1,
                        "max_workers": workers, "stagger_seconds": 0, "max_retries": 1,

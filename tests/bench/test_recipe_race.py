@@ -43,3 +43,9 @@ def test_the_bench_races_candidates_and_writes_its_table(tmp_path, cli_env, tiny
     assert "eval_temperature = 0.7" in campaign and '"training.temperature" = 1.0' in campaign
     assert 'operations = ["-"]' in campaign and "eval_samples = 4" in campaign
     assert race.main(args) == 0 and (out / "race_table.md").read_text() == text
+
+
+def test_a_family_without_a_temperature_is_scored_at_the_default_one(tmp_path):
+    path = race.write_campaign(tmp_path, "rg", ["qv", "t1"], [1, 2, 3], 3, 1, tiny=True)
+    text = path.read_text()
+    assert "eval_temperature = 1.0" in text and 'kind = "reasoning_gym"' in text
