@@ -20,6 +20,7 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -72,6 +73,18 @@ def retrain(out: Path, *args: str, capture: bool = False) -> subprocess.Complete
         raise SystemExit(f"retrain {' '.join(args)} exited {done.returncode}"
                          + (f": {done.stderr.strip()[-500:]}" if capture else ""))
     return done
+
+
+def race_and_report(out: Path, path: Path, camp: Path,
+                    table: Callable[[dict, Path], list[str]]) -> int:
+    """Run the campaign file `path` in `out` (it resumes), then write `table` of its compare
+    report to OUT/race_table.md and print it."""
+    retrain(out, path.name)
+    report = json.loads(retrain(out, "compare", str(camp), "--json", capture=True).stdout)
+    text = "\n".join(table(report, camp)) + "\n"
+    (out / "race_table.md").write_text(text, encoding="utf-8")
+    print(f"\n{text}\n(written to {out / 'race_table.md'}; the campaign file: {path})")
+    return 0
 
 
 def table(report: dict, camp: Path) -> list[str]:
@@ -133,13 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "digits.py").write_text(DIGITS)
     path = write_campaign(out, (TINY if args.tiny else []) + args.sets, conditions)
     retrain(out, "explain", path.name)
-    retrain(out, path.name)
-    camp = out / "logs" / "algorithms"
-    report = json.loads(retrain(out, "compare", str(camp), "--json", capture=True).stdout)
-    text = "\n".join(table(report, camp)) + "\n"
-    (out / "race_table.md").write_text(text, encoding="utf-8")
-    print(f"\n{text}\n(written to {out / 'race_table.md'}; the campaign file: {path})")
-    return 0
+    return race_and_report(out, path, out / "logs" / "algorithms", table)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ campaigns with known effects and noise, and print its error rates and run saving
 full grid's.
 
     python bench/campaign/race_sim.py [--campaigns 10000] [--seed 48]
+    python bench/campaign/race_sim.py --interim-share 0.2,0.5,1 --seeds 5 \
+        --scenario 2,0.15,0.1,0.1 [--scenario M,EFFECT,NOISE,LUCK ...]
 
 A campaign has `m` conditions; condition 0 is better than the others by `effect` (0: all
 equal), or, in a ladder, condition i is `i x effect` behind condition 0 (one close rival, the
@@ -13,7 +15,9 @@ noise: luck_s ~ N(0, luck) is seed s's own luck, shared by every condition's run
 over 64 held-out problems (binomial, bounded; the seed's luck moves its rate). The race (min 3,
 max 10 seeds, rounds of 1, confidence 0.95) decides look by look; the full grid runs all 10
 seeds of every condition and decides once, with the same intervals at the same confidence (a
-race of one look).
+race of one look). `--seeds` and `--min-seeds` change the 10 and the 3, `--interim-share` the
+share of alpha the race's looks before the last spend (one row per share), `--scenario` replaces
+the scenarios with your own (normal noise: conditions, effect, noise, luck).
 
 Columns, over the campaigns (error rates with their 95% Clopper-Pearson upper bound):
   false elim.   the truly best condition eliminated (effect > 0)
@@ -38,10 +42,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from retrain.campaign.race import RaceState, decide, new_race, wanted  # noqa: E402
 from retrain.campaign.race_plan import RacePlan  # noqa: E402
 
-SEEDS = list(range(1, 11))
+SEEDS = 10
 PROBLEMS = 64  # an accuracy's held-out problems
-RACE = RacePlan(min_seeds=3, max_seeds=10, round_seeds=1, confidence=0.95)
-GRID = RacePlan(min_seeds=10, max_seeds=10, confidence=0.95)
+SHARE = RacePlan.interim_share
+
+
+@dataclass(frozen=True)
+class Design:
+    """The race simulated against the full grid: its seeds and how it spends alpha."""
+
+    seeds: int = SEEDS
+    min_seeds: int = 3
+    share: float = SHARE
+
+    def plans(self, margin: float) -> tuple[RacePlan, RacePlan]:
+        race = RacePlan(min_seeds=self.min_seeds, max_seeds=self.seeds, round_seeds=1,
+                        confidence=0.95, margin=margin, interim_share=self.share)
+        grid = RacePlan(min_seeds=self.seeds, max_seeds=self.seeds, confidence=0.95,
+                        margin=margin)
+        return race, grid
 
 
 @dataclass(frozen=True)
@@ -77,12 +96,12 @@ SCENARIOS = [
 ]
 
 
-def campaign(sc: Scenario, rng: random.Random) -> dict[str, dict[int, float]]:
+def campaign(sc: Scenario, rng: random.Random, seeds: int = SEEDS) -> dict[str, dict[int, float]]:
     """Every run's figure: {condition: {seed: value}}."""
-    luck = {s: rng.gauss(0, sc.luck) for s in SEEDS}
+    luck = {s: rng.gauss(0, sc.luck) for s in range(1, seeds + 1)}
     out = {}
     for c in range(sc.m):
-        out[f"c{c}"] = {s: _score(sc, sc.mean(c), luck[s], rng) for s in SEEDS}
+        out[f"c{c}"] = {s: _score(sc, sc.mean(c), luck[s], rng) for s in luck}
     return out
 
 
@@ -99,7 +118,7 @@ def _score(sc: Scenario, mean: float, luck: float, rng: random.Random) -> float:
 def race(plan: RacePlan, values: dict[str, dict[int, float]],
          resolution: float = 0.0) -> tuple[RaceState, int]:
     """The race over these figures (on a grid of step `resolution`), and the runs it took."""
-    state = new_race(list(values), SEEDS)
+    state = new_race(list(values), sorted(next(iter(values.values()))))
     taken = set()
     while state.outcome == "racing":
         want = wanted(state, plan)
@@ -148,15 +167,15 @@ def upper(k: int, n: int, level: float = 0.95) -> float:
     return float(beta.ppf(level, k + 1, n - k))
 
 
-def simulate(sc: Scenario, campaigns: int, seed: int, floor: bool = True) -> tuple[Tally, Tally]:
+def simulate(sc: Scenario, campaigns: int, seed: int, floor: bool = True,
+             design: Design = Design()) -> tuple[Tally, Tally]:
     rng = random.Random(f"{seed}:{sc}")
     # an accuracy over 64 problems lies on a grid of 1/64: the race's variance floor
     resolution = 1 / PROBLEMS if sc.kind == "accuracy" and floor else 0.0
     raced, grid = Tally(), Tally()
-    plans = (RacePlan(**{**vars(RACE), "margin": sc.margin}),
-             RacePlan(**{**vars(GRID), "margin": sc.margin}))
+    plans = design.plans(sc.margin)
     for _ in range(campaigns):
-        values = campaign(sc, rng)
+        values = campaign(sc, rng, design.seeds)
         for tally, plan in zip((raced, grid), plans, strict=True):
             tally.add(*race(plan, values, resolution), sc)
     return raced, grid
@@ -166,14 +185,17 @@ def _rate(k: int, n: int) -> str:
     return f"{k / n:.4f} (<= {upper(k, n):.4f})"
 
 
-def row(sc: Scenario, raced: Tally, grid: Tally) -> str:
+def row(sc: Scenario, raced: Tally, grid: Tally, design: Design | None = None) -> str:
+    """The scenario's row; `design`: name the race's seeds and interim share in the row."""
     n = raced.n
     err = _rate(raced.false_elim, n) if sc.effect > 0 else "-"
     verdict = _rate(raced.false_verdict, n) if (sc.effect == 0 or sc.margin) else "-"
     found = f"{raced.found / n:.3f} / {grid.found / n:.3f}" if sc.effect > 0 else "-"
     picked = f"{raced.picked / n:.3f} / {grid.picked / n:.3f}" if sc.effect > 0 else "-"
-    share = raced.runs / (sc.m * len(SEEDS) * n)
-    return f"| {sc.label()} | {err} | {verdict} | {found} | {picked} | {share:.1%} |"
+    taken = raced.runs / grid.runs
+    label = sc.label() + (f"; {design.min_seeds}-{design.seeds} seeds, interim share "
+                          f"{design.share:g}" if design else "")
+    return f"| {label} | {err} | {verdict} | {found} | {picked} | {taken:.1%} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,16 +207,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-floor", action="store_true",
                     help="no variance floor for accuracies (a difference without spread is no "
                          "interval), as before issue 53")
+    ap.add_argument("--seeds", type=int, default=SEEDS, help="the most seeds (the grid's)")
+    ap.add_argument("--min-seeds", type=int, default=3)
+    ap.add_argument("--interim-share", default=f"{SHARE:g}",
+                    help="comma-separated shares of alpha the looks before the last spend")
+    ap.add_argument("--scenario", action="append", default=[], metavar="M,EFFECT,NOISE,LUCK",
+                    help="your own scenario (normal noise), repeatable: replaces the built-in")
     args = ap.parse_args(argv)
-    print(f"{args.campaigns} campaigns per scenario; race: min 3, max 10 seeds, rounds of 1, "
-          "confidence 0.95; grid: 10 seeds, one look\n")
+    shares = [float(x) for x in args.interim_share.split(",")]
+    own = [Scenario(int(m), float(e), float(n), float(k))
+           for m, e, n, k in (x.split(",") for x in args.scenario)]
+    named = len(shares) > 1 or shares != [SHARE] or args.seeds != SEEDS
+    print(f"{args.campaigns} campaigns per scenario; race: min {args.min_seeds}, max "
+          f"{args.seeds} seeds, rounds of 1, confidence 0.95, interim share "
+          f"{args.interim_share}; grid: {args.seeds} seeds, one look\n")
     print("| scenario | false elim. (race) | false verdict (race) | found race / grid | "
           "picked race / grid | runs (race / grid) |")
     print("|---|---|---|---|---|---|")
-    for sc in SCENARIOS:
-        if args.kind in (None, sc.kind):
-            print(row(sc, *simulate(sc, args.campaigns, args.seed, not args.no_floor)),
-                  flush=True)
+    for sc in own or SCENARIOS:
+        if args.kind not in (None, sc.kind):
+            continue
+        for share in shares:
+            design = Design(args.seeds, args.min_seeds, share)
+            print(row(sc, *simulate(sc, args.campaigns, args.seed, not args.no_floor, design),
+                      design if named else None), flush=True)
     return 0
 
 

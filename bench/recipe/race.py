@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.campaign.algorithms_race import retrain
+from bench.campaign.algorithms_race import race_and_report
 from bench.recipe.families import EVAL, FAMILIES
 from bench.recipe.measure import gain
 from retrain.config import loader, toml_io
@@ -150,13 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_campaign(out, args.family, args.conditions.split(","),
                           [int(s) for s in args.seeds.split(",")], args.min_seeds,
                           args.workers, args.tiny)
-    retrain(out, path.name)
-    camp = out / "logs" / args.family
-    report = json.loads(retrain(out, "compare", str(camp), "--json", capture=True).stdout)
-    text = "\n".join(table(report, camp)) + "\n"
-    (out / "race_table.md").write_text(text, encoding="utf-8")
-    print(f"\n{text}\n(written to {out / 'race_table.md'}; the campaign file: {path})")
-    return 0
+    return race_and_report(out, path, out / "logs" / args.family, table)
 
 
 if __name__ == "__main__":

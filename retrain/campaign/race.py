@@ -7,14 +7,16 @@ The method: a group-sequential design with alpha spending (Lan & DeMets 1983), m
 Bonferroni's inequality instead of the joint distribution of the looks. The race looks at
 n_1 < n_2 < ... < n_K seeds (min_seeds, then round_seeds more each round, up to max_seeds).
 Look k spends alpha_k = A(n_k / n_K) - A(n_{k-1} / n_K) of alpha = 1 - confidence, with
-A(t) = INTERIM_SHARE * alpha * t before the last look and A(1) = alpha (the Haybittle-Peto
-shape: the last look keeps most of alpha, so the race loses little power against the full grid
-while a large difference can stop it early). At look k every pair of conditions still racing
-gets the paired t interval of its per-seed differences at confidence 1 - alpha_k / P, P = the
-number of pairs of the campaign's conditions. The intervals are exact for normal differences,
-so the chance that any interval of the whole race misses its pair's true mean difference is at
-most sum_k P * alpha_k / P = alpha, whatever the looks decided. While none misses: a truly best
-condition is never eliminated, no "winner" is false, and no "equivalent" is false.
+A(t) = s * alpha * t before the last look and A(1) = alpha, s = the plan's interim_share.
+Its default 0.2 is the Haybittle-Peto shape: the last look keeps most of alpha, so the race
+loses little power against the full grid while a large difference can stop it early; 1 spends
+alpha evenly over the seeds (interim looks stop sooner, the last decides less). At look k
+every pair of conditions still racing gets the paired t interval of its per-seed differences at
+confidence 1 - alpha_k / P, P = the number of pairs of the campaign's conditions. The intervals
+are exact for normal differences, so the chance that any interval of the whole race misses its
+pair's true mean difference is at most sum_k P * alpha_k / P = alpha, whatever the looks
+decided. While none misses: a truly best condition is never eliminated, no "winner" is false,
+and no "equivalent" is false.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Any
 from retrain.campaign.race_plan import RacePlan
 from retrain.results.stats import paired_interval, t_quantile
 
-INTERIM_SHARE = 0.2     # of alpha, spent over the looks before the last, by information
 STATES = ("racing", "eliminated", "winner", "equivalent", "undecided", "no_figures")
 OUTCOMES = ("racing", "winner", "equivalent", "max_seeds", "budget", "no_figures")
 
@@ -110,9 +111,10 @@ def percent(confidence: float) -> str:
     return f"{confidence * 100:.4f}".rstrip("0").rstrip(".") + "%"
 
 
-def spent(t: float, alpha: float) -> float:
-    """The alpha spent once a fraction t of the most seeds has been looked at."""
-    return alpha if t >= 1 else INTERIM_SHARE * alpha * t
+def spent(t: float, alpha: float, share: float) -> float:
+    """The alpha spent once a fraction t of the most seeds has been looked at, `share` of it
+    before the last look."""
+    return alpha if t >= 1 else share * alpha * t
 
 
 def schedule(race: RacePlan, seeds: int, conditions: int) -> Schedule:
@@ -123,7 +125,7 @@ def schedule(race: RacePlan, seeds: int, conditions: int) -> Schedule:
     pairs = max(1, conditions * (conditions - 1) // 2)
     levels, before = [], 0.0
     for n in looks:
-        now = spent(n / top, alpha)
+        now = spent(n / top, alpha, race.interim_share)
         levels.append(1.0 - (now - before) / pairs)
         before = now
     return Schedule(tuple(looks), tuple(levels), pairs)

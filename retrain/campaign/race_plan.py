@@ -47,6 +47,10 @@ class RacePlan:
                         "differs by less than this, beyond doubt (0 = never)", lo=0)
     budget_runs: int = opt(0, "the most runs the race may start in all (0 = conditions x "
                            "max_seeds)", lo=0, hi=100_000_000)
+    interim_share: float = opt(0.2, "the share of 1 - confidence the decisions before the "
+                               "last may spend, by the seeds they have seen (small: the last "
+                               "decision keeps most and loses little power; 1: spent evenly, "
+                               "early stops come sooner)", lo=0, hi=1, lo_open=True)
     threshold: float | str = opt("none", "the trailing mean reward steps_to_threshold and "
                                  "seconds_to_threshold count to", words=("none",))
 

@@ -142,6 +142,19 @@ def test_alpha_is_spent_exactly_and_mostly_at_the_last_look():
     assert schedule(RacePlan(min_seeds=3, round_seeds=4), 9, 2).looks == (3, 7, 9)
 
 
+@pytest.mark.parametrize("share", [0.05, 0.5, 1.0])
+def test_interim_share_moves_alpha_to_the_interim_looks_and_the_total_stays(share):
+    race = RacePlan(min_seeds=3, max_seeds=10, confidence=0.95, interim_share=share)
+    alphas = [(1 - c) * 6 for c in schedule(race, 12, 4).confidences]
+    assert sum(alphas) == pytest.approx(0.05)
+    assert alphas[0] == pytest.approx(share * 0.05 * 0.3)
+    assert alphas[-1] == pytest.approx(0.05 * (1 - share * 0.9))
+    # more spent early: every interim look decides at a lower confidence than the default's
+    default = schedule(RacePlan(min_seeds=3, max_seeds=10), 12, 4).confidences
+    assert all((a < b) == (share > 0.2) for a, b in
+               zip(schedule(race, 12, 4).confidences[:-1], default[:-1], strict=True))
+
+
 def test_a_clear_loser_is_eliminated_with_the_interval_scipy_gives():
     race = RacePlan(min_seeds=3, max_seeds=6, confidence=0.95)
     good = {1: 0.91, 2: 0.93, 3: 0.90}

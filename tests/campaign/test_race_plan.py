@@ -32,10 +32,10 @@ def _error(race: str, campaign: str = CAMPAIGN) -> str:
 
 def test_a_race_table_loads_into_its_plan():
     _, plan = _load('metric = "eval_accuracy"\nmin_seeds = 2\nmax_seeds = 4\nconfidence = 0.9\n'
-                    'margin = 0.02\nbudget_runs = 7\nround_seeds = 2')
+                    'margin = 0.02\nbudget_runs = 7\nround_seeds = 2\ninterim_share = 0.5')
     race = race_of(plan.race)
     assert race == RacePlan(metric="eval_accuracy", min_seeds=2, max_seeds=4, confidence=0.9,
-                            margin=0.02, budget_runs=7, round_seeds=2)
+                            margin=0.02, budget_runs=7, round_seeds=2, interim_share=0.5)
     assert race.seeds_cap(5) == 4 and RacePlan().seeds_cap(5) == 5
     assert race_of(_load("")[1].race) == RacePlan()  # an empty table: a race at the defaults
     assert race_of(_load("", CAMPAIGN.replace("[campaign.race]", ""))[1].race) is None
@@ -54,6 +54,8 @@ def test_a_race_table_loads_into_its_plan():
     ("margin = -0.1", "campaign.race.margin: must be >= 0"),
     ("budget_runs = -1", "campaign.race.budget_runs: must be >= 0"),
     ("round_seeds = 0", "campaign.race.round_seeds: must be >= 1"),
+    ("interim_share = 0", "campaign.race.interim_share: must be > 0, got 0"),
+    ("interim_share = 1.5", "campaign.race.interim_share: must be <= 1, got 1.5"),
     ('max_seeds = "all"', "campaign.race.max_seeds: expected an integer"),
     ('threshold = "high"', "campaign.race.threshold: expected a number or \"none\""),
     ("min_seeds = 3\nmax_seeds = 2", "campaign.race.max_seeds: must be >= min_seeds (3), got 2"),
@@ -172,3 +174,15 @@ def test_the_sampled_evals_figures_are_raced_by_their_row_names():
         assert "condition 'b' has training.eval_samples = 1" in issue.message
     assert resolution(RacePlan(metric="eval_mean_at_k"), {"a": sampled}) == 1 / (16 * 8)
     assert resolution(RacePlan(metric="eval_pass_at_k"), {"a": sampled}) == 1 / 16
+
+
+def test_explain_names_an_interim_share_other_than_the_default(tmp_path, capsys):
+    from retrain.cli.app import run_app
+
+    path = tmp_path / "race.toml"
+    path.write_text(CAMPAIGN + "interim_share = 0.5\n")
+    assert run_app(["explain", str(path)]) == 0
+    assert ", interim share 0.5: decisions after" in capsys.readouterr().out
+    path.write_text(CAMPAIGN)
+    assert run_app(["explain", str(path)]) == 0
+    assert "interim share" not in capsys.readouterr().out

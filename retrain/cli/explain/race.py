@@ -9,7 +9,7 @@ from typing import Any
 
 from retrain.campaign.plan import CampaignPlan
 from retrain.campaign.race import bounds, percent, schedule
-from retrain.campaign.race_plan import race_of
+from retrain.campaign.race_plan import RacePlan, race_of
 from retrain.campaign.race_runs import check_runs
 from retrain.config.sections import Config
 
@@ -26,7 +26,9 @@ def race_line(path: Path, camp: CampaignPlan, conditions: list[str],
     fewest, most = bounds(race, seeds, len(conditions))
     rounds = f"rounds of {race.round_seeds}" if len(sched.looks) > 1 else "one decision"
     extra = (f", margin {race.margin:g}" if race.margin else "") + (
-        f", budget {race.budget_runs} runs" if race.budget_runs else "")
+        f", budget {race.budget_runs} runs" if race.budget_runs else "") + (
+        f", interim share {race.interim_share:g}"
+        if race.interim_share != RacePlan.interim_share else "")
     what = f"{race.metric} ({race.direction}" + (
         f", threshold {race.threshold_value:g}" if race.threshold_value is not None else "")
     levels = dict.fromkeys(percent(c) for c in (min(sched.confidences), max(sched.confidences)))
