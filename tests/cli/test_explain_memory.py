@@ -36,6 +36,25 @@ def test_counts_from_the_headers_equal_torch_and_peft(tiny_model):
     assert shapes.lora_count(["nothing"], 8) is None
 
 
+def test_all_linear_is_every_linear_layer_of_the_decoder_as_peft_makes_it(tiny_model):
+    torch = pytest.importorskip("torch")
+    from retrain.backends.local.backend import LocalBackend
+    from retrain.backends.local.model import LocalModel
+
+    model = LocalModel.load(tiny_model, "float32", "cpu", 1)
+    names = sorted({n.rsplit(".", 1)[-1] for n, m in model.base.named_modules()
+                    if isinstance(m, torch.nn.Linear) and "lm_head" not in n})
+    assert {"q_proj", "v_proj", "down_proj"} <= set(names)
+    word = LocalBackend.new_adapter(model, "word", lora_rank=4, target_modules=["all-linear"])
+    listed = LocalBackend.new_adapter(model, "listed", lora_rank=4, target_modules=names)
+    strip = [n.replace(".word.", ".").replace(".listed.", ".") for n in (*word.params,
+                                                                         *listed.params)]
+    assert strip[:len(word.params)] == strip[len(word.params):]  # the same layers, same order
+    shapes = mem.read_shapes(mem.model_folder("tiny-random", tiny_model))
+    assert shapes.lora_count(["all-linear"], 4) == shapes.lora_count(names, 4) == sum(
+        p.numel() for p in word.params.values())
+
+
 def _memory(tmp_path, capsys, text: str) -> str:
     path = tmp_path / "m.toml"
     path.write_text(text)

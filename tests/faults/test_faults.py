@@ -359,6 +359,15 @@ def test_lora_target_modules_the_model_lacks(tmp_path, monkeypatch, capsys, tiny
     assert_one_clear_error(err, "model.lora_target_modules", "'nope_proj'", "q_proj")
 
 
+def test_all_linear_beside_module_names_is_one_clear_error(tmp_path, monkeypatch, capsys,
+                                                            tiny_model):
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, model={"lora_target_modules": ["all-linear", "q_proj"]})
+    code, _, err = cli(capsys, "run.toml")
+    assert code == 2
+    assert_one_clear_error(err, "model.lora_target_modules", "give it alone")
+
+
 def test_broken_pipe_interrupts_resumably(tmp_path, monkeypatch, capsys, cli_env, python,
                                           tiny_model):
     """`retrain run.toml | head -1`: the run stops after the step in flight, "interrupted"

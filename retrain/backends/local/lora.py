@@ -9,14 +9,19 @@ import torch
 
 from retrain.errors import UserError
 
+ALL_LINEAR = "all-linear"   # peft's word for every linear layer but the output head
+
 
 def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[str] | None) -> Any:
     """peft's LoraConfig for a causal LM (empty targets = peft's per-architecture default,
-    e.g. q_proj/v_proj for Llama-like models)."""
+    e.g. q_proj/v_proj for Llama-like models; ["all-linear"] = every linear layer of the
+    decoder, whatever the architecture names them)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                      target_modules=list(target_modules) if target_modules else None,
+    targets: str | list[str] | None = list(target_modules) if target_modules else None
+    if targets == [ALL_LINEAR]:
+        targets = ALL_LINEAR
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                       task_type="CAUSAL_LM")
 
 
@@ -47,9 +52,13 @@ def init_lora(params: dict[str, torch.nn.Parameter], seed: int) -> None:
 def check_target_modules(base: torch.nn.Module, targets: list[str], model_name: str) -> None:
     """model.lora_target_modules must name modules the model has (peft matches a name on
     the last parts of a module path): a clear config error, not a traceback from peft."""
+    if ALL_LINEAR in targets and len(targets) > 1:
+        raise UserError(f"model.lora_target_modules: {ALL_LINEAR!r} already names every "
+                        f"linear layer; give it alone (lora_target_modules = [{ALL_LINEAR!r}]) "
+                        "or list module names without it")
     names = [n for n, _ in base.named_modules() if n]
-    missing = [t for t in targets
-               if not any(n == t or n.endswith(f".{t}") for n in names)]
+    missing = [t for t in targets if t != ALL_LINEAR
+               and not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
         linear = sorted({n.rsplit(".", 1)[-1] for n, mod in base.named_modules()
                          if isinstance(mod, torch.nn.Linear)})

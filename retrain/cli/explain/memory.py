@@ -24,6 +24,7 @@ GIB = 1024**3
 HEADER_LIMIT = 100 * 1024**2  # a safetensors header larger than this is no header
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LLAMA_LIKE_DEFAULT = ("q_proj", "v_proj")  # peft's default LoRA targets for Llama/Qwen/Mistral
+NOT_LINEAR = ("embed", "lm_head", "wte", "wpe")  # 2-D weights peft's all-linear leaves out
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,12 @@ class Shapes:
         """Parameters of a rank-`rank` LoRA on the 2-D weights of `targets` (empty: the
         Llama-like default, where the model has those layers); None when none match."""
         names = list(targets) or list(LLAMA_LIKE_DEFAULT)
-        found = [s for k, s in self.tensors.items() if len(s) == 2 and any(
-            k.endswith(f"{t}.weight") for t in names)]
+        if names == ["all-linear"]:   # every linear layer but the embeddings and the head
+            found = [s for k, s in self.tensors.items() if len(s) == 2
+                     and not any(x in k for x in NOT_LINEAR)]
+        else:
+            found = [s for k, s in self.tensors.items() if len(s) == 2 and any(
+                k.endswith(f"{t}.weight") for t in names)]
         return sum(rank * (s[0] + s[1]) for s in found) if found else None
 
 
