@@ -41,7 +41,10 @@ CANDIDATES: dict[str, dict[str, object]] = {
     "lr_double": {"training.lr": "x2"},
     "group16": {"training.batch_size": 2, "training.group_size": 16},   # same 32 completions
     "t1": {"training.temperature": 1.0},
+    "t07": {"training.temperature": 0.7},
     "seq_mean": {"algorithm.loss_aggregation": "sequence_mean"},
+    # clip-higher only acts once the ratio moves (epochs x mini-batches > 1, off-policy
+    # samples): at one update per step it makes importance_sampling's update (docs/algorithms.md)
     "clip_higher": {"algorithm.loss": "ppo", "algorithm.clip_eps": 0.2,
                     "algorithm.clip_eps_high": 0.28},
 }
