@@ -48,6 +48,8 @@ from retrain.config.schema import (
 )
 from retrain.config.sft_section import SftConfig
 
+ALL_LINEAR = "all-linear"  # lora_target_modules: peft's word for every linear layer but the head
+
 
 @dataclass
 class ModelConfig:
@@ -66,8 +68,8 @@ class ModelConfig:
     lora_alpha: float = opt(16.0, "LoRA alpha (scale = alpha / rank)", lo=0, lo_open=True)
     lora_dropout: float = opt(0.0, "LoRA dropout", lo=0, hi=0.99)
     lora_target_modules: list[str] = opt(
-        [], "modules that get LoRA; [\"all-linear\"] = every linear layer (attention and MLP); "
-        "empty = the architecture's attention projections", factory=True)
+        [], f"modules that get LoRA; [\"{ALL_LINEAR}\"] = every linear layer (attention and "
+        "MLP); empty = the architecture's attention projections", factory=True)
 
 
 @dataclass

@@ -7,9 +7,8 @@ from typing import Any
 
 import torch
 
+from retrain.config.sections import ALL_LINEAR
 from retrain.errors import UserError
-
-ALL_LINEAR = "all-linear"   # peft's word for every linear layer but the output head
 
 
 def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[str] | None) -> Any:

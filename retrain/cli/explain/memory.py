@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrain.config.sections import Config
+from retrain.config.sections import ALL_LINEAR, Config
 
 GIB = 1024**3
 HEADER_LIMIT = 100 * 1024**2  # a safetensors header larger than this is no header
@@ -45,7 +45,7 @@ class Shapes:
         """Parameters of a rank-`rank` LoRA on the 2-D weights of `targets` (empty: the
         Llama-like default, where the model has those layers); None when none match."""
         names = list(targets) or list(LLAMA_LIKE_DEFAULT)
-        if names == ["all-linear"]:   # every linear layer but the embeddings and the head
+        if names == [ALL_LINEAR]:   # every linear layer but the embeddings and the head
             found = [s for k, s in self.tensors.items() if len(s) == 2
                      and not any(x in k for x in NOT_LINEAR)]
         else:
