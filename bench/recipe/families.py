@@ -7,6 +7,9 @@ temperature: an unbiased pass@1 with a quarter of the greedy eval's variance at 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 EVAL = {"training.eval_samples": 4}
 
 FAMILIES: dict[str, dict[str, object]] = {
@@ -20,3 +23,11 @@ FAMILIES: dict[str, dict[str, object]] = {
     "rg": {"CONFIG": "configs/env-reasoning-gym.toml", "training.max_steps": 20,
            "training.eval_every": 20},
 }
+
+
+def family_run(family: str) -> tuple[Path, dict[str, object]]:
+    """The family's config file and its overrides: the family's own, the mean@4 eval, and one
+    torch thread a run (runs go two at a time on the bench's two cores)."""
+    spec = dict(FAMILIES[family])
+    config = ROOT / str(spec.pop("CONFIG", "templates/quickstart.toml"))
+    return config, {**spec, **EVAL, "model.threads": 1}

@@ -22,10 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.recipe.families import EVAL, FAMILIES
+from bench.recipe.families import ROOT, family_run
 from retrain.results.stats import estimate
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _value(v: object) -> str:
@@ -33,10 +31,9 @@ def _value(v: object) -> str:
 
 
 def command(family: str, seed: int, out: Path, extra: list[str]) -> list[str]:
-    spec = dict(FAMILIES[family])
-    config = ROOT / str(spec.pop("CONFIG", "templates/quickstart.toml"))
-    sets = {**spec, **EVAL, "training.seed": seed, "model.threads": 1,
-            "logging.log_dir": str(out), "logging.run_name": f"{family}-s{seed}"}
+    config, overrides = family_run(family)
+    sets = {**overrides, "training.seed": seed, "logging.log_dir": str(out),
+            "logging.run_name": f"{family}-s{seed}"}
     argv = [sys.executable, "-m", "retrain", str(config)]
     for key, value in sets.items():
         argv += ["--set", f"{key}={_value(value)}"]

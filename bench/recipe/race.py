@@ -20,21 +20,22 @@ import sys
 from pathlib import Path
 
 from bench.campaign.algorithms_race import race_and_report
-from bench.recipe.families import EVAL, FAMILIES
+from bench.recipe.families import FAMILIES, family_run
 from bench.recipe.measure import gain
 from retrain.config import loader, toml_io
 from retrain.config import sections as config
 from retrain.config.overrides import parse_set_args
+from retrain.config.sections import ALL_LINEAR
 from retrain.results.race_view import race_lines
 from retrain.results.run_rows import read_rows
 from retrain.results.stats import estimate, paired
 
-ROOT = Path(__file__).resolve().parents[2]
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # The knobs the evidence names (issue 56 item 3), each as the overrides that make it.
 CANDIDATES: dict[str, dict[str, object]] = {
     "qv": {},                                           # today's default: LoRA on q and v
-    "all_linear": {"model.lora_target_modules": ALL_LINEAR},
+    # on SmolLM2 the same adapter, init included, as listing its q, k, v, o, gate, up and
+    # down projections (checked by hand on 2026-12-07; the races of that day listed them)
+    "all_linear": {"model.lora_target_modules": [ALL_LINEAR]},
     "rank1": {"model.lora_rank": 1},
     "rank32": {"model.lora_rank": 32},
     "lr_half": {"training.lr": "x0.5"},                 # relative to the family's own lr
@@ -75,11 +76,10 @@ def write_campaign(out: Path, family: str, conditions: list[str], seeds: list[in
     if path.exists():
         return path
     out.mkdir(parents=True, exist_ok=True)
-    spec = dict(FAMILIES[family])
-    base = loader.read_toml_file(ROOT / str(spec.pop("CONFIG", "templates/quickstart.toml")))
-    sets = [f"{k}={json.dumps(v)}" for k, v in {**spec, **EVAL}.items()]
-    raw = config.apply_overrides(base, parse_set_args(sets + ["model.threads=1"]
-                                                      + (TINY if tiny else [])))
+    base, overrides = family_run(family)
+    sets = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    raw = config.apply_overrides(loader.read_toml_file(base),
+                                 parse_set_args(sets + (TINY if tiny else [])))
     training = raw.setdefault("training", {})
     training.pop("seed", None)
     # Every condition is scored at the base's temperature, so that a temperature candidate

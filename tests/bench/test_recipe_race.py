@@ -17,7 +17,7 @@ def test_a_condition_joins_candidates_and_scales_the_family_lr():
     table = race.condition("all_linear+lr_double", base)
     assert table["name"] == "all_linear_and_lr_double"
     assert table["training.lr"] == pytest.approx(1e-3)
-    assert table["model.lora_target_modules"] == race.ALL_LINEAR
+    assert table["model.lora_target_modules"] == ["all-linear"]
     with pytest.raises(SystemExit, match="no candidate 'rank7'"):
         race.condition("qv+rank7", base)
 
