@@ -44,8 +44,14 @@ CANDIDATES: dict[str, dict[str, object]] = {
     "t1": {"training.temperature": 1.0},
     "t07": {"training.temperature": 0.7},
     "seq_mean": {"algorithm.loss_aggregation": "sequence_mean"},
+    # The algorithms template's leader on two-digit additions (issue 48): PPO's clip [0.8, 1.2]
+    # over 2 passes x 2 mini-batches, 4 optimizer steps per sampled batch.
+    "ppo_2x2": {"algorithm.loss": "ppo", "algorithm.clip_eps": 0.2,
+                "algorithm.clip_eps_high": 0.2, "training.epochs": 2,
+                "training.mini_batches": 2},
     # clip-higher only acts once the ratio moves (epochs x mini-batches > 1, off-policy
-    # samples): at one update per step it makes importance_sampling's update (docs/algorithms.md)
+    # samples): at one update per step it makes importance_sampling's update
+    # (docs/algorithms.md), so race it as ppo_2x2+clip_higher (the later candidate's clip wins)
     "clip_higher": {"algorithm.loss": "ppo", "algorithm.clip_eps": 0.2,
                     "algorithm.clip_eps_high": 0.28},
 }

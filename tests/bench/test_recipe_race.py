@@ -22,6 +22,13 @@ def test_a_condition_joins_candidates_and_scales_the_family_lr():
         race.condition("qv+rank7", base)
 
 
+def test_clip_higher_joined_to_ppo_2x2_has_the_upper_clip_and_the_updates_that_move_it():
+    table = race.condition("ppo_2x2+clip_higher", {"training": {"lr": 1e-3}})
+    assert table["algorithm.clip_eps_high"] == 0.28 and table["algorithm.clip_eps"] == 0.2
+    assert (table["training.epochs"], table["training.mini_batches"]) == (2, 2)
+    assert race.condition("ppo_2x2", {})["algorithm.clip_eps_high"] == 0.2
+
+
 def test_the_bench_races_candidates_and_writes_its_table(tmp_path, cli_env, tiny_model,
                                                          monkeypatch):
     pytest.importorskip("scipy")
