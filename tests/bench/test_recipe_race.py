@@ -27,6 +27,8 @@ def test_clip_higher_joined_to_ppo_2x2_has_the_upper_clip_and_the_updates_that_m
     assert table["algorithm.clip_eps_high"] == 0.28 and table["algorithm.clip_eps"] == 0.2
     assert (table["training.epochs"], table["training.mini_batches"]) == (2, 2)
     assert race.condition("ppo_2x2", {})["algorithm.clip_eps_high"] == 0.2
+    one_pass = race.condition("ppo_1x2", {})
+    assert "training.epochs" not in one_pass and one_pass["training.mini_batches"] == 2
 
 
 def test_the_bench_races_candidates_and_writes_its_table(tmp_path, cli_env, tiny_model,
