@@ -66,7 +66,17 @@ def gain(rows: list[dict]) -> dict:
     se = math.hypot(first["initial_eval_mean_at_k_se"], last["eval_mean_at_k_se"])
     return {"before": before, "after": after, "gain": after - before,
             "learns": after - before > 2 * se,
-            "step_s": sorted(r["step_time_s"] for r in rows)[len(rows) // 2]}
+            "step_s": sorted(r["step_time_s"] for r in rows)[len(rows) // 2],
+            "train_share": train_share(rows)}
+
+
+def train_share(rows: list[dict]) -> float | None:
+    """The training's share of the steps that trained: what a candidate that changes the
+    training's work costs, read within one run (the runs' step seconds move with the load the
+    others put on the cores; both phases of a step move alike)."""
+    trained = [r for r in rows if r.get("updates") and r.get("train_time_s") is not None]
+    total = sum(r["step_time_s"] for r in trained)
+    return sum(r["train_time_s"] for r in trained) / total if total > 0 else None
 
 
 def table(results: dict[str, list[dict]]) -> str:

@@ -9,7 +9,9 @@ A condition is a candidate of CANDIDATES or several joined by '+' (all_linear+t1
 condition is the baseline of the paired differences. Running the same command again resumes the
 race; OUT/race_table.md gets the decided table: per condition its state in the race, the gain of
 mean@4 per seed (after - before), the mean gain and its 95% lower end, the seeds that learn, the
-paired difference to the baseline, the median step seconds, and the runs the race took.
+paired difference to the baseline, the median step seconds, the training's share of a step
+(what a candidate that changes the training's work costs, read within each run), and the runs
+the race took.
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ def table(report: dict, camp: Path) -> list[str]:
     gains = {c["name"]: _gains(report, c["name"], camp) for c in report["conditions"]}
     first = report["conditions"][0]["name"]
     lines = [f"| condition | race | seeds | gain of mean@4 per seed (pts) | mean gain | "
-             f"95% lower end | learn | paired vs {first} [95%] | median step (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"95% lower end | learn | paired vs {first} [95%] | median step (s) | "
+             f"training's share |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["conditions"]:
         runs = gains[c["name"]]
         e = estimate([g["gain"] for g in runs.values()])
@@ -127,11 +129,17 @@ def table(report: dict, camp: Path) -> list[str]:
             f"{100 * (e.mean or 0):+.1f} | {low} | "
             f"{sum(g['learns'] for g in runs.values())}/{len(runs)} | "
             f"{_paired(runs, gains[first], c['name'], first)} | "
-            f"{steps[len(steps) // 2] if steps else 0:.1f} |")
+            f"{steps[len(steps) // 2] if steps else 0:.1f} | {_share(runs)} |")
     taken = race.get("runs", {})
     return lines + ["", f"runs: {taken.get('taken', '?')} of the full grid's "
                         f"{taken.get('full', '?')} ({taken.get('saved', '?')} saved); "
                         f"outcome: {race.get('outcome', '-')}", "", *race_lines(race)]
+
+
+def _share(runs: dict[int, dict]) -> str:
+    """The median over seeds of the training's share of a step that trained."""
+    shares = sorted(g["train_share"] for g in runs.values() if g["train_share"] is not None)
+    return f"{shares[len(shares) // 2]:.2f}" if shares else "-"
 
 
 def _gains(report: dict, name: str, camp: Path) -> dict[int, dict]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.recipe.families import FAMILIES
-from bench.recipe.measure import command, gain, table
+from bench.recipe.measure import command, gain, table, train_share
 from retrain.config.loader import load
 from retrain.config.overrides import command_line_overrides
 
@@ -37,3 +37,11 @@ def test_a_seed_learns_only_beyond_twice_the_noise_of_the_difference():
     runs = [gain(_rows(0.1, 0.1 + g, 0.01)) for g in (0.3, 0.4, 0.5)]
     text = table({"add2": runs})
     assert "| add2 | 3 | 0.100 | 0.500 | +40.0 pts | +15.2 pts | 3/3 |" in text
+
+
+def test_the_training_share_counts_only_the_steps_that_trained():
+    rows = [{"step": 1, "updates": 1, "step_time_s": 4.0, "train_time_s": 1.0},
+            {"step": 2, "updates": 0, "step_time_s": 3.0, "train_time_s": 0.0},
+            {"step": 3, "updates": 2, "step_time_s": 6.0, "train_time_s": 3.0}]
+    assert train_share(rows) == 0.4                    # (1 + 3) / (4 + 6)
+    assert train_share(rows[1:2]) is None

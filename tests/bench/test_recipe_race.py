@@ -42,7 +42,10 @@ def test_the_bench_races_candidates_and_writes_its_table(tmp_path, cli_env, tiny
     text = (out / "race_table.md").read_text()
     lines = text.splitlines()
     assert lines[0].startswith("| condition | race | seeds | gain of mean@4 per seed (pts) |")
-    assert "paired vs qv [95%]" in lines[0]
+    assert "paired vs qv [95%]" in lines[0] and lines[0].endswith("| training's share |")
+    for row in lines[2:4]:   # '-' where no step trained (the tiny model may earn no reward)
+        share = row.split(" | ")[9].rstrip(" |")
+        assert share == "-" or 0 < float(share) < 1
     assert [ln.split(" | ")[0] for ln in lines[2:4]] == ["| `qv`", "| `t1`"]
     assert lines[2].split(" | ")[7] == "-" and "[" in lines[3].split(" | ")[7]
     assert "runs: 4 of the full grid's 4 (0 saved)" in text
