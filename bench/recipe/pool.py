@@ -12,7 +12,6 @@ runs are deterministic, so two different gains for one (family, condition, seed)
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from bench.recipe.measure import gain
 from retrain.results.run_rows import read_rows
 from retrain.results.stats import paired_interval
+from retrain.runfiles import runlog
 
 RUN = re.compile(r"^(?P<condition>.+)_s(?P<seed>\d+)$")
 
@@ -52,7 +52,8 @@ def completed_gains(folders: list[Path]) -> dict[tuple[str, str], dict[int, floa
             raise SystemExit(f"{folder}: no logs/ folder: give the --out of a bench.recipe.race")
         for run in sorted(p for p in logs.glob("*/*") if p.is_dir()):
             match = RUN.match(run.name)
-            if not match or not _completed(run):
+            state = runlog.load_state(run)
+            if not match or state is None or state.status != "completed":
                 continue
             key = (run.parent.name, match["condition"])
             seed, value = int(match["seed"]), gain(read_rows(run))["gain"]
@@ -62,13 +63,6 @@ def completed_gains(folders: list[Path]) -> dict[tuple[str, str], dict[int, floa
                                  f"{seen[seed]:+.4f} for {key[1]} seed {seed} on {key[0]}")
             seen[seed] = value
     return found
-
-
-def _completed(run: Path) -> bool:
-    try:
-        return json.loads((run / "state.json").read_text())["status"] == "completed"
-    except (OSError, ValueError, KeyError):
-        return False
 
 
 def pair_up(found: dict[tuple[str, str], dict[int, float]], baseline: str) -> list[Pairs]:

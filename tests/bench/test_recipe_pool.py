@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.recipe.pool import completed_gains, main, pair_up, table
+from retrain.runfiles import runlog
 
 
 def _run(folder: Path, family: str, name: str, before: float, after: float,
@@ -19,7 +20,7 @@ def _run(folder: Path, family: str, name: str, before: float, after: float,
              "step_time_s": 1.0},
             {"step": 1, "eval_mean_at_k": after, "eval_mean_at_k_se": 0.05, "step_time_s": 1.0}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "state.json").write_text(json.dumps({"status": status}))
+    runlog.save_state(run, runlog.RunState(status=status, step=1, max_steps=1))
 
 
 @pytest.fixture
